@@ -1,0 +1,171 @@
+"""The Python API: a `KnowledgeBase` owns settings, store and provider; module functions use a
+process-wide default instance (`rag_lib.ingest(...)`, `rag_lib.search(...)`, ...)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_lib import search as search_mod
+from rag_lib.config import Settings, get_settings
+from rag_lib.embedding import EmbeddingProvider, get_provider
+from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.ingest import ProgressFn
+from rag_lib.ingest import ingest as run_ingest
+from rag_lib.log import setup_logging
+from rag_lib.models import IngestReport, SearchFilters, SearchResult
+from rag_lib.pipeline import Pipeline
+from rag_lib.store import Store
+
+
+class KnowledgeBase:
+    """One knowledge base: lazily opens the database and loads the model on first use."""
+
+    def __init__(self, settings: Settings | None = None, provider: EmbeddingProvider | None = None):
+        self.settings = settings or get_settings()
+        setup_logging(self.settings.log_level)
+        self._provider = provider
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.settings)
+
+    @cached_property
+    def provider(self) -> EmbeddingProvider:
+        return self._provider or get_provider(self.settings)
+
+    @cached_property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.settings, self.store, self.provider)
+
+    def close(self) -> None:
+        if "store" in self.__dict__:
+            self.store.close()
+            del self.__dict__["store"]
+            self.__dict__.pop("pipeline", None)
+
+    def __enter__(self) -> KnowledgeBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _collection(self, collection: str | None) -> str:
+        return collection or self.settings.collection
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def ingest(
+        self,
+        paths: Iterable[str | Path],
+        collection: str | None = None,
+        *,
+        prune: bool = False,
+        force: bool = False,
+        root: str | Path | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """Ingest files/folders incrementally; see `rag_lib.ingest`."""
+        return run_ingest(
+            self.pipeline, [Path(p) for p in paths], self._collection(collection),
+            prune=prune, force=force, root=Path(root) if root else None, progress=progress,
+        )
+
+    def embed_document(self, path: str | Path, collection: str | None = None, root: str | Path | None = None,
+                       force: bool = False) -> IngestReport:
+        """Ingest one file (its path relative to `root`, default its folder)."""
+        if not Path(path).is_file():
+            raise ValidationError(f"{path}: not a file")
+        return self.ingest([path], collection, root=root, force=force)
+
+    def embed_text(self, text: str) -> np.ndarray:
+        """The vector of one text in the configured space."""
+        if not text or not text.strip():
+            raise ValidationError("text is empty")
+        return self.provider.embed([text])[0]
+
+    def delete_document(self, ref: str, collection: str | None = None) -> list[str]:
+        """Delete a document by path or id; returns the deleted paths."""
+        deleted = self.store.delete_document(self._collection(collection), ref)
+        if not deleted:
+            raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
+        return deleted
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        mode: str = "semantic",
+        collection: str | None = None,
+        doc_type: str | list[str] | None = None,
+        ticker: str | list[str] | None = None,
+        section: str | None = None,
+        date_from: Any = None,
+        date_to: Any = None,
+        top_k: int | None = None,
+        min_similarity: float = 0.0,
+    ) -> SearchResult:
+        filters = SearchFilters(
+            collection=self._collection(collection), doc_type=doc_type, ticker=ticker, section=section,
+            date_from=date_from, date_to=date_to,
+        )
+        return search_mod.search(
+            self.store, self.provider, query, mode=mode, filters=filters,
+            top_k=top_k or self.settings.search.top_k, min_similarity=min_similarity,
+        )
+
+    def status(self, collection: str | None = None) -> dict[str, Any]:
+        counts = self.store.status_counts(collection)
+        space = self.store.active_space()
+        counts["active_space"] = space
+        counts["configured_space"] = f"{self.settings.embedding.model}:{self.settings.embedding.dimensions}"
+        return counts
+
+    def list_documents(self, collection: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict]:
+        return self.store.list_documents(collection, limit, offset)
+
+    def show(self, ref: str, collection: str | None = None) -> dict[str, Any]:
+        return self.store.get_document(self._collection(collection), ref)
+
+
+_default: KnowledgeBase | None = None
+_default_lock = threading.Lock()
+
+
+def default_kb() -> KnowledgeBase:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = KnowledgeBase()
+        return _default
+
+
+def ingest(paths: Iterable[str | Path], collection: str | None = None, **kwargs: Any) -> IngestReport:
+    return default_kb().ingest(paths, collection, **kwargs)
+
+
+def embed_document(path: str | Path, collection: str | None = None, **kwargs: Any) -> IngestReport:
+    return default_kb().embed_document(path, collection, **kwargs)
+
+
+def embed_text(text: str) -> np.ndarray:
+    return default_kb().embed_text(text)
+
+
+def search(query: str, **kwargs: Any) -> SearchResult:
+    return default_kb().search(query, **kwargs)
+
+
+def delete_document(ref: str, collection: str | None = None) -> list[str]:
+    return default_kb().delete_document(ref, collection)
+
+
+def status(collection: str | None = None) -> dict[str, Any]:
+    return default_kb().status(collection)

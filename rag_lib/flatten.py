@@ -1,0 +1,205 @@
+"""Documents → sections: one per top-level YAML key (readable text, not Python reprs) or per
+markdown H2 (`_intro` for text before the first H2; `##` inside code fences is not a heading)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag_lib.errors import ConfigError
+from rag_lib.models import Document, Section
+
+INTRO = "_intro"
+
+
+@dataclass(frozen=True)
+class SectionMapping:
+    skip_keys: frozenset[str]
+    metadata_keys: frozenset[str]
+    types: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def title(self, doc_type: str, key: str) -> str:
+        titles = self.types.get(doc_type, {}).get("titles") or {}
+        return str(titles.get(key) or humanise(key))
+
+    def indexes(self, doc_type: str, key: str, value: Any) -> bool:
+        if key in self.skip_keys or key in (self.types.get(doc_type, {}).get("exclude") or []):
+            return False
+        return not (key in self.metadata_keys and not isinstance(value, (dict, list)))
+
+
+@lru_cache(maxsize=8)
+def load_mapping(path: Path) -> SectionMapping:
+    """Read the section mapping file (see `rag_lib/sections.yaml`)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read section mapping {path}: {exc}") from exc
+    return SectionMapping(
+        skip_keys=frozenset(data.get("skip_keys") or []),
+        metadata_keys=frozenset(data.get("metadata_keys") or []),
+        types=data.get("types") or {},
+    )
+
+
+def humanise(key: str) -> str:
+    return re.sub(r"\s+", " ", str(key).replace("_", " ").replace("-", " ")).strip()
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    return re.sub(r"[ \t]+\n", "\n", str(value)).strip()
+
+
+def _is_blank(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, dict):
+        return all(_is_blank(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_is_blank(v) for v in value)
+    return False
+
+
+def render(value: Any, indent: int = 0) -> list[str]:
+    """Readable lines for a nested YAML value: `key: value`, bullets for lists, nulls dropped."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            if _is_blank(sub):
+                continue
+            label = humanise(key)
+            if isinstance(sub, (dict, list)):
+                inline = _inline(sub)
+                if inline is not None:
+                    lines.append(f"{pad}{label}: {inline}")
+                else:
+                    lines.append(f"{pad}{label}:")
+                    lines.extend(render(sub, indent + 1))
+            else:
+                text = _scalar(sub)
+                if "\n" in text:
+                    lines.append(f"{pad}{label}:")
+                    lines.extend(f"{pad}  {line}" for line in text.splitlines())
+                else:
+                    lines.append(f"{pad}{label}: {text}")
+    elif isinstance(value, list):
+        for item in value:
+            if _is_blank(item):
+                continue
+            if isinstance(item, (dict, list)):
+                inline = _inline(item)
+                if inline is not None:
+                    lines.append(f"{pad}- {inline}")
+                else:
+                    sub_lines = render(item, indent + 1)
+                    first = sub_lines[0].lstrip()
+                    lines.append(f"{pad}- {first}")
+                    lines.extend(sub_lines[1:])
+            else:
+                text = _scalar(item)
+                lines.append(f"{pad}- {text.replace(chr(10), ' ')}")
+    elif not _is_blank(value):
+        lines.extend(f"{pad}{line}" for line in _scalar(value).splitlines())
+    return lines
+
+
+def _inline(value: dict | list) -> str | None:
+    """One-line form for small all-scalar dicts/lists (e.g. an entry: date, price, qty)."""
+    if isinstance(value, dict):
+        items = [(k, v) for k, v in value.items() if not _is_blank(v)]
+        if any(isinstance(v, (dict, list)) for _, v in items):
+            return None
+        text = ", ".join(f"{humanise(k)}: {_scalar(v)}" for k, v in items)
+    else:
+        items = [v for v in value if not _is_blank(v)]
+        if any(isinstance(v, (dict, list)) for v in items):
+            return None
+        text = "; ".join(_scalar(v) for v in items)
+    return text if len(text) <= 160 and "\n" not in text else None
+
+
+def _key_lines(raw_text: str) -> dict[str, int]:
+    """Line number (1-based) of each top-level key in the YAML source, for source positions."""
+    found: dict[str, int] = {}
+    for number, line in enumerate(raw_text.splitlines(), start=1):
+        match = re.match(r"^(['\"]?)([^\s#'\"][^:]*?)\1\s*:(\s|$)", line)
+        if match and match.group(2) not in found:
+            found[match.group(2)] = number
+    return found
+
+
+def flatten_yaml(doc: Document, mapping: SectionMapping, raw_text: str | None = None) -> list[Section]:
+    lines_of = _key_lines(raw_text) if raw_text else {}
+    sections: list[Section] = []
+    for key, value in doc.body.items():
+        key = str(key)
+        if not mapping.indexes(doc.doc_type, key, value):
+            continue
+        body_lines = render(value) if isinstance(value, (dict, list)) else render(value)
+        text = "\n".join(body_lines)
+        if text and not isinstance(value, (dict, list)):
+            text = f"{humanise(key)}: {text}" if "\n" not in text else f"{humanise(key)}:\n{text}"
+        sections.append(
+            Section(
+                name=key,
+                title=mapping.title(doc.doc_type, key),
+                ordinal=len(sections),
+                text=text,
+                line=lines_of.get(key, 0),
+            )
+        )
+    return sections
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def flatten_markdown(text: str) -> list[Section]:
+    """Split on ATX `## ` lines outside fenced code; keep each section's exact source text."""
+    sections: list[Section] = []
+    lines = text.splitlines(keepends=True)
+    in_fence = False
+    name, start_char, start_line, buf = INTRO, 0, 1, []
+    offset = 0
+
+    def close() -> None:
+        body = "".join(buf).strip("\n")
+        if name == INTRO and not body.strip():
+            return
+        sections.append(Section(name=name, title=name, ordinal=len(sections), text=body,
+                                char_start=start_char, line=start_line))
+
+    for number, line in enumerate(lines, start=1):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        if not in_fence and line.startswith("## "):
+            close()
+            name = line[3:].strip().rstrip("#").strip()
+            start_char, start_line, buf = offset, number, []
+        buf.append(line)
+        offset += len(line)
+    close()
+    return sections
+
+
+def flatten(doc: Document, mapping: SectionMapping, raw_text: str | None = None) -> list[Section]:
+    """Sections of a document, in source order. Empty sections are kept (and never chunked)."""
+    if doc.format == "yaml":
+        return flatten_yaml(doc, mapping, raw_text)
+    if doc.format == "markdown":
+        return flatten_markdown(doc.body)
+    text = f"{doc.title}\n\n{doc.body}" if doc.title else doc.body
+    return [Section(name="text", title=doc.title or "text", ordinal=0, text=text)]

@@ -1,0 +1,29 @@
+"""The only module that writes SQL. `Store` groups the SQL by subject (documents, vectors, status)."""
+
+from __future__ import annotations
+
+from rag_lib.config import Settings
+from rag_lib.store.connection import Connections, apply_migrations, migration_files
+from rag_lib.store.documents import DocumentStore
+from rag_lib.store.status import StatusStore
+from rag_lib.store.vectors import VectorStore
+
+
+class Store(DocumentStore, VectorStore, StatusStore):
+    """Database access for one process: open once, share, `close()` at the end."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.db = Connections(settings)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Store", "apply_migrations", "migration_files"]

@@ -1,0 +1,189 @@
+"""SQL for documents, sections, chunks and skips: publishing is one transaction per document."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from psycopg.types.json import Jsonb
+
+from rag_lib.errors import DimensionMismatchError, NotFoundError
+from rag_lib.models import Chunk, Document, Section, Skipped
+
+
+def _lock_key(collection: str, path: str) -> str:
+    return f"{collection}\x1f{path}"
+
+
+class DocumentStore:
+    """Mixin: needs `self.db` (Connections)."""
+
+    def document_states(self, collection: str) -> dict[str, tuple[str, str]]:
+        """path → (content hash, fingerprint) of every live document in a collection."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT path, content_hash, fingerprint FROM rag_documents WHERE collection = %s", (collection,)
+            ).fetchall()
+        return {path: (digest, fp) for path, digest, fp in rows}
+
+    def publish_document(
+        self,
+        doc: Document,
+        sections: Sequence[Section],
+        chunks: Sequence[Chunk],
+        vectors: np.ndarray,
+        space: str,
+        dimensions: int,
+        fingerprint: str,
+    ) -> None:
+        """Replace a document's rows atomically: readers see the old version or the new, never half."""
+        if len(chunks) != len(vectors):
+            raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors for {doc.path}")
+        if len(chunks) and vectors.shape[1] != dimensions:
+            raise DimensionMismatchError(
+                f"{doc.path}: vectors have {vectors.shape[1]} dimensions, space {space} has {dimensions}; "
+                "nothing was written"
+            )
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)
+            )
+            conn.execute("DELETE FROM rag_documents WHERE collection = %s AND path = %s", (doc.collection, doc.path))
+            conn.execute(
+                """INSERT INTO rag_documents (collection, path, doc_id, doc_type, title, ticker, doc_date, version,
+                       format, content_hash, fingerprint, source_path, size_bytes, metadata, section_count,
+                       chunk_count, token_count)
+                   VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+                (
+                    doc.collection, doc.path, doc.doc_id, doc.doc_type, doc.title, doc.ticker, doc.doc_date,
+                    doc.version, doc.format, doc.content_hash, fingerprint, doc.source_path, doc.size_bytes,
+                    Jsonb(doc.metadata), len(sections), len(chunks), sum(c.token_count for c in chunks),
+                ),
+            )
+            with conn.cursor() as cur:
+                with cur.copy(
+                    "COPY rag_sections (collection, path, name, ordinal, title, text, token_count, is_empty)"
+                    " FROM STDIN"
+                ) as copy:
+                    for s in sections:
+                        copy.write_row(
+                            (doc.collection, doc.path, s.name, s.ordinal, s.title, s.text,
+                             s.token_count, s.is_empty)
+                        )
+                with cur.copy(
+                    "COPY rag_chunks (chunk_id, collection, path, doc_id, doc_type, ticker, doc_date, section,"
+                    " section_path, unit_id, ordinal, text, embed_text, token_count, content_hash, doc_hash,"
+                    " char_start, char_end, metadata) FROM STDIN"
+                ) as copy:
+                    for c in chunks:
+                        copy.write_row(
+                            (c.chunk_id, c.collection, c.path, c.doc_id, c.doc_type, c.ticker, c.doc_date,
+                             c.section, c.section_path, c.unit_id, c.ordinal, c.text, c.embed_text,
+                             c.token_count, c.content_hash, doc.content_hash, c.char_start, c.char_end,
+                             json.dumps(c.metadata))
+                        )
+                with cur.copy("COPY rag_chunk_vectors (chunk_id, space, dimensions, embedding) FROM STDIN") as copy:
+                    for c, vec in zip(chunks, vectors):
+                        copy.write_row((c.chunk_id, space, dimensions, vec))
+            conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (doc.collection, doc.path))
+
+    def record_skip(self, skipped: Skipped) -> None:
+        """Remember why an input was skipped; the live version of the document (if any) stays."""
+        with self.db.connection() as conn:
+            conn.execute(
+                """INSERT INTO rag_skipped (collection, path, reason, detail, content_hash)
+                   VALUES (%s,%s,%s,%s,%s)
+                   ON CONFLICT (collection, path) DO UPDATE SET reason = EXCLUDED.reason,
+                     detail = EXCLUDED.detail, content_hash = EXCLUDED.content_hash, seen_at = now()""",
+                (skipped.collection, skipped.path, skipped.reason, skipped.detail, skipped.content_hash),
+            )
+
+    def clear_skip(self, collection: str, path: str) -> None:
+        with self.db.connection() as conn:
+            conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (collection, path))
+
+    def list_skipped(self, collection: str | None = None) -> list[dict[str, Any]]:
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                "SELECT collection, path, reason, detail, seen_at FROM rag_skipped"
+                " WHERE %(c)s::text IS NULL OR collection = %(c)s ORDER BY collection, path",
+                {"c": collection},
+            )
+            return _dicts(cur)
+
+    def delete_document(self, collection: str, ref: str) -> list[str]:
+        """Delete a document by path or doc id (all its sections, chunks, vectors, stage rows)."""
+        with self.db.connection() as conn, conn.transaction():
+            rows = conn.execute(
+                "SELECT path FROM rag_documents WHERE collection = %s AND (path = %s OR doc_id = %s)",
+                (collection, ref, ref),
+            ).fetchall()
+            paths = [r[0] for r in rows]
+            for path in paths:
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(collection, path),))
+            conn.execute(
+                "DELETE FROM rag_documents WHERE collection = %s AND path = ANY(%s)", (collection, paths)
+            )
+            conn.execute(
+                "DELETE FROM rag_stage_outputs WHERE collection = %s AND path = ANY(%s)", (collection, paths)
+            )
+            skipped = conn.execute(
+                "DELETE FROM rag_skipped WHERE collection = %s AND path = %s RETURNING path", (collection, ref)
+            ).fetchall()
+        return paths or [r[0] for r in skipped]
+
+    def list_documents(self, collection: str | None, limit: int = 1000, offset: int = 0) -> list[dict[str, Any]]:
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT collection, path, doc_id, doc_type, ticker, doc_date, title, section_count,
+                          chunk_count, token_count, ingested_at
+                   FROM rag_documents WHERE %(c)s::text IS NULL OR collection = %(c)s
+                   ORDER BY collection, path LIMIT %(l)s OFFSET %(o)s""",
+                {"c": collection, "l": limit, "o": offset},
+            )
+            return _dicts(cur)
+
+    def get_document(self, collection: str, ref: str) -> dict[str, Any]:
+        """A document with its sections (empty ones included) and chunk summaries."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                "SELECT * FROM rag_documents WHERE collection = %s AND (path = %s OR doc_id = %s) ORDER BY path LIMIT 1",
+                (collection, ref, ref),
+            )
+            found = _dicts(cur)
+            if not found:
+                raise NotFoundError(f"no document '{ref}' in collection '{collection}'; see `rag list`")
+            doc = found[0]
+            doc["sections"] = _dicts(conn.execute(
+                "SELECT name, title, ordinal, token_count, is_empty FROM rag_sections"
+                " WHERE collection = %s AND path = %s ORDER BY ordinal", (collection, doc["path"])))
+            doc["chunks"] = _dicts(conn.execute(
+                "SELECT chunk_id, section, section_path, ordinal, token_count, char_start, char_end,"
+                " left(text, 120) AS preview FROM rag_chunks WHERE collection = %s AND path = %s ORDER BY ordinal",
+                (collection, doc["path"])))
+        return doc
+
+    def delete_collection_documents_except(self, collection: str, keep: set[str]) -> list[str]:
+        """Prune: delete every document in `collection` whose path is not in `keep`."""
+        with self.db.connection() as conn:
+            paths = [r[0] for r in conn.execute(
+                "SELECT path FROM rag_documents WHERE collection = %s", (collection,)).fetchall()]
+        gone = sorted(p for p in paths if p not in keep)
+        for path in gone:
+            self.delete_document(collection, path)
+        return gone
+
+    def reset(self) -> None:
+        """Delete every row of every collection (schema and migrations stay)."""
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute(
+                "TRUNCATE rag_documents, rag_sections, rag_chunks, rag_chunk_vectors, rag_skipped,"
+                " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds"
+            )
+
+
+def _dicts(cur) -> list[dict[str, Any]]:
+    cols = [d.name for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]

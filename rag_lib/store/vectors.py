@@ -1,0 +1,207 @@
+"""SQL for embedding spaces, the embedding cache, HNSW indexes and semantic search."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from psycopg import sql
+
+from rag_lib.errors import DimensionMismatchError
+from rag_lib.models import SearchFilters, SearchHit
+
+
+def index_name(space: str) -> str:
+    return "rag_vec_hnsw_" + hashlib.sha1(space.encode()).hexdigest()[:12]
+
+
+def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composable, list[Any]]:
+    """WHERE fragments for the shared filters; every value is a bound parameter."""
+    col = lambda name: sql.SQL(f"{alias}.") + sql.Identifier(name)  # noqa: E731
+    parts: list[sql.Composable] = []
+    params: list[Any] = []
+
+    def many(value: str | list[str] | None) -> list[str] | None:
+        if value is None or value == [] or value == "":
+            return None
+        return [value] if isinstance(value, str) else list(value)
+
+    if filters.collection:
+        parts.append(col("collection") + sql.SQL(" = %s"))
+        params.append(filters.collection)
+    if (types := many(filters.doc_type)) is not None:
+        parts.append(col("doc_type") + sql.SQL(" = ANY(%s)"))
+        params.append(types)
+    if (tickers := many(filters.ticker)) is not None:
+        parts.append(col("ticker") + sql.SQL(" = ANY(%s)"))
+        params.append([t.upper() for t in tickers])
+    if filters.section:
+        parts.append(col("section") + sql.SQL(" = %s"))
+        params.append(filters.section)
+    if filters.path:
+        parts.append(col("path") + sql.SQL(" LIKE %s"))
+        params.append(filters.path.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    if filters.date_from:
+        parts.append(col("doc_date") + sql.SQL(" >= %s"))
+        params.append(filters.date_from)
+    if filters.date_to:
+        parts.append(col("doc_date") + sql.SQL(" <= %s"))
+        params.append(filters.date_to)
+    if not parts:
+        return sql.SQL("TRUE"), params
+    return sql.SQL(" AND ").join(parts), params
+
+
+HIT_COLUMNS = sql.SQL(
+    "c.chunk_id, c.text, c.doc_id, c.path, c.section, c.section_path, c.unit_id, c.doc_type,"
+    " c.collection, c.ticker, c.doc_date, c.metadata"
+)
+
+
+def hit_from_row(row: dict[str, Any], score: float) -> SearchHit:
+    return SearchHit(
+        chunk_id=row["chunk_id"], score=score, text=row["text"], doc_id=row["doc_id"], path=row["path"],
+        section=row["section"], section_path=row["section_path"], unit_id=row["unit_id"],
+        doc_type=row["doc_type"], collection=row["collection"], ticker=row["ticker"],
+        doc_date=row["doc_date"], metadata=row["metadata"] or {},
+    )
+
+
+class VectorStore:
+    """Mixin: needs `self.db` (Connections) and `self.settings`."""
+
+    # ---- spaces --------------------------------------------------------------------------
+
+    def active_space(self) -> dict[str, Any] | None:
+        with self.db.connection() as conn:
+            row = conn.execute(
+                "SELECT space, model, dimensions, provider FROM rag_spaces WHERE status = 'active'"
+            ).fetchone()
+        return dict(zip(("space", "model", "dimensions", "provider"), row)) if row else None
+
+    def ensure_space(self, space: str, model: str, dimensions: int, provider: str) -> None:
+        """Register the configured space; the first one becomes active. A configured space that
+        differs from the active one is a fatal error: mixing spaces would corrupt search."""
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
+            active = conn.execute("SELECT space, dimensions FROM rag_spaces WHERE status = 'active'").fetchone()
+            if active is None:
+                conn.execute(
+                    """INSERT INTO rag_spaces (space, model, dimensions, provider, status, activated_at)
+                       VALUES (%s,%s,%s,%s,'active', now())
+                       ON CONFLICT (space) DO UPDATE SET status = 'active', activated_at = now()""",
+                    (space, model, dimensions, provider),
+                )
+            elif active[0] != space:
+                raise DimensionMismatchError(
+                    f"the configured embedding space {space} differs from the stored active space {active[0]}; "
+                    f"run a re-embed to switch (or set embedding.model/dimensions back)"
+                )
+
+    # ---- cache ---------------------------------------------------------------------------
+
+    def cache_get(self, hashes: Sequence[str], model: str, dimensions: int) -> dict[str, np.ndarray]:
+        if not hashes:
+            return {}
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                """UPDATE rag_embedding_cache SET last_used_at = now()
+                   WHERE content_hash = ANY(%s) AND model = %s AND dimensions = %s
+                   RETURNING content_hash, embedding""",
+                (list(set(hashes)), model, dimensions),
+            ).fetchall()
+        return {h: np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for h, v in rows}
+
+    def cache_put(self, items: dict[str, np.ndarray], model: str, dimensions: int) -> None:
+        if not items:
+            return
+        with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS _cache_in (content_hash text, embedding vector) ON COMMIT DELETE ROWS"
+            )
+            with cur.copy("COPY _cache_in (content_hash, embedding) FROM STDIN") as copy:
+                for digest, vec in items.items():
+                    copy.write_row((digest, vec))
+            cur.execute(
+                """INSERT INTO rag_embedding_cache (content_hash, model, dimensions, embedding)
+                   SELECT content_hash, %s, %s, embedding FROM _cache_in
+                   ON CONFLICT DO NOTHING""",
+                (model, dimensions),
+            )
+
+    # ---- HNSW ----------------------------------------------------------------------------
+
+    def ensure_hnsw_index(self, space: str, dimensions: int, rebuild: bool = False) -> dict[str, Any]:
+        """Create the space's partial HNSW index if missing (or rebuild it); record the build."""
+        name = index_name(space)
+        s = self.settings.search
+        started = time.perf_counter()
+        with self.db.connection() as conn:
+            conn.autocommit = True
+            try:
+                exists = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
+                if exists and not rebuild:
+                    return {"index": name, "created": False}
+                if exists:
+                    conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE INDEX {} ON rag_chunk_vectors USING hnsw ((embedding::vector({})) vector_cosine_ops)"
+                        " WITH (m = {}, ef_construction = {}) WHERE space = {}"
+                    ).format(
+                        sql.Identifier(name), sql.Literal(dimensions), sql.Literal(s.hnsw_m),
+                        sql.Literal(s.hnsw_ef_construction), sql.Literal(space),
+                    )
+                )
+                rows = conn.execute("SELECT count(*) FROM rag_chunk_vectors WHERE space = %s", (space,)).fetchone()[0]
+                seconds = time.perf_counter() - started
+                conn.execute(
+                    """INSERT INTO rag_index_builds (space, index_name, m, ef_construction, rows_indexed, build_seconds)
+                       VALUES (%s,%s,%s,%s,%s,%s)""",
+                    (space, name, s.hnsw_m, s.hnsw_ef_construction, rows, seconds),
+                )
+            finally:
+                conn.autocommit = False
+        return {"index": name, "created": True, "rows": rows, "seconds": seconds}
+
+    # ---- semantic search -----------------------------------------------------------------
+
+    def semantic_search(
+        self,
+        vector: np.ndarray,
+        space: str,
+        dimensions: int,
+        filters: SearchFilters,
+        limit: int,
+        min_similarity: float = 0.0,
+        exact: bool = False,
+    ) -> list[SearchHit]:
+        """Nearest chunks by cosine similarity (score = max(0, cos)); HNSW unless `exact`."""
+        where, params = _filter_sql(filters)
+        vec_type = sql.SQL("vector({})").format(sql.Literal(dimensions))
+        distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=vec_type)
+        query = sql.SQL(
+            "WITH nearest AS MATERIALIZED ("
+            " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+            " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
+            " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
+        ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
+        ef = max(self.settings.search.ef_search, limit)
+        with self.db.connection() as conn, conn.transaction():
+            if exact:
+                conn.execute("SET LOCAL enable_indexscan = off")
+            else:
+                conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
+                conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                conn.execute(
+                    sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
+                        sql.Literal(self.settings.search.max_scan_tuples)
+                    )
+                )
+            cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
+            cols = [d.name for d in cur.description]
+            rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        return [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]

@@ -1,0 +1,61 @@
+"""Token counting with the embedding model's own tokenizer (never a word count or tiktoken)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from rag_lib.errors import ConfigError
+
+
+class Tokenizer:
+    """A fast Hugging Face tokenizer loaded from a local model folder (offline)."""
+
+    def __init__(self, model_path: str | Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(model_path)
+        try:
+            self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            raise ConfigError(f"cannot load tokenizer from {path}: {exc}") from exc
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.model_max_length = _max_seq_length(path)
+
+    @property
+    def limit(self) -> int:
+        """Content tokens per input: the model's sequence length less [CLS] and [SEP]."""
+        return self.model_max_length - 2
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def windows(self, text: str, max_tokens: int) -> list[tuple[int, int]]:
+        """Character spans of consecutive windows of at most `max_tokens` tokens."""
+        offsets = [o for o in self._tok.encode(text, add_special_tokens=False).offsets if o != (0, 0) or not text]
+        spans: list[tuple[int, int]] = []
+        for i in range(0, len(offsets), max_tokens):
+            window = offsets[i : i + max_tokens]
+            spans.append((window[0][0], window[-1][1]))
+        return spans
+
+
+def _max_seq_length(path: Path) -> int:
+    config = path / "sentence_bert_config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text()).get("max_seq_length", 512))
+    tok_config = path / "tokenizer_config.json"
+    if tok_config.is_file():
+        value = json.loads(tok_config.read_text()).get("model_max_length", 512)
+        return int(value) if value < 100_000 else 512
+    return 512
+
+
+@lru_cache(maxsize=4)
+def get_tokenizer(model_path: str) -> Tokenizer:
+    return Tokenizer(model_path)
