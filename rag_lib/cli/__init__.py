@@ -1,0 +1,9 @@
+"""The `rag` command. Each command group lives in its own module and registers on `app`."""
+
+from __future__ import annotations
+
+from rag_lib.cli.app import app, main
+from rag_lib.cli import core as _core  # noqa: F401  (registers commands)
+from rag_lib.cli import db as _db  # noqa: F401
+
+__all__ = ["app", "main"]

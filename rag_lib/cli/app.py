@@ -1,0 +1,88 @@
+"""The typer app, shared state and the one error boundary: a `RagError` becomes one clear line on
+stderr and exit code 1 (2 for usage errors); `--debug` shows the traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from rag_lib.errors import RagError
+from rag_lib.log import get_logger, setup_logging
+
+app = typer.Typer(
+    name="rag",
+    help="RAG knowledge base for trading research (PostgreSQL + pgvector).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+log = get_logger("cli")
+STATE: dict[str, Any] = {"debug": False, "kb": None}
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+) -> None:
+    STATE["debug"] = debug
+    if debug:
+        setup_logging("DEBUG")
+
+
+def kb():
+    """The knowledge base for this command (opened once)."""
+    if STATE["kb"] is None:
+        from rag_lib.api import KnowledgeBase
+
+        STATE["kb"] = KnowledgeBase()
+    return STATE["kb"]
+
+
+def print_json(data: Any) -> None:
+    """Exactly one JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, default=str, indent=None) + "\n")
+
+
+def fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app(standalone_mode=False)
+    except RagError as exc:
+        log.debug("command failed", exc_info=True)
+        if STATE["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and unexpected failures
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if STATE["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc} (rerun with --debug)")
+        sys.exit(1)
+    finally:
+        if STATE["kb"] is not None:
+            STATE["kb"].close()

@@ -1,0 +1,245 @@
+"""Core commands: init, ingest, search, status, list, show, delete, validate, reset."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rag_lib.cli.app import app, console, fail, kb, print_json
+from rag_lib.models import IngestReport
+
+CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection).")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document.")
+
+
+def _date(value: Optional[str], name: str) -> Optional[dt.date]:
+    if value is None:
+        return None
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        fail(f"{name} must be a date like 2025-01-31, got '{value}'", 2)
+    return None
+
+
+@app.command()
+def init() -> None:
+    """Start the database, apply migrations and load the embedding model once."""
+    base = kb()
+    store = base.store
+    provider = base.provider
+    store.ensure_space(provider.space, base.settings.embedding.model, base.settings.embedding.dimensions, provider.name)
+    provider.embed(["warm-up"])
+    console.print(f"ready: database {store.db.url}, model {provider.space}")
+
+
+def print_ingest_report(report: IngestReport) -> None:
+    table = Table(title=f"ingest into '{report.collection}'")
+    for col in ("new", "changed", "unchanged", "skipped", "failed", "pruned", "chunks", "embedded", "cache hits", "seconds"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        *(str(report.count(s)) for s in ("new", "changed", "unchanged", "skipped", "failed")),
+        str(len(report.pruned)), str(report.chunks), str(report.embedded), str(report.cache_hits),
+        f"{report.seconds:.1f}",
+    )
+    console.print(table)
+    problems = [o for o in report.outcomes if o.status in ("skipped", "failed")]
+    if problems:
+        detail = Table(title="skipped and failed inputs")
+        for col in ("path", "status", "reason", "detail"):
+            detail.add_column(col, overflow="fold")
+        for o in problems:
+            detail.add_row(o.path, o.status, o.reason or "", o.detail or "")
+        console.print(detail)
+
+
+@app.command()
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Files or folders (a folder is its own corpus root)."),
+    collection: Optional[str] = CollectionOpt,
+    prune: bool = typer.Option(False, "--prune", help="Delete documents whose files are gone."),
+    force: bool = typer.Option(False, "--force", help="Re-chunk and re-publish unchanged files too."),
+    root: Optional[Path] = typer.Option(None, "--root", help="Corpus root for file arguments (unit ids are relative to it)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Parse, chunk, embed and publish files; unchanged files are skipped."""
+    from rag_lib.ingest import count_files
+
+    base = kb()
+    total = count_files(paths, root)
+    with Progress(
+        TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=console, disable=as_json, transient=True,
+    ) as bar:
+        task = bar.add_task("", total=total)
+        report = base.ingest(
+            paths, collection, prune=prune, force=force, root=root,
+            progress=lambda name: bar.update(task, advance=1, description=Path(name).name[:40]),
+        )
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        print_ingest_report(report)
+    if report.count("failed"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def search(
+    query: str = typer.Argument(..., help="What to look for."),
+    mode: str = typer.Option("semantic", "--mode", "-m", help="semantic | lexical | hybrid"),
+    collection: Optional[str] = CollectionOpt,
+    doc_type: Optional[list[str]] = typer.Option(None, "--doc-type", "-t", help="Only these document types."),
+    ticker: Optional[list[str]] = typer.Option(None, "--ticker", help="Only these tickers."),
+    section: Optional[str] = typer.Option(None, "--section", help="Only this top-level section."),
+    date_from: Optional[str] = typer.Option(None, "--from", help="Documents dated on or after (YYYY-MM-DD)."),
+    date_to: Optional[str] = typer.Option(None, "--to", help="Documents dated on or before (YYYY-MM-DD)."),
+    top_k: int = typer.Option(10, "--top-k", "-k", min=1, max=1000),
+    min_similarity: float = typer.Option(0.0, "--min-similarity", min=0.0, max=1.0),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Search the knowledge base."""
+    result = kb().search(
+        query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section=section,
+        date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
+        min_similarity=min_similarity,
+    )
+    if as_json:
+        print_json(result.to_dict())
+        return
+    if not result.hits:
+        console.print("no results")
+        return
+    table = Table(title=f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)")
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("unit", overflow="fold")
+    table.add_column("text", overflow="fold")
+    for n, hit in enumerate(result.hits, 1):
+        excerpt = (hit.excerpt or hit.text).replace("\n", " ")
+        table.add_row(str(n), f"{hit.score:.3f}", hit.unit_id, excerpt[:200])
+    console.print(table)
+
+
+@app.command()
+def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -> None:
+    """Documents, chunks, vectors, skipped inputs and recent failures."""
+    data = kb().status(collection)
+    if as_json:
+        print_json(data)
+        return
+    space = data["active_space"]["space"] if data["active_space"] else "none"
+    console.print(
+        f"[bold]{data['documents']}[/] documents, [bold]{data['chunks']}[/] chunks, {data['tokens']} tokens; "
+        f"active space {space}; last ingest {data['last_ingest'] or 'never'}"
+    )
+    if data["by_type"]:
+        table = Table(title="documents by type")
+        table.add_column("type")
+        table.add_column("documents", justify="right")
+        for name, count in data["by_type"].items():
+            table.add_row(name, str(count))
+        console.print(table)
+    if data["skipped"]:
+        table = Table(title="skipped inputs")
+        for col in ("path", "reason", "detail"):
+            table.add_column(col, overflow="fold")
+        for row in data["skipped"]:
+            table.add_row(row["path"], row["reason"], row["detail"])
+        console.print(table)
+    if data["failures"]:
+        table = Table(title="recent pipeline failures")
+        for col in ("when", "source", "partition", "message"):
+            table.add_column(col, overflow="fold")
+        for row in data["failures"]:
+            table.add_row(str(row["failed_at"])[:19], row["source"], row["partition"] or "", row["message"][:200])
+        console.print(table)
+
+
+@app.command("list")
+def list_documents(
+    collection: Optional[str] = CollectionOpt,
+    limit: int = typer.Option(1000, "--limit", min=1),
+    offset: int = typer.Option(0, "--offset", min=0),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Documents in the knowledge base."""
+    rows = kb().list_documents(collection, limit, offset)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title=f"{len(rows)} documents")
+    for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["collection"], r["path"], r["doc_id"], r["doc_type"], r["ticker"] or "",
+                      str(r["doc_date"] or ""), str(r["chunk_count"]))
+    console.print(table)
+
+
+@app.command()
+def show(ref: str = typer.Argument(..., help="Document id or path."), collection: Optional[str] = CollectionOpt,
+         as_json: bool = JsonOpt) -> None:
+    """One document: metadata, sections (empty ones too) and chunks."""
+    doc = kb().show(ref, collection)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"[bold]{doc['path']}[/]  id {doc['doc_id']}  type {doc['doc_type']}  ticker {doc['ticker'] or '-'}"
+                  f"  date {doc['doc_date'] or '-'}  hash {doc['content_hash'][:12]}")
+    table = Table(title="sections")
+    for col in ("#", "name", "title", "tokens", "empty"):
+        table.add_column(col)
+    for s in doc["sections"]:
+        table.add_row(str(s["ordinal"]), s["name"], s["title"], str(s["token_count"]), "yes" if s["is_empty"] else "")
+    console.print(table)
+    table = Table(title="chunks")
+    for col in ("#", "section path", "tokens", "preview"):
+        table.add_column(col, overflow="fold")
+    for c in doc["chunks"]:
+        table.add_row(str(c["ordinal"]), c["section_path"], str(c["token_count"]), c["preview"].replace("\n", " "))
+    console.print(table)
+
+
+@app.command()
+def delete(ref: str = typer.Argument(..., help="Document id or path."), collection: Optional[str] = CollectionOpt) -> None:
+    """Delete a document and all its chunks and vectors."""
+    for path in kb().delete_document(ref, collection):
+        console.print(f"deleted {path}")
+
+
+@app.command()
+def validate(paths: list[Path] = typer.Argument(..., help="Files or folders to check."),
+             root: Optional[Path] = typer.Option(None, "--root"), as_json: bool = JsonOpt) -> None:
+    """Dry run: parse, flatten and chunk without writing; exit 1 when any input has problems."""
+    from rag_lib.validate import validate_paths
+
+    report = validate_paths(kb().settings, paths, root)
+    if as_json:
+        print_json(report)
+    else:
+        table = Table(title="validate")
+        for col in ("path", "type", "sections", "empty", "chunks", "max tokens", "problem"):
+            table.add_column(col, overflow="fold")
+        for f in report["files"]:
+            table.add_row(f["path"], f.get("doc_type") or "", str(f.get("sections", "")), str(f.get("empty_sections", "")),
+                          str(f.get("chunks", "")), str(f.get("max_tokens", "")),
+                          f"[red]{f['problem']}[/]" if f.get("problem") else "")
+        console.print(table)
+        console.print(f"{report['ok']} ok, {report['problems']} with problems")
+    if report["problems"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def reset(yes: bool = typer.Option(False, "--yes", help="Confirm: delete every document, chunk and vector.")) -> None:
+    """Delete all indexed data (the schema stays)."""
+    if not yes:
+        fail("reset deletes everything; rerun with --yes to confirm", 2)
+    kb().store.reset()
+    console.print("all documents, chunks, vectors, skips and cache entries deleted")

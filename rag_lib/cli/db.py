@@ -1,0 +1,53 @@
+"""`rag db start|stop|status|url`: the embedded PostgreSQL server."""
+
+from __future__ import annotations
+
+import typer
+
+from rag_lib.cli.app import app, console, print_json
+from rag_lib.config import get_settings
+from rag_lib.db import server_status, stop_embedded
+from rag_lib.store.connection import library_url
+
+db_app = typer.Typer(help="Manage the database server (embedded unless RAG_DATABASE_URL is set).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("start")
+def start() -> None:
+    """Start the embedded server (reused if already running) and apply migrations."""
+    from rag_lib.store import Store
+
+    settings = get_settings()
+    Store(settings).close()
+    console.print(f"database ready: {library_url(settings)}")
+
+
+@db_app.command("stop")
+def stop() -> None:
+    """Stop the embedded server."""
+    settings = get_settings()
+    if settings.database_url:
+        console.print("RAG_DATABASE_URL is set: that server is not managed here")
+        return
+    console.print("stopped" if stop_embedded(settings.pgdata) else "not running")
+
+
+@db_app.command("status")
+def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Is the database up, and where."""
+    st = server_status(get_settings())
+    data = {"embedded": st.embedded, "running": st.running, "url": st.url, "pgdata": str(st.pgdata) if st.pgdata else None}
+    if as_json:
+        print_json(data)
+    else:
+        kind = "embedded" if st.embedded else "external"
+        console.print(f"{kind} server {'running' if st.running else 'stopped'}" + (f" at {st.url}" if st.url else ""))
+    if not st.running:
+        raise typer.Exit(3)
+
+
+@db_app.command("url")
+def url() -> None:
+    """Print the connection URL (starts the embedded server if needed)."""
+    typer.echo(library_url(get_settings()))

@@ -1,0 +1,119 @@
+"""Shared fixtures: one real embedded PostgreSQL + pgvector server per test session, a fresh
+database per test, and the real local embedding model loaded once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from rag_lib.api import KnowledgeBase  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
+from rag_lib.embedding.local import LocalProvider  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CORPUS = REPO.parent / "shared" / "corpus"
+if not SHARED_CORPUS.is_dir():  # CI clones the repo with shared/ beside it
+    SHARED_CORPUS = Path(os.environ.get("RAG_SHARED_CORPUS", "/work/shared/corpus"))
+DEMO_CORPUS = REPO / "examples" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory) -> str:
+    """Admin URL of a session-wide embedded server (stopped at the end)."""
+    pgdata = Path(tmp_path_factory.mktemp("pg")) / "pgdata"
+    url = start_embedded(pgdata)
+    yield url
+    stop_embedded(pgdata)
+
+
+@pytest.fixture
+def database_url(pg_server: str) -> str:
+    """A fresh, empty database for one test."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return pg_server.replace("/postgres?", f"/{name}?", 1)
+
+
+@pytest.fixture(scope="session")
+def provider() -> LocalProvider:
+    """The real all-MiniLM-L6-v2 model, loaded once per session."""
+    p = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=64)
+    p.load()
+    return p
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(database_url=database_url, home=tmp_path / ".rag")
+
+
+@pytest.fixture
+def kb(settings: Settings, provider: LocalProvider) -> KnowledgeBase:
+    base = KnowledgeBase(settings, provider=provider)
+    yield base
+    base.close()
+
+
+@pytest.fixture
+def corpus_copy(tmp_path: Path):
+    """Copy files of the shared corpus into a temp root, keeping their relative paths."""
+
+    def make(*rel_paths: str) -> Path:
+        root = tmp_path / "corpus"
+        for rel in rel_paths:
+            src = SHARED_CORPUS / rel
+            dst = root / rel
+            if src.is_dir():
+                shutil.copytree(src, dst, dirs_exist_ok=True)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        root.mkdir(exist_ok=True)
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def corpus_template(pg_server: str, provider: LocalProvider, tmp_path_factory) -> str:
+    """Name of a template database holding the whole shared corpus, ingested once per session
+    (collection `default`, root = shared/corpus, so unit ids match the eval sets). Its embedding
+    cache makes any later ingest of shared-corpus files free of model calls."""
+    name = "corpus_template"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = pg_server.replace("/postgres?", f"/{name}?", 1)
+    home = tmp_path_factory.mktemp("template_home")
+    with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
+        report = base.ingest([SHARED_CORPUS])
+        assert report.count("failed") == 0, report.to_dict()
+        base.store.ensure_hnsw_index(provider.space, provider.dimensions)
+    return name
+
+
+@pytest.fixture
+def corpus_db_url(pg_server: str, corpus_template: str) -> str:
+    """A fresh database that already holds the whole shared corpus (copied from the template)."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{corpus_template}"')
+    return pg_server.replace("/postgres?", f"/{name}?", 1)
+
+
+@pytest.fixture
+def corpus_kb(corpus_db_url: str, provider: LocalProvider, tmp_path: Path) -> KnowledgeBase:
+    """A knowledge base over the whole shared corpus (own database copy: safe to modify)."""
+    base = KnowledgeBase(Settings(database_url=corpus_db_url, home=tmp_path / ".rag"), provider=provider)
+    yield base
+    base.close()
