@@ -142,21 +142,36 @@ class Chunker:
         piece = text[span.start : span.end]
         return [
             (Span(span.start + a, span.start + b), self.tok.count(piece[a:b]))
-            for a, b in self.tok.windows(piece, budget)
+            for a, b in self.tok.windows(piece, budget, self.settings.overlap_tokens)
         ]
 
-    def _pack(self, leaves: list[tuple[Span, int]], budget: int) -> list[Span]:
+    def _pack(self, text: str, leaves: list[tuple[Span, int]], budget: int) -> list[Span]:
+        """Greedy packing with piece-level overlap; a heading never ends a chunk (it moves on
+        with the text it introduces, even if that needs a re-split with a tighter budget)."""
         chunks: list[Span] = []
         current: list[tuple[Span, int]] = []
+
+        def is_heading(leaf: tuple[Span, int]) -> bool:
+            piece = text[leaf[0].start : leaf[0].end].strip()
+            return "\n" not in piece and bool(re.match(r"^#{1,6} ", piece))
+
         for leaf in leaves:
             if current and sum(t for _, t in current) + leaf[1] > budget:
-                chunks.append(Span(current[0][0].start, current[-1][0].end))
-                tail: list[tuple[Span, int]] = []
-                for prev in reversed(current):
-                    if sum(t for _, t in tail) + prev[1] > self.settings.overlap_tokens or len(tail) + 1 >= len(current):
-                        break
-                    tail.insert(0, prev)
-                current = tail if sum(t for _, t in tail) + leaf[1] <= budget else []
+                carry: list[tuple[Span, int]] = []
+                while current and is_heading(current[-1]):
+                    carry.insert(0, current.pop())
+                if current:
+                    chunks.append(Span(current[0][0].start, current[-1][0].end))
+                    tail: list[tuple[Span, int]] = []
+                    for prev in reversed(current):
+                        too_big = sum(t for _, t in tail) + prev[1] > self.settings.overlap_tokens
+                        if too_big or len(tail) + 1 >= len(current):
+                            break
+                        tail.insert(0, prev)
+                    fits = sum(t for _, t in tail + carry) + leaf[1] <= budget
+                    current = (tail + carry) if fits else carry
+                else:
+                    current = carry
             current.append(leaf)
         if current:
             chunks.append(Span(current[0][0].start, current[-1][0].end))
@@ -174,15 +189,20 @@ class Chunker:
         start = len(text) - len(text.lstrip())
         whole = Span(start, len(text.rstrip()))
         result: list[tuple[Span, str, int]] = []
-        pending = self._pack(self._leaves(text, whole, budget, 0, doc.format == "markdown"), budget)
+        pending = self._pack(text, self._leaves(text, whole, budget, 0, doc.format == "markdown"), budget)
         while pending:
             span = pending.pop(0)
             embed_text = prefix + text[span.start : span.end]
             tokens = self.tok.count(embed_text)
             if tokens > self.limit:
                 # Boundary effects made a packed chunk overflow: re-split it with a tighter budget.
-                tighter = max(8, budget - (tokens - self.limit) - 8)
-                pending[:0] = self._pack(self._leaves(text, span, tighter, 0, doc.format == "markdown"), tighter)
+                tighter = budget - (tokens - self.limit) - 8
+                if tighter < 16:  # pathological (e.g. a giant heading): plain token windows, no packing
+                    piece = text[span.start : span.end]
+                    room = self.limit - self.tok.count(prefix) - 4
+                    pending[:0] = [Span(span.start + a, span.start + b) for a, b in self.tok.windows(piece, room)]
+                else:
+                    pending[:0] = self._pack(text, self._leaves(text, span, tighter, 0, doc.format == "markdown"), tighter)
                 continue
             result.append((span, embed_text, tokens))
         return result

@@ -35,13 +35,16 @@ class Tokenizer:
     def count_many(self, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
-    def windows(self, text: str, max_tokens: int) -> list[tuple[int, int]]:
-        """Character spans of consecutive windows of at most `max_tokens` tokens."""
-        offsets = [o for o in self._tok.encode(text, add_special_tokens=False).offsets if o != (0, 0) or not text]
+    def windows(self, text: str, max_tokens: int, overlap: int = 0) -> list[tuple[int, int]]:
+        """Character spans of windows of at most `max_tokens` tokens, `overlap` tokens shared."""
+        offsets = self._tok.encode(text, add_special_tokens=False).offsets
+        step = max(1, max_tokens - max(0, min(overlap, max_tokens // 2)))
         spans: list[tuple[int, int]] = []
-        for i in range(0, len(offsets), max_tokens):
+        for i in range(0, len(offsets), step):
             window = offsets[i : i + max_tokens]
             spans.append((window[0][0], window[-1][1]))
+            if i + max_tokens >= len(offsets):
+                break
         return spans
 
 

@@ -1,0 +1,120 @@
+"""Loading files: type detection, metadata, hashing, and every kind of bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+from rag_lib.documents import load_file, normalise_type
+from rag_lib.models import Document, Skipped
+
+from conftest import SHARED_CORPUS
+
+LIMIT = 5 * 1024 * 1024
+
+
+def load_one(path: Path, root: Path, limit: int = LIMIT):
+    items = load_file(path, root, "default", limit)
+    assert len(items) == 1
+    return items[0]
+
+
+def test_real_spellings_normalise_to_one_type():
+    assert normalise_type("stock_analysis") == "stock-analysis"
+    assert normalise_type("Stock-Analysis") == "stock-analysis"
+    assert normalise_type("ticker") == "ticker-profile"
+    assert normalise_type("research-analysis") == "research"
+
+
+def test_metadata_comes_from_meta_not_the_file_name():
+    rel = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
+    doc = load_one(SHARED_CORPUS / rel, SHARED_CORPUS)
+    assert isinstance(doc, Document)
+    assert doc.path == rel
+    assert doc.doc_id == "SA-PFE-2025-001"
+    assert doc.doc_type == "stock-analysis"
+    assert doc.ticker == "PFE"
+    assert doc.doc_date == dt.date(2025, 1, 18)
+    assert doc.version == "2.3"
+    assert len(doc.content_hash) == 64
+
+
+def test_underscore_type_and_missing_meta_fall_back_sensibly():
+    googl = load_one(SHARED_CORPUS / "tradegent/knowledge/analysis/stock/GOOGL_20260220T2115.yaml", SHARED_CORPUS)
+    assert googl.doc_type == "stock-analysis"
+    no_meta = load_one(SHARED_CORPUS / "tradegent/knowledge/reference/FUTURE-IMPROVEMENTS.yaml", SHARED_CORPUS)
+    assert no_meta.doc_type == "reference"  # from the folder, as there is no _meta
+    fixture = load_one(SHARED_CORPUS / "tradegent/fixtures/sample_research.yaml", SHARED_CORPUS)
+    assert fixture.doc_type == "research"  # `_meta.doc_type: research-analysis`
+
+
+def test_markdown_document_metadata():
+    rel = "tradegent-docs/.claude/rules/05-database-access.md"
+    doc = load_one(SHARED_CORPUS / rel, SHARED_CORPUS)
+    assert doc.format == "markdown" and doc.doc_type == "note" and doc.doc_id == rel
+
+
+def test_templates_are_skipped_but_real_docs_with_path_placeholders_are_not():
+    template = load_one(SHARED_CORPUS / "tradegent/templates/stock-analysis.yaml", SHARED_CORPUS)
+    assert isinstance(template, Skipped) and template.reason == "template"
+    scanner = load_one(SHARED_CORPUS / "tradegent/knowledge/scanners/weekly/earnings-calendar.yaml", SHARED_CORPUS)
+    assert isinstance(scanner, Document)
+
+
+def test_malformed_yaml_reports_line_and_column():
+    bad = load_one(SHARED_CORPUS / "tradegent/templates/post-trade-review.yaml", SHARED_CORPUS)
+    assert isinstance(bad, Skipped)
+    assert bad.reason == "malformed_yaml"
+    assert "line 153, column 3" in bad.detail
+
+
+def test_every_kind_of_bad_input_has_a_reason(tmp_path: Path):
+    files = {
+        "empty.yaml": b"",
+        "blank.md": b"   \n\n",
+        "binary.yaml": b"\x00\x01\x02binary",
+        "latin1.md": "caf\xe9 notes".encode("latin-1"),
+        "list.yaml": b"- a\n- b\n",
+        "notes.txt": b"plain text",
+        "big.md": b"# big\n" + b"x" * 2000,
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    reasons = {
+        name: load_one(tmp_path / name, tmp_path, limit=1000).reason for name in files
+    }
+    assert reasons == {
+        "empty.yaml": "empty",
+        "blank.md": "empty",
+        "binary.yaml": "binary",
+        "latin1.md": "not_utf8",
+        "list.yaml": "unsupported_structure",
+        "notes.txt": "unknown_format",
+        "big.md": "too_large",
+    }
+
+
+def test_jsonl_records_are_documents_and_bad_lines_are_skipped(tmp_path: Path):
+    lines = [
+        json.dumps({"_id": "1", "title": "Aspirin", "text": "Aspirin reduces fever."}),
+        "{not json",
+        json.dumps({"_id": "2", "title": "Empty", "text": "  "}),
+        json.dumps({"title": "no id", "text": "x"}),
+        json.dumps({"_id": "3", "text": "Statins lower cholesterol."}),
+    ]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    items = load_file(tmp_path / "corpus.jsonl", tmp_path, "beir", LIMIT)
+    docs = [i for i in items if isinstance(i, Document)]
+    skips = {i.reason for i in items if isinstance(i, Skipped)}
+    assert [d.doc_id for d in docs] == ["1", "3"]
+    assert docs[0].path == "1" and docs[0].title == "Aspirin"
+    assert skips == {"malformed_json", "empty", "missing_id"}
+
+
+def test_content_hash_changes_with_content(tmp_path: Path):
+    path = tmp_path / "a.md"
+    path.write_text("## A\ntext one\n")
+    first = load_one(path, tmp_path).content_hash
+    path.write_text("## A\ntext two\n")
+    assert load_one(path, tmp_path).content_hash != first
