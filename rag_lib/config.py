@@ -48,6 +48,22 @@ class SearchSettings(BaseModel):
     max_scan_tuples: int = 20000
 
 
+class ServerSettings(BaseModel):
+    """HTTP API / MCP serving: key env names (never the keys themselves), confined roots, limits."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys_env: str = "RAG_API_KEYS"  # comma-separated full-access keys
+    read_only_keys_env: str = "RAG_API_READ_ONLY_KEYS"  # comma-separated search-only keys
+    corpus_roots: list[Path] = Field(default_factory=list)  # files the API may ingest by path
+    upload_dir: Path | None = None  # where uploaded content is kept (default: <home>/uploads)
+    max_body_bytes: int = 1024 * 1024
+    max_query_chars: int = 2000
+    max_text_chars: int = 20000
+    max_top_k: int = 100
+    max_token_budget: int = 16000
+
+
 class Settings(BaseSettings):
     """Everything configurable, in one place. Environment wins over `rag.yaml`."""
 
@@ -65,6 +81,7 @@ class Settings(BaseSettings):
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
 
     @classmethod
     def settings_customise_sources(
