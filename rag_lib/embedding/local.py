@@ -46,7 +46,7 @@ class LocalProvider(EmbeddingProvider):
             model = SentenceTransformer(self.model_path, device="cpu")
         except Exception as exc:
             raise ConfigError(f"cannot load the local embedding model from {self.model_path}: {exc}") from exc
-        actual = model.get_sentence_embedding_dimension()
+        actual = model.get_embedding_dimension()
         if actual != self.dimensions:
             raise DimensionMismatchError(
                 f"model at {self.model_path} makes {actual}-dimensional vectors but embedding.dimensions "

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg.types.json import Jsonb
 
-from rag_lib.errors import DimensionMismatchError, NotFoundError
+from rag_lib.errors import DatabaseError, DimensionMismatchError, NotFoundError
 from rag_lib.models import Chunk, Document, Section, Skipped
 
 
@@ -46,6 +47,15 @@ class DocumentStore:
                 f"{doc.path}: vectors have {vectors.shape[1]} dimensions, space {space} has {dimensions}; "
                 "nothing was written"
             )
+        try:
+            self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint)
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"{doc.path}: publishing failed ({exc.__class__.__name__}: {str(exc).strip()}); "
+                "the previous version stays live"
+            ) from exc
+
+    def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint) -> None:
         with self.db.connection() as conn, conn.transaction():
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)

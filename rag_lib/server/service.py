@@ -1,0 +1,211 @@
+"""What the HTTP routes and MCP tools do, over one `KnowledgeBase`: checks limits, confines paths,
+and shapes library results into plain dicts. Synchronous: callers run it in a worker thread."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rag_lib import search as search_mod
+from rag_lib.api import KnowledgeBase
+from rag_lib.errors import RagError, ValidationError
+from rag_lib.models import SearchHit
+from rag_lib.server.security import confine, safe_relative
+
+EXCERPT_CHARS = 300
+
+
+class NotImplementedFeature(RagError):
+    """The library does not offer this operation (yet)."""
+
+    code = "not_implemented"
+
+
+def default_mode() -> str:
+    return "hybrid" if "hybrid" in search_mod.MODES else "semantic"
+
+
+def _limit(value: int, ceiling: int, name: str) -> int:
+    if value > ceiling:
+        raise ValidationError(f"{name} must be at most {ceiling}, got {value}")
+    return value
+
+
+def check_query(kb: KnowledgeBase, query: str) -> str:
+    limit = kb.settings.server.max_query_chars
+    if len(query) > limit:
+        raise ValidationError(f"query is {len(query)} characters; the limit is {limit}")
+    if not query.strip():
+        raise ValidationError("query is empty; pass some words to search for")
+    return query
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def hit_dict(hit: SearchHit | dict[str, Any], rank: int) -> dict[str, Any]:
+    data = hit.to_dict() if hasattr(hit, "to_dict") else dict(hit)
+    text = data.get("text") or ""
+    excerpt = data.get("excerpt") or (text[:EXCERPT_CHARS] + ("…" if len(text) > EXCERPT_CHARS else ""))
+    return {
+        "rank": rank, "score": round(float(data.get("score") or 0.0), 6), "chunk_id": data["chunk_id"],
+        "unit_id": data["unit_id"], "doc_id": data["doc_id"], "path": data["path"], "section": data["section"],
+        "section_path": data.get("section_path") or data["section"], "doc_type": data["doc_type"],
+        "collection": data["collection"], "ticker": data.get("ticker"), "doc_date": data.get("doc_date"),
+        "excerpt": excerpt, "text": text, "metadata": data.get("metadata") or {},
+    }
+
+
+def _filter_kwargs(kb: KnowledgeBase, filters: dict[str, Any] | None) -> dict[str, Any]:
+    out = {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
+    for name in out:
+        if not _accepts(kb.search, name):
+            raise ValidationError(f"filter '{name}' is not supported by this knowledge base")
+    return out
+
+
+def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: dict[str, Any] | None = None,
+           top_k: int = 10, min_similarity: float = 0.0, collection: str | None = None) -> dict[str, Any]:
+    """Search and return `{query, mode, results, timings_ms}`."""
+    check_query(kb, query)
+    _limit(top_k, kb.settings.server.max_top_k, "top_k")
+    result = kb.search(
+        query, mode=mode or default_mode(), collection=collection, top_k=top_k, min_similarity=min_similarity,
+        **_filter_kwargs(kb, filters),
+    )
+    return {
+        "query": result.query, "mode": result.mode,
+        "results": [hit_dict(h, n) for n, h in enumerate(result.hits, 1)],
+        "timings_ms": result.timings_ms,
+    }
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return value
+    raise TypeError(f"unexpected result type {type(value).__name__}")
+
+
+def _call_optional(kb: KnowledgeBase, method: str, what: str, *args: Any, **kwargs: Any) -> Any:
+    fn = getattr(kb, method, None)
+    if fn is None:
+        raise NotImplementedFeature(f"{what} is not available in this version of the library (KnowledgeBase.{method})")
+    return fn(*args, **{k: v for k, v in kwargs.items() if v is not None and _accepts(fn, k)})
+
+
+def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: str | None = None,
+            filters: dict[str, Any] | None = None, collection: str | None = None) -> dict[str, Any]:
+    """Assemble context for `query` within `token_budget`, with citations."""
+    check_query(kb, query)
+    _limit(token_budget, kb.settings.server.max_token_budget, "token_budget")
+    extra = {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
+    raw = _as_dict(_call_optional(kb, "build_context", "context assembly", query, token_budget=token_budget,
+                                  mode=mode, collection=collection, **extra))
+    return normalise_context(raw, query, token_budget)
+
+
+def normalise_context(raw: dict[str, Any], query: str, token_budget: int) -> dict[str, Any]:
+    """Map the library's context record onto the API shape (text + citations + token count)."""
+    text = raw.get("context") or raw.get("text") or ""
+    citations = []
+    for n, c in enumerate(raw.get("citations") or raw.get("sources") or [], 1):
+        c = _as_dict(c) if not isinstance(c, str) else {"unit_id": c}
+        citations.append({"ref": c.get("ref") or c.get("marker") or f"[{n}]", **c})
+    tokens = raw.get("tokens", raw.get("token_count", raw.get("tokens_used")))
+    out = {k: v for k, v in raw.items() if k not in ("context", "text", "citations", "sources")}
+    out.update(query=query, context=text, citations=citations, tokens=tokens, token_budget=token_budget)
+    return out
+
+
+def similar(kb: KnowledgeBase, ref: str, *, top_k: int = 10, collection: str | None = None) -> dict[str, Any]:
+    """Chunks most similar to a stored unit / chunk / document."""
+    _limit(top_k, kb.settings.server.max_top_k, "top_k")
+    result = _call_optional(kb, "get_similar", "similar-document search", ref, top_k=top_k, collection=collection)
+    hits = result.hits if hasattr(result, "hits") else result
+    out = {"ref": ref, "results": [hit_dict(h, n) for n, h in enumerate(hits, 1)]}
+    if hasattr(result, "timings_ms"):
+        out["timings_ms"] = result.timings_ms
+    return out
+
+
+def embed_path(kb: KnowledgeBase, path: str, *, collection: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Ingest one file that lies inside a configured corpus root (unit ids relative to that root)."""
+    file, root = confine(path, [Path(r) for r in kb.settings.server.corpus_roots])
+    return kb.ingest([file], collection, root=root, force=force).to_dict()
+
+
+def upload_dir(kb: KnowledgeBase, collection: str) -> Path:
+    base = kb.settings.server.upload_dir or (Path(kb.settings.home) / "uploads")
+    return (Path(base) / safe_relative(collection)).resolve()
+
+
+def embed_content(kb: KnowledgeBase, name: str, content: str, *, collection: str | None = None,
+                  force: bool = False) -> dict[str, Any]:
+    """Keep uploaded text under the upload folder as `name` and ingest it (its path is `name`)."""
+    rel = safe_relative(name)
+    data = content.encode("utf-8")
+    if len(data) > kb.settings.max_file_bytes:
+        raise ValidationError(f"content is {len(data)} bytes; the limit is {kb.settings.max_file_bytes}")
+    coll = collection or kb.settings.collection
+    root = upload_dir(kb, coll)
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root):  # a symlinked folder inside the upload dir
+        raise ValidationError(f"name '{name}' leaves the upload folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)  # atomic: a concurrent ingest never reads half a file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return kb.ingest([target], coll, root=root, force=force).to_dict()
+
+
+def embed_text(kb: KnowledgeBase, text: str) -> dict[str, Any]:
+    limit = kb.settings.server.max_text_chars
+    if len(text) > limit:
+        raise ValidationError(f"text is {len(text)} characters; the limit is {limit}")
+    vector = kb.embed_text(text)
+    p = kb.provider
+    return {"model": p.model, "dimensions": int(p.dimensions), "space": p.space, "vector": [float(x) for x in vector]}
+
+
+def list_sources(kb: KnowledgeBase, *, collection: str | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise ValidationError("limit must be 1-1000 and offset >= 0")
+    rows = kb.list_documents(collection, limit, offset)
+    return {"items": rows, "limit": limit, "offset": offset, "next_offset": offset + limit if len(rows) == limit else None}
+
+
+def health(kb: KnowledgeBase) -> dict[str, Any]:
+    """Database reachable (a round trip) and model loaded (without loading it)."""
+    database = False
+    try:
+        with kb.store.db.connection() as conn:
+            database = conn.execute("SELECT 1").fetchone()[0] == 1
+    except Exception:  # noqa: BLE001 - any failure means unhealthy
+        database = False
+    provider = kb.__dict__.get("provider")
+    model = provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
+    return {"status": "ok" if database and model else "degraded", "database": database, "model": model}
+
+
+def warm_up(kb: KnowledgeBase) -> None:
+    """Open the pool and load the model now, so the first request pays nothing."""
+    _ = kb.store
+    provider = kb.provider
+    if hasattr(provider, "load"):
+        provider.load()
+    provider.embed(["warm-up"])

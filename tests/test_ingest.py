@@ -1,0 +1,190 @@
+"""Ingest end to end on a real database and the real model: round trip, bad input, incremental
+re-runs, changed files, prune, force, collections, and atomic publishing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from rag_lib.errors import NotFoundError
+
+PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
+TRADE = "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml"
+LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
+NOTE = "tradegent-docs/.claude/rules/05-database-access.md"
+TEMPLATE = "tradegent/templates/stock-analysis.yaml"
+MALFORMED = "tradegent/templates/post-trade-review.yaml"
+
+
+def rows(kb, sql: str, *params):
+    with kb.store.db.connection() as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def test_round_trip_publishes_documents_sections_chunks_and_vectors(kb, corpus_copy):
+    root = corpus_copy(PFE, TRADE, NOTE)
+    report = kb.ingest([root])
+    assert report.count("new") == 3 and report.count("failed") == 0
+    assert report.embedded == report.chunks > 0
+    (docs,) = rows(kb, "SELECT count(*) FROM rag_documents")[0:1]
+    assert docs[0] == 3
+    chunks, vectors = rows(kb, "SELECT (SELECT count(*) FROM rag_chunks), (SELECT count(*) FROM rag_chunk_vectors)")[0]
+    assert chunks == vectors == report.chunks
+    dims = rows(kb, "SELECT DISTINCT vector_dims(embedding) FROM rag_chunk_vectors")
+    assert dims == [(384,)]
+    doc = kb.show("SA-PFE-2025-001")
+    assert doc["path"] == PFE and doc["ticker"] == "PFE"
+    section_names = {s["name"] for s in doc["sections"]}
+    assert {"phase1_catalyst", "bear_case_analysis"} <= section_names  # empty stubs are listed too
+    assert all(c["token_count"] <= 254 for c in doc["chunks"])
+    hit = kb.search("Pfizer dividend yield oversold", top_k=3).hits[0]
+    assert hit.path == PFE and hit.unit_id.startswith(PFE + "#")
+
+
+def test_bad_input_is_skipped_with_reason_and_never_stops_the_rest(kb, corpus_copy):
+    root = corpus_copy(LEARNING, TEMPLATE, MALFORMED)
+    (root / "empty.md").write_text("")
+    (root / "binary.yaml").write_bytes(b"\x00\xff\x00")
+    (root / "notes.txt").write_text("plain")
+    report = kb.ingest([root])
+    assert report.count("new") == 1
+    reasons = {o.path: o.reason for o in report.outcomes if o.status == "skipped"}
+    assert reasons == {
+        TEMPLATE: "template", MALFORMED: "malformed_yaml", "empty.md": "empty",
+        "binary.yaml": "binary", "notes.txt": "unknown_format",
+    }
+    skipped = {r["path"]: r for r in kb.status()["skipped"]}
+    assert "line 153, column 3" in skipped[MALFORMED]["detail"]
+
+
+def test_a_file_turning_bad_keeps_its_live_version(kb, corpus_copy):
+    root = corpus_copy(LEARNING)
+    kb.ingest([root])
+    before = rows(kb, "SELECT chunk_id FROM rag_chunks ORDER BY 1")
+    (root / LEARNING).write_text("pattern: [unclosed\n  bad: : yaml")
+    report = kb.ingest([root], prune=True)
+    assert report.outcomes[0].status == "skipped" and report.pruned == []
+    assert rows(kb, "SELECT chunk_id FROM rag_chunks ORDER BY 1") == before
+    assert kb.status()["skipped"][0]["reason"] == "malformed_yaml"
+
+
+def test_unchanged_files_are_not_re_embedded(kb, corpus_copy, provider):
+    root = corpus_copy(TRADE, LEARNING)
+    kb.ingest([root])
+    calls = provider.calls
+    report = kb.ingest([root])
+    assert report.count("unchanged") == 2 and report.embedded == 0
+    assert provider.calls == calls, "re-ingest of unchanged files called the model"
+    forced = kb.ingest([root], force=True)
+    assert forced.count("changed") == 2
+    assert forced.embedded == 0 and forced.cache_hits == forced.chunks  # --force re-publishes from the cache
+    assert provider.calls == calls
+
+
+def test_changed_file_replaces_its_rows(kb, corpus_copy):
+    root = corpus_copy(LEARNING)
+    kb.ingest([root])
+    old_ids = {r[0] for r in rows(kb, "SELECT chunk_id FROM rag_chunks")}
+    path = root / LEARNING
+    path.write_text(path.read_text() + "\nextra_section:\n  lesson: Never average down into an earnings gap.\n")
+    report = kb.ingest([root])
+    assert report.outcomes[0].status == "changed"
+    new_rows = rows(kb, "SELECT chunk_id, section, text FROM rag_chunks")
+    assert any(r[1] == "extra_section" for r in new_rows)
+    assert len(rows(kb, "SELECT 1 FROM rag_documents")) == 1
+    # unchanged sections keep their ids; nothing of the old version is left beside the new one
+    assert old_ids & {r[0] for r in new_rows}
+    assert rows(kb, "SELECT count(*) FROM rag_chunk_vectors")[0][0] == len(new_rows)
+
+
+def test_prune_removes_documents_whose_files_are_gone(kb, corpus_copy):
+    root = corpus_copy(TRADE, LEARNING)
+    kb.ingest([root])
+    (root / TRADE).unlink()
+    report = kb.ingest([root])  # without --prune nothing is deleted
+    assert report.pruned == [] and len(kb.list_documents()) == 2
+    report = kb.ingest([root], prune=True)
+    assert report.pruned == [TRADE]
+    assert [d["path"] for d in kb.list_documents()] == [LEARNING]
+    assert rows(kb, "SELECT count(*) FROM rag_chunks WHERE path = %s", TRADE)[0][0] == 0
+
+
+def test_collections_are_isolated(kb, corpus_copy, tmp_path):
+    root = corpus_copy(LEARNING)
+    other = tmp_path / "other"
+    shutil.copytree(root, other)
+    kb.ingest([root], collection="alpha")
+    kb.ingest([other], collection="beta")
+    assert {r["collection"] for r in kb.list_documents()} == {"alpha", "beta"}
+    assert len(kb.search("loss aversion", collection="alpha").hits) > 0
+    assert {h.collection for h in kb.search("loss aversion", collection="beta").hits} == {"beta"}
+    kb.delete_document(LEARNING, collection="alpha")
+    assert kb.status("alpha")["documents"] == 0 and kb.status("beta")["documents"] == 1
+    with pytest.raises(NotFoundError):
+        kb.delete_document(LEARNING, collection="alpha")
+
+
+def test_delete_by_id_removes_every_row(kb, corpus_copy):
+    kb.ingest([corpus_copy(TRADE)])
+    assert kb.delete_document("TRD-2025-001") == [TRADE]
+    counts = rows(kb, "SELECT (SELECT count(*) FROM rag_documents), (SELECT count(*) FROM rag_sections),"
+                      " (SELECT count(*) FROM rag_chunks), (SELECT count(*) FROM rag_chunk_vectors)")[0]
+    assert counts == (0, 0, 0, 0)
+
+
+def test_failure_in_the_middle_of_publishing_leaves_the_old_version(kb, corpus_copy, database_url):
+    root = corpus_copy(LEARNING)
+    kb.ingest([root])
+    before = rows(kb, "SELECT chunk_id, text FROM rag_chunks ORDER BY 1")
+    doc_before = rows(kb, "SELECT content_hash FROM rag_documents")
+    # A real database error raised after the document and chunk rows were written.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("""CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS
+                        $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$""")
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON rag_chunk_vectors FOR EACH ROW EXECUTE FUNCTION boom()")
+    path = root / LEARNING
+    path.write_text(path.read_text().replace("loss", "LOSS"))
+    report = kb.ingest([root])
+    assert report.outcomes[0].status == "failed"
+    assert "injected failure" in report.outcomes[0].detail
+    assert rows(kb, "SELECT chunk_id, text FROM rag_chunks ORDER BY 1") == before
+    assert rows(kb, "SELECT content_hash FROM rag_documents") == doc_before
+    assert rows(kb, "SELECT count(*) FROM rag_chunk_vectors")[0][0] == len(before)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER boom ON rag_chunk_vectors")
+    assert kb.ingest([root]).outcomes[0].status == "changed"  # the next run repairs it
+
+
+def test_wrong_dimension_vectors_are_never_written(kb, corpus_copy):
+    import numpy as np
+
+    from rag_lib.errors import DimensionMismatchError
+
+    root = corpus_copy(LEARNING)
+    prepared = kb.pipeline.prepare(kb.pipeline.load(root / LEARNING, root, "default")[0])
+    with pytest.raises(DimensionMismatchError):
+        kb.pipeline.publish(prepared, np.ones((len(prepared.chunks), 128), dtype=np.float32))
+    with pytest.raises(DimensionMismatchError):
+        kb.pipeline.publish(prepared, np.full((len(prepared.chunks), 384), np.nan, dtype=np.float32))
+    assert rows(kb, "SELECT count(*) FROM rag_chunks")[0][0] == 0
+
+
+def test_configured_space_must_match_the_stored_one(kb, corpus_copy, settings):
+    from rag_lib.errors import DimensionMismatchError
+
+    kb.ingest([corpus_copy(LEARNING)])
+    with pytest.raises(DimensionMismatchError, match="re-embed"):
+        kb.store.ensure_space("text-embedding-3-large:1536", "text-embedding-3-large", 1536, "openai")
+
+
+def test_migrations_apply_once(kb, database_url):
+    from rag_lib.store import apply_migrations, migration_files
+
+    kb.store  # opening the store migrates the fresh database
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert apply_migrations(conn) == []
+        recorded = conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0]
+    assert recorded == len(migration_files())
