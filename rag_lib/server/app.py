@@ -1,0 +1,288 @@
+"""The FastAPI application: routes, API-key auth, body limit, request ids, JSON errors and logs.
+Routes are plain `def`s: FastAPI runs them in its threadpool, so the event loop never blocks."""
+
+
+import logging
+import re
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
+
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import Settings, get_settings
+from rag_lib.errors import (
+    ConfigError,
+    DatabaseError,
+    DimensionMismatchError,
+    DocumentError,
+    EmbeddingError,
+    NotFoundError,
+    RagError,
+    ValidationError,
+)
+from rag_lib.server import schemas as s
+from rag_lib.server import service
+from rag_lib.server.logs import request_id_var
+from rag_lib.server.security import (
+    AuthError,
+    ForbiddenError,
+    KeyRing,
+    PathNotAllowedError,
+    Scope,
+    key_from_headers,
+)
+
+log = logging.getLogger("rag_lib.server")
+access_log = logging.getLogger("rag_lib.server.access")
+
+STATUS_OF: list[tuple[type[RagError], int]] = [
+    (AuthError, 401), (ForbiddenError, 403), (PathNotAllowedError, 403), (NotFoundError, 404),
+    (DimensionMismatchError, 409), (ValidationError, 422), (DocumentError, 422),
+    (service.NotImplementedFeature, 501), (EmbeddingError, 502), (DatabaseError, 503), (ConfigError, 500),
+]
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+              413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_input", 429: "too_many_requests",
+              500: "internal_error", 501: "not_implemented", 503: "unavailable"}
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+
+ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500)}
+
+
+def error_response(status: int, code: str, message: str, details: list[dict[str, Any]] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message, "request_id": request_id_var.get()}
+    if details:
+        body["details"] = details
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+class RequestContext:
+    """Pure ASGI middleware: request id, body-size limit (413) and one access-log line per request.
+    Pure ASGI (not BaseHTTPMiddleware) so the body limit applies while the body streams in."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        given = headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        token = request_id_var.set(rid)
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_body):
+                await error_response(413, "payload_too_large",
+                                     f"request body is larger than {self.max_body} bytes")(scope, receive, send_wrapped)
+                return
+            received = 0
+
+            async def receive_limited() -> Message:
+                nonlocal received
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > self.max_body:
+                        exc = _BodyTooLarge()
+                        exc.detail = f"request body is larger than {self.max_body} bytes"
+                        raise exc
+                return message
+
+            try:
+                await self.app(scope, receive_limited, send_wrapped)
+            except _BodyTooLarge:
+                await error_response(413, "payload_too_large",
+                                     f"request body is larger than {self.max_body} bytes")(scope, receive, send_wrapped)
+        finally:
+            access_log.info(
+                "request", extra={
+                    "method": scope.get("method"), "path": scope.get("path"), "status": status["code"],
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                    "client": (scope.get("client") or ("?",))[0],
+                },
+            )
+            request_id_var.reset(token)
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised while the body streams in; FastAPI re-raises HTTP exceptions from body reading as-is."""
+
+    def __init__(self) -> None:
+        super().__init__(413, "request body is too large")
+
+
+def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None,
+               keys: KeyRing | None = None) -> FastAPI:
+    """Build the app. `kb` (tests) is used as given and not closed; otherwise one is opened at start
+    and closed at shutdown. Keys come from the environment unless given."""
+    settings = settings or (kb.settings if kb else get_settings())
+    keyring = keys if keys is not None else KeyRing.from_env(settings)
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        from starlette.concurrency import run_in_threadpool
+
+        base = kb or KnowledgeBase(settings)
+        await run_in_threadpool(service.warm_up, base)  # model + pool load once, before serving
+        state["kb"] = base
+        log.info("ready", extra={"auth": keyring.enabled, "space": base.provider.space})
+        try:
+            yield
+        finally:
+            if kb is None:
+                base.close()
+
+    app = FastAPI(
+        title="RAG knowledge base API",
+        version="1.0.0",
+        description=(
+            "Search, context assembly and ingestion for the trading-research knowledge base.\n\n"
+            "Authenticate with `X-API-Key: <key>` or `Authorization: Bearer <key>`. Read-only keys may "
+            "search and read; embedding and deleting need a full-access key. Errors are "
+            "`{\"error\": {\"code\", \"message\", \"request_id\"}}` with a stable `code`."
+        ),
+        lifespan=lifespan,
+        responses=ERRORS,
+    )
+    app.add_middleware(RequestContext, max_body_bytes=settings.server.max_body_bytes)
+
+    def get_kb() -> KnowledgeBase:
+        base = state.get("kb")
+        if base is None:
+            raise DatabaseError("the server is still starting")
+        return base
+
+    def require(scope: Scope):
+        def check(request: Request) -> Scope | None:
+            return keyring.authorize(key_from_headers(request.headers), scope)
+
+        return check
+
+    KB = Annotated[KnowledgeBase, Depends(get_kb)]
+    read = [Depends(require(Scope.READ))]
+    write = [Depends(require(Scope.WRITE))]
+    Collection = Annotated[str | None, Query(max_length=200, description="Collection (default: settings.collection).")]
+    Ref = Annotated[str, Path(max_length=s.MAX_NAME, description="Document path (relative to its root) or id.")]
+
+    # ---- errors --------------------------------------------------------------------------
+
+    @app.exception_handler(RagError)
+    async def rag_error(request: Request, exc: RagError) -> JSONResponse:
+        status = next((code for cls, code in STATUS_OF if isinstance(exc, cls)), 500)
+        if status >= 500:
+            log.error("request failed", extra={"code": exc.code, "error_type": type(exc).__name__})
+        return error_response(status, exc.code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Field locations and reasons only: echoing the rejected input could leak document text.
+        details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+                   for e in exc.errors()]
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        where = ".".join(p for p in first["loc"] if p != "body") or "request"
+        return error_response(422, "invalid_input", f"{where}: {first['msg']}", details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error", extra={"error_type": type(exc).__name__})
+        return error_response(500, "internal_error", "internal error; see the server log for this request id")
+
+    # ---- routes --------------------------------------------------------------------------
+
+    @app.get("/health", response_model=s.HealthResponse, tags=["ops"],
+             responses={503: {"model": s.HealthResponse}})
+    def health() -> JSONResponse:
+        """Database reachable and model loaded (no key needed; reveals nothing else)."""
+        base = state.get("kb")
+        data = service.health(base) if base else {"status": "degraded", "database": False, "model": False}
+        return JSONResponse(data, status_code=200 if data["status"] == "ok" else 503)
+
+    @app.post("/api/rag/search", response_model=s.SearchResponse, dependencies=read, tags=["search"])
+    def search(body: s.SearchRequest, kb: KB) -> dict[str, Any]:
+        """Semantic, lexical or hybrid search with metadata filters; results carry unit ids and scores."""
+        out = service.search(
+            kb, body.query, mode=body.mode, filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
+            min_similarity=body.min_similarity, collection=body.collection,
+        )
+        return {**out, "request_id": request_id_var.get()}
+
+    @app.post("/api/rag/context", response_model=s.ContextResponse, dependencies=read, tags=["search"],
+              responses={501: {"model": s.ErrorResponse}})
+    def context(body: s.ContextRequest, kb: KB) -> dict[str, Any]:
+        """Context for an LLM prompt: the best passages within a token budget, with citations."""
+        out = service.context(kb, body.query, token_budget=body.token_budget, mode=body.mode,
+                              filters=body.filters.model_dump(exclude_none=True), collection=body.collection)
+        return {**out, "request_id": request_id_var.get()}
+
+    @app.post("/api/rag/similar", tags=["search"], dependencies=read, responses={501: {"model": s.ErrorResponse}})
+    def similar(body: s.SimilarRequest, kb: KB) -> dict[str, Any]:
+        """Chunks most similar to a stored unit, chunk or document."""
+        return service.similar(kb, body.ref, top_k=body.top_k, collection=body.collection)
+
+    @app.post("/api/rag/embed", response_model=s.EmbedResponse, dependencies=write, tags=["ingest"])
+    def embed(body: s.EmbedRequest, kb: KB) -> dict[str, Any]:
+        """Ingest a file inside a configured corpus root, or uploaded content under a relative name."""
+        if body.path is not None:
+            out = service.embed_path(kb, body.path, collection=body.collection, force=body.force)
+        else:
+            out = service.embed_content(kb, body.name or "", body.content or "", collection=body.collection,
+                                        force=body.force)
+        log.info("embedded", extra={"files": len(out["files"]), "chunks": out["chunks"], "failed": out["failed"]})
+        return {**out, "request_id": request_id_var.get()}
+
+    @app.post("/api/rag/embed-text", response_model=s.EmbedTextResponse, dependencies=read, tags=["ingest"])
+    def embed_text(body: s.EmbedTextRequest, kb: KB) -> dict[str, Any]:
+        """The vector of a text in the active embedding space (nothing is stored)."""
+        return service.embed_text(kb, body.text)
+
+    @app.get("/api/rag/status", response_model=s.StatusResponse, dependencies=read, tags=["sources"])
+    def status(kb: KB, collection: Collection = None) -> dict[str, Any]:
+        """Counts of documents, chunks, vectors; skipped inputs and recent failures."""
+        return kb.status(collection)
+
+    @app.get("/api/rag/sources", response_model=s.SourcesPage, dependencies=read, tags=["sources"])
+    def sources(kb: KB, collection: Collection = None,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
+        """Documents, one page at a time (ordered by collection and path)."""
+        return service.list_sources(kb, collection=collection, limit=limit, offset=offset)
+
+    @app.get("/api/rag/sources/{ref:path}", response_model=s.SourceDetail, dependencies=read, tags=["sources"])
+    def source(ref: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
+        """One document with its sections (empty ones too) and chunk summaries."""
+        return kb.show(ref, collection)
+
+    @app.delete("/api/rag/sources/{ref:path}", response_model=s.DeleteResponse, dependencies=write,
+                tags=["sources"])
+    def delete_source(ref: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
+        """Delete a document and all its sections, chunks and vectors."""
+        deleted = kb.delete_document(ref, collection)
+        log.info("deleted", extra={"documents": len(deleted)})
+        return {"deleted": deleted, "collection": collection or kb.settings.collection}
+
+    return app
