@@ -64,6 +64,34 @@ class ServerSettings(BaseModel):
     max_token_budget: int = 16000
 
 
+class CorpusRootSettings(BaseModel):
+    """A folder the pipeline watches; its files become partitions of `collection`."""
+
+    path: Path
+    collection: str = "default"
+
+
+class ScheduleSettings(BaseModel):
+    """Cron strings (UTC) for the orchestrator's schedules."""
+
+    reconcile: str = "0 2 * * *"  # nightly rescan + backfill of missing/failed/stale files
+    reembed: str = "0 3 * * 0"  # weekly check whether model/embed_version changed
+    index_maintenance: str = "0 4 * * 6"  # weekly REINDEX/ANALYZE
+
+
+class PipelineSettings(BaseModel):
+    """The orchestrated pipeline (Dagster code location): watched roots, schedules, limits."""
+
+    roots: list[CorpusRootSettings] = Field(default_factory=list)
+    schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    sensor_interval_seconds: int = 30
+    max_concurrent_runs: int = 2
+    recall_sample: int = 50  # stored vectors used as queries when measuring HNSW recall
+    min_recall: float = 0.95
+    tiny_chunk_tokens: int = 16  # chunks below this are "tiny" for the chunk-size check
+    max_tiny_fraction: float = 0.2
+
+
 class Settings(BaseSettings):
     """Everything configurable, in one place. Environment wins over `rag.yaml`."""
 
@@ -82,6 +110,7 @@ class Settings(BaseSettings):
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
 
     @classmethod
     def settings_customise_sources(
