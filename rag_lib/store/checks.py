@@ -1,0 +1,122 @@
+"""SQL behind the data-quality checks: staged-vector validity, orphans and duplicates in the
+serving table, the chunk frame, and HNSW index validity and recall against exact search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+
+from rag_lib.store.documents import _dicts
+from rag_lib.store.vectors import index_name
+
+ID_LIMIT = 50  # offending ids reported per problem (counts are always complete)
+
+
+class CheckStore:
+    """Mixin: needs `self.db` (Connections)."""
+
+    def bad_staged_vectors(self, model: str, dimensions: int, paths: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+        """Staged vectors with the wrong model or dimension, NaN norm or all zeros (optionally only `paths`)."""
+        scope = "TRUE"
+        params: dict[str, Any] = {"m": model, "d": dimensions}
+        if paths is not None:
+            scope = "(collection, path) IN (SELECT * FROM unnest(%(cs)s::text[], %(ps)s::text[]))"
+            params.update(cs=[c for c, _ in paths], ps=[p for _, p in paths])
+        with self.db.connection() as conn:
+            total = conn.execute(f"SELECT count(*) FROM rag_stage_vectors WHERE {scope}", params).fetchone()[0]
+            rows = _dicts(conn.execute(
+                f"""SELECT collection, path, chunk_id, model, dimensions, vector_dims(embedding) AS actual_dims,
+                           CASE WHEN model <> %(m)s THEN 'wrong_model'
+                                WHEN dimensions <> %(d)s OR vector_dims(embedding) <> %(d)s THEN 'wrong_dimension'
+                                WHEN vector_norm(embedding) = 'NaN'::float8 THEN 'not_finite'
+                                WHEN vector_norm(embedding) = 0 THEN 'zero_vector' END AS problem
+                    FROM rag_stage_vectors WHERE {scope} AND (model <> %(m)s OR dimensions <> %(d)s
+                      OR vector_dims(embedding) <> %(d)s OR vector_norm(embedding) = 'NaN'::float8
+                      OR vector_norm(embedding) = 0)
+                    ORDER BY collection, path, chunk_id""", params))
+        return {"checked": total, "bad": rows}
+
+    def serving_orphans(self, space: str) -> dict[str, Any]:
+        """Chunks without a vector in `space`, vectors without a chunk, chunks whose document
+        hash is gone, documents with no chunks although they count some; and duplicate chunks."""
+        queries = {
+            "chunks_without_vector": """SELECT c.chunk_id AS id FROM rag_chunks c WHERE NOT EXISTS
+                (SELECT 1 FROM rag_chunk_vectors v WHERE v.chunk_id = c.chunk_id AND v.space = %(s)s)""",
+            "vectors_without_chunk": """SELECT v.chunk_id AS id FROM rag_chunk_vectors v WHERE NOT EXISTS
+                (SELECT 1 FROM rag_chunks c WHERE c.chunk_id = v.chunk_id)""",
+            "chunks_with_stale_hash": """SELECT c.chunk_id AS id FROM rag_chunks c JOIN rag_documents d
+                USING (collection, path) WHERE c.doc_hash <> d.content_hash""",
+            "chunks_without_document": """SELECT c.chunk_id AS id FROM rag_chunks c WHERE NOT EXISTS
+                (SELECT 1 FROM rag_documents d WHERE d.collection = c.collection AND d.path = c.path)""",
+            "duplicate_chunks": """SELECT min(chunk_id) || ' x' || count(*) AS id FROM rag_chunks
+                GROUP BY collection, path, section, content_hash HAVING count(*) > 1""",
+        }
+        out: dict[str, Any] = {}
+        with self.db.connection() as conn:
+            for name, query in queries.items():
+                ids = [r[0] for r in conn.execute(f"{query} ORDER BY 1", {"s": space}).fetchall()]
+                out[name] = {"count": len(ids), "ids": ids[:ID_LIMIT]}
+            out["chunks"] = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
+            out["vectors"] = conn.execute(
+                "SELECT count(*) FROM rag_chunk_vectors WHERE space = %s", (space,)).fetchone()[0]
+        return out
+
+    def document_sources(self) -> list[dict[str, Any]]:
+        """(collection, path, source_path) of every live document, to find those whose file is gone."""
+        with self.db.connection() as conn:
+            return _dicts(conn.execute("SELECT collection, path, source_path FROM rag_documents ORDER BY 1, 2"))
+
+    def chunk_frame_rows(self) -> list[dict[str, Any]]:
+        """One row per served chunk: what the chunk-size suite validates."""
+        with self.db.connection() as conn:
+            return _dicts(conn.execute(
+                "SELECT chunk_id, collection, path, section, token_count, text FROM rag_chunks ORDER BY chunk_id"))
+
+    def hnsw_index_state(self, space: str) -> dict[str, Any]:
+        """Whether the space's HNSW index exists and is valid/ready, with its size and last build."""
+        name = index_name(space)
+        with self.db.connection() as conn:
+            row = conn.execute(
+                """SELECT i.indisvalid, i.indisready, pg_relation_size(i.indexrelid)
+                   FROM pg_index i WHERE i.indexrelid = to_regclass(%s)""", (name,)).fetchone()
+            build = _dicts(conn.execute(
+                "SELECT m, ef_construction, rows_indexed, build_seconds, built_at FROM rag_index_builds"
+                " WHERE index_name = %s ORDER BY id DESC LIMIT 1", (name,)))
+        return {
+            "index": name,
+            "exists": row is not None,
+            "valid": bool(row and row[0] and row[1]),
+            "size_bytes": int(row[2]) if row else 0,
+            "last_build": build[0] if build else None,
+        }
+
+    def measure_recall(self, space: str, dimensions: int, sample: int, k: int, ef_search: int) -> dict[str, Any]:
+        """recall@k of the HNSW index against exact search, using `sample` stored vectors as queries."""
+        vec = sql.SQL("vector({})").format(sql.Literal(dimensions))
+        knn = sql.SQL(
+            "SELECT chunk_id FROM rag_chunk_vectors WHERE space = {s} ORDER BY embedding::{t} <=> %s::{t} LIMIT {k}"
+        ).format(s=sql.Literal(space), t=vec, k=sql.Literal(k))
+        with self.db.connection() as conn, conn.transaction():
+            queries = conn.execute(
+                "SELECT embedding FROM rag_chunk_vectors WHERE space = %s ORDER BY md5(chunk_id) LIMIT %s",
+                (space, sample),
+            ).fetchall()
+            conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef_search)))
+            approx = [[r[0] for r in conn.execute(knn, (q,)).fetchall()] for (q,) in queries]
+            conn.execute("SET LOCAL enable_indexscan = off")
+            conn.execute("SET LOCAL enable_bitmapscan = off")
+            exact = [[r[0] for r in conn.execute(knn, (q,)).fetchall()] for (q,) in queries]
+        found = sum(len(set(a) & set(e)) for a, e in zip(approx, exact))
+        wanted = sum(len(e) for e in exact)
+        recall = found / wanted if wanted else 1.0
+        return {"recall": recall, "sample": len(queries), "k": k, "ef_search": ef_search}
+
+    def record_recall(self, space: str, recall: float, ef_search: int) -> None:
+        """Store measured recall on the index's latest build row."""
+        with self.db.connection() as conn:
+            conn.execute(
+                """UPDATE rag_index_builds SET recall_at_10 = %s, ef_search = %s
+                   WHERE id = (SELECT max(id) FROM rag_index_builds WHERE index_name = %s)""",
+                (recall, ef_search, index_name(space)),
+            )
