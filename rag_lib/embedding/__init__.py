@@ -1,19 +1,85 @@
-"""Embedding providers behind one interface; `get_provider(settings)` builds the configured one."""
+"""Embedding providers behind one interface. `get_provider(settings)` builds the configured one
+(with its fallback chain); `provider_for_space` builds whatever serves another space, e.g. a
+re-embed target, from the `embedding.providers` registry."""
 
 from __future__ import annotations
 
-from rag_lib.config import Settings
+from rag_lib.config import ProviderSettings, Settings
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.errors import ConfigError
 
+PROVIDERS = ("local", "openai", "openai_compatible")
+OPENAI_DEFAULT_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 
-def get_provider(settings: Settings) -> EmbeddingProvider:
-    cfg = settings.embedding
+
+def build_provider(cfg: ProviderSettings) -> EmbeddingProvider:
+    """One provider (no fallbacks) from its settings."""
     if cfg.provider == "local":
         from rag_lib.embedding.local import LocalProvider
 
         return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size, cfg.model_path)
-    raise ConfigError(f"unknown embedding provider '{cfg.provider}' (embedding.provider); use 'local'")
+    if cfg.provider in ("openai", "openai_compatible"):
+        from rag_lib.embedding.openai import OpenAIProvider
+
+        return OpenAIProvider(cfg)
+    raise ConfigError(f"unknown embedding provider '{cfg.provider}'; use one of {', '.join(PROVIDERS)}")
 
 
-__all__ = ["EmbeddingProvider", "get_provider"]
+def _named(settings: Settings, name: str) -> ProviderSettings:
+    for entry in settings.embedding.providers:
+        if (entry.name or entry.space) == name:
+            return entry
+    known = ", ".join(e.name or e.space for e in settings.embedding.providers) or "none"
+    raise ConfigError(f"embedding.fallback names '{name}', which is not in embedding.providers (known: {known})")
+
+
+def get_provider(settings: Settings) -> EmbeddingProvider:
+    """The configured provider; with `embedding.fallback`, a chain that only falls back within the space."""
+    cfg = settings.embedding
+    primary = build_provider(ProviderSettings(**cfg.model_dump(include=set(ProviderSettings.model_fields))))
+    if not cfg.fallback:
+        return primary
+    from rag_lib.embedding.chain import FallbackProvider
+
+    return FallbackProvider([primary, *(build_provider(_named(settings, n)) for n in cfg.fallback)])
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """'MODEL[:DIMS]' → (model, dims or None)."""
+    model, sep, dims = spec.strip().rpartition(":")
+    if sep and dims.isdigit():
+        return model, int(dims)
+    return spec.strip(), None
+
+
+def resolve_space(settings: Settings, spec: str) -> list[ProviderSettings]:
+    """Provider settings able to make the space `MODEL[:DIMS]`, preferred first: the configured
+    provider, then registry entries; a known OpenAI model needs no entry."""
+    model, dims = parse_spec(spec)
+    primary = ProviderSettings(**settings.embedding.model_dump(include=set(ProviderSettings.model_fields)))
+    candidates = [primary, *settings.embedding.providers]
+    found = [c for c in candidates if c.model == model and (dims is None or c.dimensions == dims)]
+    spaces = {c.space for c in found}
+    if len(spaces) > 1:
+        raise ConfigError(f"'{spec}' is ambiguous ({', '.join(sorted(spaces))}); say MODEL:DIMS")
+    if found:
+        return found
+    if model in OPENAI_DEFAULT_DIMS:
+        return [ProviderSettings(provider="openai", model=model, dimensions=dims or OPENAI_DEFAULT_DIMS[model])]
+    raise ConfigError(
+        f"no provider for '{spec}': add an entry with model {model}"
+        + (f" and dimensions {dims}" if dims else "") + " to embedding.providers"
+    )
+
+
+def provider_for_space(settings: Settings, spec: str) -> EmbeddingProvider:
+    """A provider (chain when several entries serve it) for space `MODEL[:DIMS]`."""
+    entries = resolve_space(settings, spec)
+    if len(entries) == 1:
+        return build_provider(entries[0])
+    from rag_lib.embedding.chain import FallbackProvider
+
+    return FallbackProvider([build_provider(e) for e in entries])
+
+
+__all__ = ["EmbeddingProvider", "build_provider", "get_provider", "parse_spec", "provider_for_space", "resolve_space"]

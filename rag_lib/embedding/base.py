@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from rag_lib.embedding.usage import Usage
 from rag_lib.tokens import Tokenizer
 
 
@@ -32,3 +33,9 @@ class EmbeddingProvider(ABC):
     @abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts`, shape (len(texts), dimensions), normalised."""
+
+    def embed_counted(self, texts: list[str]) -> tuple[np.ndarray, list[Usage]]:
+        """`embed` plus what it spent (remote providers count requests, retries, real tokens)."""
+        vectors = self.embed(texts)
+        tokens = sum(self.tokenizer().count_many(texts)) + 2 * len(texts) if texts else 0
+        return vectors, [Usage(self.name, self.model, self.dimensions, inputs=len(texts), tokens=tokens)]

@@ -1,0 +1,202 @@
+"""Remote providers over real HTTP against the OpenAI-compatible stub: batching, retries with
+Retry-After, timeouts, malformed bodies, wrong dimensions, fallback only within a space."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from openai_stub import OpenAIStub, stub_vector
+from rag_lib.config import ProviderSettings, Settings
+from rag_lib.embedding import get_provider, provider_for_space
+from rag_lib.embedding.chain import FallbackProvider
+from rag_lib.embedding.openai import OpenAIProvider
+from rag_lib.embedding.ratelimit import RateLimiter
+from rag_lib.embedding.retry import backoff_delay, parse_retry_after
+from rag_lib.errors import ConfigError, DimensionMismatchError, EmbeddingError
+
+MODEL = "stub-embed"
+DIMS = 32
+
+
+@pytest.fixture
+def stub():
+    with OpenAIStub() as server:
+        yield server
+
+
+def remote(server: OpenAIStub, **overrides) -> OpenAIProvider:
+    cfg = dict(provider="openai_compatible", base_url=server.base_url, model=MODEL, dimensions=DIMS,
+               api_key_env="RAG_TEST_EMBED_KEY", backoff_base=0.01, backoff_max=1.0, timeout=2.0)
+    cfg.update(overrides)
+    return OpenAIProvider(ProviderSettings(**cfg))
+
+
+TEXTS = [f"chunk number {i} about NVDA earnings and risk_management" for i in range(10)]
+
+
+def test_vectors_are_the_servers_batched_by_count(stub):
+    p = remote(stub, batch_size=3, concurrency=1)
+    vectors, usage = p.embed_counted(TEXTS)
+    assert stub.requests == 4 and stub.inputs == 10
+    expected = np.stack([stub_vector(MODEL, t, DIMS) for t in TEXTS])
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)
+    assert usage[0].requests == 4 and usage[0].retries == 0
+    assert usage[0].tokens == sum(len(t.split()) + 1 for t in TEXTS)  # the server's own count
+    assert not usage[0].tokens_estimated
+
+
+def test_batches_also_split_by_tokens(stub):
+    p = remote(stub, batch_size=100, max_batch_tokens=40, concurrency=1)
+    p.embed(TEXTS)
+    assert stub.requests >= 4  # ~16 tokens per text: two texts per request at most
+
+
+def test_concurrency_limit_is_used(stub):
+    stub.latency = 0.15
+    p = remote(stub, batch_size=1, concurrency=4)
+    started = time.perf_counter()
+    p.embed(TEXTS[:8])
+    elapsed = time.perf_counter() - started
+    assert stub.max_in_flight == 4
+    assert elapsed < 8 * 0.15 * 0.6
+
+
+def test_429_with_retry_after_is_retried_and_honoured(stub):
+    stub.retry_after = "0.3"
+    stub.script(["429", "429"])
+    p = remote(stub, concurrency=1)
+    started = time.perf_counter()
+    vectors, usage = p.embed_counted(TEXTS[:2])
+    assert time.perf_counter() - started >= 0.6  # waited at least Retry-After twice
+    assert usage[0].retries == 2 and usage[0].requests == 3 and stub.requests == 3
+    np.testing.assert_allclose(vectors[0], stub_vector(MODEL, TEXTS[0], DIMS), atol=1e-6)
+
+
+def test_5xx_timeouts_and_malformed_json_are_retried(stub):
+    stub.slow_seconds = 1.0
+    stub.script(["500", "slow", "malformed"])
+    p = remote(stub, timeout=0.3, concurrency=1)
+    vectors, usage = p.embed_counted(TEXTS[:3])
+    assert usage[0].retries == 3 and stub.requests == 4
+    assert stub.outcomes["ok"] == 1
+    assert vectors.shape == (3, DIMS)
+
+
+def test_last_failure_is_a_clear_typed_error(stub):
+    stub.script(["500"] * 3)
+    p = remote(stub, max_retries=2, concurrency=1)
+    with pytest.raises(EmbeddingError, match=r"failed after 3 attempts \(HTTP 500") as info:
+        p.embed(TEXTS[:2])
+    assert stub.requests == 3
+    assert info.value.usage[0].failures == 1 and info.value.usage[0].retries == 2
+
+
+def test_client_errors_are_not_retried(stub):
+    stub.script(["400"])
+    with pytest.raises(EmbeddingError, match="HTTP 400.*not retried"):
+        remote(stub).embed(TEXTS[:1])
+    assert stub.requests == 1
+
+
+def test_wrong_dimensions_are_refused(stub):
+    stub.script(["wrong_dims"])
+    with pytest.raises(DimensionMismatchError, match="33-dimensional.*expected 32"):
+        remote(stub).embed(TEXTS[:2])
+
+
+def test_oversize_input_is_refused_before_any_request(stub):
+    p = remote(stub, max_input_tokens=50)
+    with pytest.raises(EmbeddingError, match="over the provider's limit of 50"):
+        p.embed(["word " * 200])
+    assert stub.requests == 0
+    p.embed(["short text"])  # a text of ≤ 50 bytes provably fits
+    assert stub.requests == 1
+
+
+def test_fallback_uses_the_next_provider_of_the_same_space():
+    with OpenAIStub() as a, OpenAIStub() as b:
+        a.script(["500"] * 5)
+        chain = FallbackProvider([remote(a, max_retries=1, name="a"), remote(b, name="b")])
+        vectors, usage = chain.embed_counted(TEXTS[:2])
+        assert a.requests == 2 and b.requests == 1
+        np.testing.assert_allclose(vectors[1], stub_vector(MODEL, TEXTS[1], DIMS), atol=1e-6)
+        assert sum(u.failures for u in usage) == 1 and sum(u.inputs for u in usage) == 2
+
+
+def test_fallback_refuses_a_different_space(stub):
+    with pytest.raises(ConfigError, match="fallback is only allowed between equal spaces"):
+        FallbackProvider([remote(stub), remote(stub, dimensions=64)])
+    with pytest.raises(ConfigError, match="only allowed between equal spaces"):
+        FallbackProvider([remote(stub), remote(stub, model="other-model")])
+    # a declared equivalent (same dimensions) is accepted
+    chain = FallbackProvider([remote(stub), remote(stub, model="other-model", equivalent_to=[f"{MODEL}:{DIMS}"])])
+    assert chain.space == f"{MODEL}:{DIMS}"
+
+
+def test_every_member_failing_names_each_failure():
+    with OpenAIStub() as a, OpenAIStub() as b:
+        a.script(["500"] * 5)
+        b.script(["wrong_dims"])
+        chain = FallbackProvider([remote(a, max_retries=0, name="a"), remote(b, max_retries=0, name="b")])
+        with pytest.raises(EmbeddingError, match=r"every provider in the chain failed: a: .*HTTP 500.* \| b: .*33-dim"):
+            chain.embed(TEXTS[:1])
+
+
+def test_settings_build_the_chain_and_reembed_targets(stub, monkeypatch):
+    s = Settings(embedding={
+        "provider": "openai_compatible", "base_url": stub.base_url, "model": MODEL, "dimensions": DIMS,
+        "fallback": ["backup"],
+        "providers": [
+            {"name": "backup", "provider": "openai_compatible", "base_url": stub.base_url, "model": MODEL, "dimensions": DIMS},
+            {"name": "big", "provider": "openai_compatible", "base_url": stub.base_url, "model": "big-embed", "dimensions": 48},
+        ],
+    })
+    p = get_provider(s)
+    assert isinstance(p, FallbackProvider) and p.space == f"{MODEL}:{DIMS}"
+    assert p.embed(["x"]).shape == (1, DIMS)
+    target = provider_for_space(s, "big-embed")
+    assert target.space == "big-embed:48" and target.embed(["x"]).shape == (1, 48)
+    with pytest.raises(ConfigError, match="no provider for 'nomic:768'"):
+        provider_for_space(s, "nomic:768")
+    bad = Settings(embedding={"fallback": ["nope"]})
+    with pytest.raises(ConfigError, match="not in embedding.providers"):
+        get_provider(bad)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"\$OPENAI_API_KEY"):
+        provider_for_space(s, "text-embedding-3-small:512").embed(["x"])
+
+
+def test_rate_limiter_spaces_requests_and_tokens():
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    limiter = RateLimiter(requests_per_minute=60, tokens_per_minute=600, clock=lambda: now[0], sleep=sleep)
+    for _ in range(10):
+        limiter.acquire(60)  # 10 × 60 tokens empties the token bucket
+    assert now[0] == 0.0
+    limiter.acquire(60)  # needs 60 tokens at 10 tokens/s
+    assert now[0] == pytest.approx(6.0)
+    limiter.pause(2.0)
+    limiter.acquire(0)
+    assert now[0] >= 8.0
+
+
+def test_backoff_grows_with_jitter_and_honours_retry_after():
+    import random
+
+    rng = random.Random(1)
+    delays = [backoff_delay(a, 0.5, 30, rng=rng) for a in range(6)]
+    for attempt, d in enumerate(delays):
+        ceiling = min(30, 0.5 * 2 ** attempt)
+        assert ceiling / 2 <= d <= ceiling
+    assert backoff_delay(0, 0.5, 30, retry_after=7, rng=rng) >= 7
+    assert parse_retry_after({"retry-after": "3"}) == 3.0
+    assert parse_retry_after({"retry-after-ms": "250", "retry-after": "3"}) == 0.25
+    assert parse_retry_after({}) is None
