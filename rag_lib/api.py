@@ -118,7 +118,7 @@ class KnowledgeBase:
         )
         return search_mod.search(
             self.store, self.provider, query, mode=mode, filters=filters,
-            top_k=top_k or self.settings.search.top_k, min_similarity=min_similarity,
+            top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
         )
 
     def status(self, collection: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""Semantic search over the whole shared corpus: relevance, filters, scores and result fields."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from rag_lib.errors import ValidationError
+
+
+def test_finds_the_right_document_for_a_ticker_question(corpus_kb):
+    result = corpus_kb.search("Pfizer dividend yield and oversold RSI", top_k=5)
+    assert result.hits[0].ticker == "PFE"
+    hit = result.hits[0]
+    assert 0.0 <= hit.score <= 1.0
+    assert hit.unit_id == f"{hit.path}#{hit.section}"
+    assert hit.doc_id and hit.text and hit.doc_type == "stock-analysis"
+    assert set(result.timings_ms) >= {"embed", "search", "total"}
+    scores = [h.score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_filters_restrict_every_result(corpus_kb):
+    by_type = corpus_kb.search("position sizing and stop loss", doc_type="trade-journal", top_k=20)
+    assert by_type.hits and {h.doc_type for h in by_type.hits} == {"trade-journal"}
+    by_ticker = corpus_kb.search("earnings expectations", ticker="nvda", top_k=20)
+    assert by_ticker.hits and {h.ticker for h in by_ticker.hits} == {"NVDA"}
+    by_section = corpus_kb.search("decision", section="phase7_decision", top_k=20)
+    assert by_section.hits and {h.section for h in by_section.hits} == {"phase7_decision"}
+    dated = corpus_kb.search("analysis", date_from=dt.date(2026, 1, 1), date_to=dt.date(2026, 12, 31), top_k=20)
+    assert dated.hits and all(dt.date(2026, 1, 1) <= h.doc_date <= dt.date(2026, 12, 31) for h in dated.hits)
+    several = corpus_kb.search("valuation", ticker=["MSFT", "META"], top_k=30)
+    assert {h.ticker for h in several.hits} == {"MSFT", "META"}
+
+
+def test_filtered_search_still_fills_top_k(corpus_kb):
+    # Iterative index scans keep going past the first ef_search candidates.
+    hits = corpus_kb.search("options flow scanner", doc_type="stock-analysis", top_k=60).hits
+    assert len(hits) == 60
+
+
+def test_top_k_and_min_similarity(corpus_kb):
+    assert len(corpus_kb.search("market regime", top_k=3).hits) == 3
+    strict = corpus_kb.search("market regime", top_k=50, min_similarity=0.5).hits
+    assert all(h.score >= 0.5 for h in strict)
+    assert len(strict) < 50
+
+
+def test_other_collections_are_not_searched(corpus_kb):
+    assert corpus_kb.search("NVDA", collection="nothing-here").hits == []
+
+
+def test_bad_queries_get_clear_errors(corpus_kb):
+    with pytest.raises(ValidationError, match="empty"):
+        corpus_kb.search("   ")
+    with pytest.raises(ValidationError, match="mode"):
+        corpus_kb.search("x", mode="telepathic")
+    with pytest.raises(ValidationError, match="top_k"):
+        corpus_kb.search("x", top_k=0)
