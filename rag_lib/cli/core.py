@@ -39,14 +39,15 @@ def init() -> None:
 
 
 def print_ingest_report(report: IngestReport) -> None:
-    table = Table(title=f"ingest into '{report.collection}'")
-    for col in ("new", "changed", "unchanged", "skipped", "failed", "pruned", "chunks", "embedded", "cache hits", "seconds"):
-        table.add_column(col, justify="right")
-    table.add_row(
-        *(str(report.count(s)) for s in ("new", "changed", "unchanged", "skipped", "failed")),
-        str(len(report.pruned)), str(report.chunks), str(report.embedded), str(report.cache_hits),
-        f"{report.seconds:.1f}",
-    )
+    table = Table(title=f"ingest into '{report.collection}' ({report.seconds:.1f} s)")
+    table.add_column("files / chunks")
+    table.add_column("count", justify="right")
+    for status in ("new", "changed", "unchanged", "skipped", "failed"):
+        table.add_row(f"{status} files", str(report.count(status)))
+    table.add_row("pruned documents", str(len(report.pruned)))
+    table.add_row("chunks published", str(report.chunks))
+    table.add_row("chunks embedded", str(report.embedded))
+    table.add_row("embedding cache hits", str(report.cache_hits))
     console.print(table)
     problems = [o for o in report.outcomes if o.status in ("skipped", "failed")]
     if problems:

@@ -41,6 +41,9 @@ class LocalProvider(EmbeddingProvider):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bar in CLI output
 
         try:
             model = SentenceTransformer(self.model_path, device="cpu")

@@ -19,7 +19,7 @@ _STR = dict(min_length=1, max_length=200)
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 class SearchFiltersIn(Request):

@@ -10,10 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rag_lib import search as search_mod
+import importlib
+
 from rag_lib.api import KnowledgeBase
 from rag_lib.errors import RagError, ValidationError
-from rag_lib.models import SearchHit
+from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.server.security import confine, safe_relative
 
 EXCERPT_CHARS = 300
@@ -26,7 +27,9 @@ class NotImplementedFeature(RagError):
 
 
 def default_mode() -> str:
-    return "hybrid" if "hybrid" in search_mod.MODES else "semantic"
+    # the module, not the `rag_lib.search` function the package re-exports under the same name
+    modes = importlib.import_module("rag_lib.search").MODES
+    return "hybrid" if "hybrid" in modes else "semantic"
 
 
 def _limit(value: int, ceiling: int, name: str) -> int:
@@ -62,12 +65,23 @@ def hit_dict(hit: SearchHit | dict[str, Any], rank: int) -> dict[str, Any]:
     }
 
 
-def _filter_kwargs(kb: KnowledgeBase, filters: dict[str, Any] | None) -> dict[str, Any]:
-    out = {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
-    for name in out:
-        if not _accepts(kb.search, name):
-            raise ValidationError(f"filter '{name}' is not supported by this knowledge base")
-    return out
+def _run_search(kb: KnowledgeBase, query: str, mode: str, filters: dict[str, Any], top_k: int,
+                min_similarity: float, collection: str | None):
+    filters = {k: v for k, v in filters.items() if v not in (None, "", [])}
+    unsupported = [name for name in filters if not _accepts(kb.search, name)]
+    if not unsupported:
+        return kb.search(query, mode=mode, collection=collection, top_k=top_k, min_similarity=min_similarity,
+                         **filters)
+    # A filter the facade does not expose yet (e.g. `path`) but the store does: go one level down.
+    known = {f.name for f in dataclasses.fields(SearchFilters)}
+    if any(name not in known for name in unsupported):
+        raise ValidationError(f"filters {unsupported} are not supported by this knowledge base")
+    search_mod = importlib.import_module("rag_lib.search")
+    return search_mod.search(
+        kb.store, kb.provider, query, mode=mode,
+        filters=SearchFilters(collection=collection or kb.settings.collection, **filters),
+        top_k=top_k, min_similarity=min_similarity,
+    )
 
 
 def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: dict[str, Any] | None = None,
@@ -75,10 +89,7 @@ def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: d
     """Search and return `{query, mode, results, timings_ms}`."""
     check_query(kb, query)
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
-    result = kb.search(
-        query, mode=mode or default_mode(), collection=collection, top_k=top_k, min_similarity=min_similarity,
-        **_filter_kwargs(kb, filters),
-    )
+    result = _run_search(kb, query, mode or default_mode(), filters or {}, top_k, min_similarity, collection)
     return {
         "query": result.query, "mode": result.mode,
         "results": [hit_dict(h, n) for n, h in enumerate(result.hits, 1)],

@@ -38,14 +38,15 @@ class StageStore:
             ).fetchall()
         return {cid: np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for cid, v in rows}
 
-    def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, Any]]:
-        """(collection, path) → (content hash, payload status) of every file's output of one stage."""
+    def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, str | None, str | None]]:
+        """(collection, path) → (content hash, status, fingerprint) of every file's output of one stage."""
         with self.db.connection() as conn:
             rows = conn.execute(
-                "SELECT collection, path, content_hash, payload->>'status' FROM rag_stage_outputs WHERE stage = %s",
+                "SELECT collection, path, content_hash, payload->>'status', payload->>'fingerprint'"
+                " FROM rag_stage_outputs WHERE stage = %s",
                 (stage,),
             ).fetchall()
-        return {(c, p): (h, s) for c, p, h, s in rows}
+        return {(c, p): (h, s, f) for c, p, h, s, f in rows}
 
     def forget_file(self, collection: str, path: str, document_paths: Sequence[str]) -> list[str]:
         """Delete everything a file produced: its documents' rows, stage rows, staged vectors, skips."""

@@ -45,6 +45,7 @@ class StatusStore:
             "skipped": skipped,
             "failures": failures,
             "cache_entries": cache,
+            "embedding_usage": self.usage_summary() if hasattr(self, "usage_summary") else None,
         }
 
     def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None) -> None:

@@ -98,7 +98,8 @@ class VectorStore:
             elif active[0] != space:
                 raise DimensionMismatchError(
                     f"the configured embedding space {space} differs from the stored active space {active[0]}; "
-                    f"run a re-embed to switch (or set embedding.model/dimensions back)"
+                    f"run `rag reembed --to {space}` to re-embed into it while search keeps serving {active[0]}, "
+                    f"or set embedding.model/dimensions back to {active[0]}"
                 )
 
     # ---- cache ---------------------------------------------------------------------------

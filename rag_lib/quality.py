@@ -1,0 +1,182 @@
+"""Data-quality checks over the pipeline's tables, as plain results (the orchestrator maps them to
+its own check results): staged vectors, serving-table orphans and duplicates, chunk sizes (a
+Great Expectations suite on the chunk frame), skipped inputs, and HNSW validity and recall."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_lib.config import Settings
+from rag_lib.stages import token_histogram
+from rag_lib.store import Store
+
+
+@dataclass
+class QualityResult:
+    """Outcome of one check: `severity` says how much a failure matters (error | warn)."""
+
+    passed: bool
+    severity: str
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)  # numbers, short text, id lists
+    markdown: dict[str, str] = field(default_factory=dict)  # tables/histograms for people
+
+
+def _md_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 50) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows[:limit]:
+        lines.append("| " + " | ".join(str(row.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120]
+                                        for c in columns) + " |")
+    if len(rows) > limit:
+        lines.append(f"| … {len(rows) - limit} more | " + " | " * (len(columns) - 1))
+    return "\n".join(lines)
+
+
+def check_embeddings(store: Store, settings: Settings) -> QualityResult:
+    """Every staged vector has the configured model and dimension, is finite and non-zero."""
+    cfg = settings.embedding
+    found = store.bad_staged_vectors(cfg.model, cfg.dimensions)
+    bad = found["bad"]
+    by_problem = Counter(r["problem"] for r in bad)
+    return QualityResult(
+        passed=not bad,
+        severity="error",
+        description=(f"{found['checked']} staged vectors are {cfg.model}:{cfg.dimensions}, finite and non-zero"
+                     if not bad else f"{len(bad)} of {found['checked']} staged vectors are unusable"),
+        metadata={"checked": found["checked"], "bad": len(bad), "model": cfg.model, "dimensions": cfg.dimensions,
+                  **{f"bad_{k}": v for k, v in by_problem.items()},
+                  "offending_ids": [f"{r['path']}:{r['chunk_id']} ({r['problem']})" for r in bad[:50]]},
+        markdown={"offenders": _md_table(bad, ["path", "chunk_id", "problem", "model", "actual_dims"])} if bad else {},
+    )
+
+
+def check_vector_table(store: Store, space: str) -> QualityResult:
+    """No orphans (chunks without vector, vectors without chunk, stale document hashes, documents
+    whose file is gone) and no duplicate chunks in the serving table."""
+    found = store.serving_orphans(space)
+    gone = [f"{d['collection']}:{d['path']}" for d in store.document_sources()
+            if d["source_path"] and not os.path.exists(d["source_path"])]
+    found["documents_without_file"] = {"count": len(gone), "ids": gone[:50]}
+    problems = {k: v for k, v in found.items() if isinstance(v, dict) and v["count"]}
+    meta: dict[str, Any] = {"chunks": found["chunks"], "vectors": found["vectors"], "space": space}
+    for name, value in found.items():
+        if isinstance(value, dict):
+            meta[name] = value["count"]
+            if value["count"]:
+                meta[f"{name}_ids"] = value["ids"]
+    return QualityResult(
+        passed=not problems,
+        severity="error",
+        description="no orphaned or duplicate rows" if not problems else
+        "; ".join(f"{v['count']} {k.replace('_', ' ')}" for k, v in problems.items()),
+        metadata=meta,
+    )
+
+
+def chunk_frame(store: Store):
+    import pandas as pd
+
+    rows = store.chunk_frame_rows()
+    return pd.DataFrame(rows, columns=["chunk_id", "collection", "path", "section", "token_count", "text"])
+
+
+def validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Run the Great Expectations suite; one dict per expectation (type, success, counts, samples)."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx  # slow import (seconds): only when the check runs
+
+    context = gx.get_context(mode="ephemeral")
+    try:
+        context.variables.progress_bars = {"globally": False}
+    except Exception:  # noqa: BLE001  (cosmetic; older/newer config shapes differ)
+        pass
+    batch = (context.data_sources.add_pandas("rag").add_dataframe_asset("chunks")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
+    suite = gx.ExpectationSuite(name="chunk_sizes")
+    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeBetween(
+        column="token_count", min_value=min_tokens, max_value=max_tokens))
+    suite.add_expectation(gx.expectations.ExpectColumnValuesToNotBeNull(column="text"))
+    suite.add_expectation(gx.expectations.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1))
+    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeUnique(column="chunk_id"))
+    result = batch.validate(suite)
+    return [{
+        "expectation": r.expectation_config.type,
+        "column": r.expectation_config.kwargs.get("column"),
+        "success": bool(r.success),
+        "unexpected": int(r.result.get("unexpected_count") or 0),
+        "sample": [str(v) for v in (r.result.get("partial_unexpected_list") or [])[:5]],
+    } for r in result.results]
+
+
+def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityResult:
+    """Chunk sizes within [1, model limit], text present, ids unique (GX); warn on many tiny chunks."""
+    frame = chunk_frame(store)
+    counts = frame["token_count"].astype(int).tolist()
+    results = validate_chunk_frame(frame, 1, model_limit) if len(frame) else []
+    failed = [r for r in results if not r["success"]]
+    p = settings.pipeline
+    tiny = sum(1 for c in counts if c < p.tiny_chunk_tokens)
+    tiny_fraction = tiny / len(counts) if counts else 0.0
+    too_tiny = tiny_fraction > p.max_tiny_fraction
+    pct = {f"p{q}": float(np.percentile(counts, q)) if counts else 0.0 for q in (5, 50, 95)}
+    if failed:
+        description = "; ".join(f"{r['expectation']}({r['column']}): {r['unexpected']} unexpected" for r in failed)
+    elif too_tiny:
+        description = f"{tiny_fraction:.0%} of chunks are under {p.tiny_chunk_tokens} tokens (limit {p.max_tiny_fraction:.0%})"
+    else:
+        description = f"{len(counts)} chunks within [1, {model_limit}] tokens"
+    oversize = frame[frame["token_count"] > model_limit]
+    return QualityResult(
+        passed=not failed and not too_tiny,
+        severity="error" if failed else "warn",
+        description=description,
+        metadata={"chunks": len(counts), **pct, "max": max(counts, default=0), "model_limit": model_limit,
+                  "tiny_chunks": tiny, "tiny_fraction": round(tiny_fraction, 4),
+                  "expectations_failed": len(failed), "expectations": len(results),
+                  "oversize_ids": oversize["chunk_id"].tolist()[:50]},
+        markdown={"histogram": token_histogram(counts),
+                  "expectations": _md_table(results, ["expectation", "column", "success", "unexpected", "sample"])},
+    )
+
+
+def check_skipped(store: Store) -> QualityResult:
+    """Skipped inputs, counted and listed by reason (a warning: bad files never stop the rest)."""
+    rows = store.list_skipped()
+    by_reason = Counter(r["reason"] for r in rows)
+    return QualityResult(
+        passed=not rows,
+        severity="warn",
+        description="no skipped inputs" if not rows else
+        f"{len(rows)} skipped inputs: " + ", ".join(f"{k} {v}" for k, v in by_reason.most_common()),
+        metadata={"skipped": len(rows), **{f"reason_{k}": v for k, v in by_reason.items()}},
+        markdown={"by_reason": _md_table([{"reason": k, "files": v} for k, v in by_reason.most_common()],
+                                         ["reason", "files"]),
+                  "skipped_inputs": _md_table(rows, ["collection", "path", "reason", "detail"])} if rows else {},
+    )
+
+
+def check_hnsw(store: Store, settings: Settings, space: str, dimensions: int, k: int = 10) -> QualityResult:
+    """The space's HNSW index exists and is valid, and recall@k against exact search is high enough."""
+    state = store.hnsw_index_state(space)
+    p = settings.pipeline
+    meta: dict[str, Any] = {"index": state["index"], "exists": state["exists"], "valid": state["valid"],
+                            "size_bytes": state["size_bytes"], "min_recall": p.min_recall}
+    if not (state["exists"] and state["valid"]):
+        return QualityResult(False, "error", f"HNSW index {state['index']} is missing or invalid", meta)
+    ef = max(settings.search.ef_search, k)
+    measured = store.measure_recall(space, dimensions, p.recall_sample, k, ef)
+    store.record_recall(space, measured["recall"], ef)
+    meta.update({f"recall_at_{k}": round(measured["recall"], 4), "ef_search": ef, "sample_size": measured["sample"]})
+    ok = measured["recall"] >= p.min_recall
+    return QualityResult(ok, "error", f"recall@{k} = {measured['recall']:.3f} on {measured['sample']} queries"
+                         f" (ef_search {ef}, minimum {p.min_recall})", meta)
+
+
+def source_exists(path: str | None) -> bool:
+    return bool(path) and Path(path).exists()

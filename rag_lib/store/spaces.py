@@ -1,0 +1,158 @@
+"""SQL for embedding spaces side by side: a 'building' space filled beside the 'active' one,
+coverage checks, the one-transaction switch, rollback and dropping retired spaces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from psycopg import sql
+
+from rag_lib.errors import DimensionMismatchError, NotFoundError, ValidationError
+from rag_lib.store.documents import _dicts
+from rag_lib.store.vectors import index_name
+
+
+class SpaceStore:
+    """Mixin: needs `self.db` (Connections)."""
+
+    def list_spaces(self) -> list[dict[str, Any]]:
+        """Every space with its status, vector count and coverage of the live chunks."""
+        with self.db.connection() as conn:
+            total = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
+            rows = _dicts(conn.execute(
+                """SELECT s.space, s.model, s.dimensions, s.provider, s.status, s.created_at, s.activated_at,
+                          s.retired_at, count(v.chunk_id) AS vectors,
+                          count(v.chunk_id) FILTER (WHERE vector_dims(v.embedding) <> s.dimensions) AS wrong_dims
+                   FROM rag_spaces s LEFT JOIN rag_chunk_vectors v ON v.space = s.space
+                   GROUP BY s.space ORDER BY s.created_at"""))
+            for row in rows:
+                row["chunks"] = total
+                row["coverage"] = round(row["vectors"] / total, 6) if total else 1.0
+                row["hnsw_index"] = conn.execute("SELECT to_regclass(%s)", (index_name(row["space"]),)).fetchone()[0] is not None
+        return rows
+
+    def get_space(self, space: str) -> dict[str, Any] | None:
+        return next((s for s in self.list_spaces() if s["space"] == space), None)
+
+    def begin_building(self, space: str, model: str, dimensions: int, provider: str) -> str:
+        """Register `space` as 'building' (a retired space is reused: its vectors still count).
+        Returns its status before the call."""
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
+            rows = dict(conn.execute("SELECT space, status FROM rag_spaces").fetchall())
+            other = [s for s, st in rows.items() if st == "building" and s != space]
+            if other:
+                raise ValidationError(
+                    f"a re-embed into {other[0]} is in progress; finish it (`rag reembed --to {other[0]}`) "
+                    f"or drop it (`rag reembed --drop-old`) first"
+                )
+            before = rows.get(space)
+            if before == "active":
+                raise ValidationError(f"{space} is already the active space; nothing to re-embed")
+            conn.execute(
+                """INSERT INTO rag_spaces (space, model, dimensions, provider, status)
+                   VALUES (%s,%s,%s,%s,'building')
+                   ON CONFLICT (space) DO UPDATE SET status = 'building', provider = EXCLUDED.provider""",
+                (space, model, dimensions, provider),
+            )
+        return before or "new"
+
+    def missing_chunks(self, space: str, limit: int) -> list[tuple[str, str, str]]:
+        """(chunk_id, content_hash, embed_text) of live chunks without a vector in `space`."""
+        with self.db.connection() as conn:
+            return conn.execute(
+                """SELECT c.chunk_id, c.content_hash, c.embed_text FROM rag_chunks c
+                   WHERE NOT EXISTS (SELECT 1 FROM rag_chunk_vectors v WHERE v.space = %s AND v.chunk_id = c.chunk_id)
+                   ORDER BY c.chunk_id LIMIT %s""",
+                (space, limit),
+            ).fetchall()
+
+    def write_space_vectors(self, space: str, dimensions: int, rows: Sequence[tuple[str, np.ndarray]]) -> int:
+        """Add vectors to a non-active space in one transaction; chunks deleted meanwhile are skipped."""
+        bad = [cid for cid, vec in rows if len(vec) != dimensions]
+        if bad:
+            raise DimensionMismatchError(
+                f"{len(bad)} vectors do not have {dimensions} dimensions (first: {bad[0]}); nothing was written"
+            )
+        if not rows:
+            return 0
+        with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            status = cur.execute("SELECT status FROM rag_spaces WHERE space = %s FOR SHARE", (space,)).fetchone()
+            if status is None or status[0] == "active":
+                raise ValidationError(f"space {space} is {'missing' if status is None else 'active'}; fill refused")
+            cur.execute("CREATE TEMP TABLE IF NOT EXISTS _space_in (chunk_id text, embedding vector) ON COMMIT DELETE ROWS")
+            with cur.copy("COPY _space_in (chunk_id, embedding) FROM STDIN") as copy:
+                for chunk_id, vec in rows:
+                    copy.write_row((chunk_id, vec))
+            cur.execute(
+                """INSERT INTO rag_chunk_vectors (chunk_id, space, dimensions, embedding)
+                   SELECT i.chunk_id, %s, %s, i.embedding FROM _space_in i
+                   JOIN rag_chunks c ON c.chunk_id = i.chunk_id
+                   ON CONFLICT (space, chunk_id) DO NOTHING""",
+                (space, dimensions),
+            )
+            return cur.rowcount
+
+    def switch_active(self, space: str) -> str | None:
+        """Make `space` active and retire the current one, in one transaction, only if every live
+        chunk has a vector of the right size in it. Publishing waits for the few milliseconds this
+        takes (SHARE lock on rag_chunks); searches do not. Returns the space that was active."""
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
+            conn.execute("LOCK TABLE rag_chunks IN SHARE MODE")  # no chunk can appear or vanish now
+            row = conn.execute("SELECT dimensions, status FROM rag_spaces WHERE space = %s", (space,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no embedding space {space}; see `rag reembed --status`")
+            dims, status = row
+            if status == "active":
+                return space
+            missing = conn.execute(
+                """SELECT count(*) FROM rag_chunks c WHERE NOT EXISTS
+                   (SELECT 1 FROM rag_chunk_vectors v WHERE v.space = %s AND v.chunk_id = c.chunk_id)""",
+                (space,),
+            ).fetchone()[0]
+            wrong = conn.execute(
+                "SELECT count(*) FROM rag_chunk_vectors WHERE space = %s AND vector_dims(embedding) <> %s",
+                (space, dims),
+            ).fetchone()[0]
+            if missing or wrong:
+                raise ValidationError(
+                    f"cannot switch to {space}: {missing} chunks lack a vector and {wrong} vectors have the wrong "
+                    f"size; run `rag reembed --to {space}` to finish filling it"
+                )
+            old = conn.execute("SELECT space FROM rag_spaces WHERE status = 'active'").fetchone()
+            conn.execute(
+                "UPDATE rag_spaces SET status = 'retired', retired_at = now() WHERE status IN ('active', 'building')"
+                " AND space <> %s", (space,))
+            conn.execute(
+                "UPDATE rag_spaces SET status = 'active', activated_at = now(), retired_at = NULL WHERE space = %s",
+                (space,))
+        return old[0] if old else None
+
+    def previous_space(self) -> str | None:
+        """The most recently retired space (what a rollback returns to)."""
+        with self.db.connection() as conn:
+            row = conn.execute(
+                "SELECT space FROM rag_spaces WHERE status = 'retired' ORDER BY retired_at DESC NULLS LAST LIMIT 1"
+            ).fetchone()
+        return row[0] if row else None
+
+    def drop_space(self, space: str) -> int:
+        """Delete a non-active space: its HNSW index, its vectors and its row (the cache stays)."""
+        with self.db.connection() as conn:
+            conn.autocommit = True
+            try:
+                status = conn.execute("SELECT status FROM rag_spaces WHERE space = %s", (space,)).fetchone()
+                if status is None:
+                    raise NotFoundError(f"no embedding space {space}")
+                if status[0] == "active":
+                    raise ValidationError(f"{space} is the active space; it cannot be dropped")
+                conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(index_name(space))))
+                with conn.transaction():
+                    deleted = conn.execute("DELETE FROM rag_chunk_vectors WHERE space = %s", (space,)).rowcount
+                    conn.execute("DELETE FROM rag_spaces WHERE space = %s AND status <> 'active'", (space,))
+            finally:
+                conn.autocommit = False
+        return deleted
