@@ -1,0 +1,19 @@
+"""The code location: `dagster dev -w workspace.yaml` (or `rag dev`) loads `defs`."""
+
+from dagster import Definitions
+
+from pipelines.assets import ASSETS
+from pipelines.checks import CHECKS
+from pipelines.jobs import index_maintenance_job, ingest_job, reembed_job
+from pipelines.resources import RagResource
+from pipelines.schedules import index_maintenance_schedule, nightly_reconcile, reembed_schedule
+from pipelines.sensors import corpus_sensor, record_run_failures
+
+defs = Definitions(
+    assets=ASSETS,
+    asset_checks=CHECKS,
+    jobs=[ingest_job, reembed_job, index_maintenance_job],
+    sensors=[corpus_sensor, record_run_failures],
+    schedules=[nightly_reconcile, reembed_schedule, index_maintenance_schedule],
+    resources={"rag": RagResource()},
+)

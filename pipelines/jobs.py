@@ -1,0 +1,43 @@
+"""Jobs. Everything runs in one process per run (in_process_executor): the stages share the
+loaded model and one connection pool, and a many-file run stays one process, not one per file."""
+
+from dagster import AssetSelection, OpExecutionContext, define_asset_job, in_process_executor, job, op
+
+from pipelines.assets import chunks, embeddings, hnsw_index, vector_table
+from pipelines.partitions import corpus_files
+from pipelines.resources import RagResource
+
+INGEST_JOB = "ingest_files"
+REEMBED_JOB = "reembed"
+MAINTENANCE_JOB = "index_maintenance"
+
+ingest_job = define_asset_job(
+    INGEST_JOB,
+    selection=AssetSelection.groups("corpus"),
+    partitions_def=corpus_files,
+    executor_def=in_process_executor,
+    description="All six assets for a set of files (a partition range), checks included.",
+)
+
+# Token-aware chunks depend on the model's tokenizer, so a re-embed re-chunks too (cheap, no model calls).
+reembed_job = define_asset_job(
+    REEMBED_JOB,
+    selection=AssetSelection.assets(chunks, embeddings, vector_table, hnsw_index),
+    partitions_def=corpus_files,
+    executor_def=in_process_executor,
+    description="Re-chunk, re-embed and re-publish files whose embedding settings changed, then the index.",
+)
+
+
+@op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")
+def maintain_indexes(context: OpExecutionContext, rag: RagResource) -> dict:
+    kb = rag.kb()
+    space = kb.store.active_space()
+    done = kb.store.maintain_indexes(space["space"] if space else None)
+    context.log.info("index maintenance: %s", done)
+    return done
+
+
+@job(name=MAINTENANCE_JOB, executor_def=in_process_executor, description="Weekly index maintenance.")
+def index_maintenance_job():
+    maintain_indexes()

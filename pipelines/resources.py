@@ -1,0 +1,80 @@
+"""The resource that carries settings, the database and the stage runner to assets and checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import PrivateAttr
+
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import Settings
+from rag_lib.embedding import EmbeddingProvider, get_provider
+from rag_lib.stages import StageRunner
+from rag_lib.watch import PartitionMap, configured_roots, parse_roots
+
+# Loading a model costs seconds: one provider per embedding configuration per process.
+_PROVIDERS: dict[str, EmbeddingProvider] = {}
+
+
+def _provider_key(settings: Settings) -> str:
+    return settings.embedding.model_dump_json()
+
+
+def preload_provider(settings: Settings, provider: EmbeddingProvider) -> None:
+    """Use an already loaded provider for this embedding configuration (tests, benchmarks)."""
+    _PROVIDERS[_provider_key(settings)] = provider
+
+
+def provider_for(settings: Settings) -> EmbeddingProvider:
+    key = _provider_key(settings)
+    if key not in _PROVIDERS:
+        _PROVIDERS[key] = get_provider(settings)
+    return _PROVIDERS[key]
+
+
+class RagResource(ConfigurableResource):
+    """Settings come from `rag.yaml`/`RAG_*` (as for the CLI); fields here override them per run."""
+
+    config_file: str | None = None  # a rag.yaml other than $RAG_CONFIG / ./rag.yaml
+    database_url: str | None = None  # overrides RAG_DATABASE_URL
+    home: str | None = None  # overrides RAG_HOME (embedded server location)
+    roots: list[str] = []  # "path" or "collection=path"; default: settings.pipeline.roots
+    force: bool = False  # redo stages even for files that are already current
+    embed_version: str | None = None  # re-embed under a new embed_version
+
+    _kb: KnowledgeBase | None = PrivateAttr(default=None)
+
+    def settings(self) -> Settings:
+        if self.config_file:
+            os.environ["RAG_CONFIG"] = self.config_file
+        overrides: dict[str, Any] = {}
+        if self.database_url:
+            overrides["database_url"] = self.database_url
+        if self.home:
+            overrides["home"] = Path(self.home)
+        settings = Settings(**overrides)
+        if self.embed_version:
+            settings.embedding.embed_version = self.embed_version
+        return settings
+
+    def kb(self) -> KnowledgeBase:
+        if self._kb is None:
+            settings = self.settings()
+            self._kb = KnowledgeBase(settings, provider=provider_for(settings))
+        return self._kb
+
+    def partition_map(self) -> PartitionMap:
+        settings = self.kb().settings
+        roots = parse_roots(self.roots, settings.collection) if self.roots else configured_roots(settings)
+        return PartitionMap(roots)
+
+    def runner(self) -> StageRunner:
+        return StageRunner(self.kb().pipeline, force=self.force)
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._kb is not None:
+            self._kb.close()
+            self._kb = None
