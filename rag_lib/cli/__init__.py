@@ -6,5 +6,6 @@ from rag_lib.cli.app import app, main
 from rag_lib.cli import core as _core  # noqa: F401  (registers commands)
 from rag_lib.cli import db as _db  # noqa: F401
 from rag_lib.cli import serve as _serve  # noqa: F401
+from rag_lib.cli import cache as _cache  # noqa: F401
 
 __all__ = ["app", "main"]

@@ -160,6 +160,9 @@ def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -
         for row in data["failures"]:
             table.add_row(str(row["failed_at"])[:19], row["source"], row["partition"] or "", row["message"][:200])
         console.print(table)
+    from rag_lib.cli.cache import print_usage
+
+    print_usage(data.get("embedding_usage"))
 
 
 @app.command("list")

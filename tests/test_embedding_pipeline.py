@@ -1,0 +1,132 @@
+"""The pipeline against a remote provider over real HTTP: cache hits make no requests, tokens and
+cost are recorded per run and provider, failures and wrong dimensions write nothing, and a
+configured space that differs from the stored one stops start-up with the command to run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openai_stub import OpenAIStub
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import EmbeddingSettings, Settings
+from rag_lib.embedding import get_provider
+from rag_lib.errors import DimensionMismatchError, EmbeddingError
+
+MODEL, DIMS, PRICE = "stub-embed", 32, 0.5
+FILES = ("tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml",
+         "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml")
+
+
+@pytest.fixture
+def stub():
+    with OpenAIStub() as server:
+        yield server
+
+
+def remote_settings(settings: Settings, stub: OpenAIStub, **embedding) -> Settings:
+    cfg = dict(provider="openai_compatible", base_url=stub.base_url, model=MODEL, dimensions=DIMS,
+               batch_size=16, backoff_base=0.01, max_retries=2, timeout=2.0, prices={MODEL: PRICE})
+    cfg.update(embedding)
+    merged = EmbeddingSettings.model_validate({**settings.embedding.model_dump(), **cfg})
+    return settings.model_copy(update={"embedding": merged})
+
+
+def open_kb(s: Settings) -> KnowledgeBase:
+    return KnowledgeBase(s, provider=get_provider(s))
+
+
+def test_cache_hits_make_no_requests_and_usage_is_recorded(settings, stub, corpus_copy):
+    root = corpus_copy(*FILES)
+    s = remote_settings(settings, stub)
+    with open_kb(s) as kb:
+        report = kb.ingest([root])
+        assert report.count("failed") == 0 and report.embedded > 0
+        first = kb.store.run_usage(kb.pipeline.run_id)
+    assert stub.requests == first["requests"] > 0
+    assert first["cache_misses"] == stub.inputs == report.embedded
+    (row,) = first["providers"]
+    assert (row["provider"], row["model"], row["dimensions"]) == ("openai_compatible", MODEL, DIMS)
+    assert row["tokens"] > 0 and not row["tokens_estimated"]
+    assert row["cost_usd"] == pytest.approx(row["tokens"] * PRICE / 1e6)
+
+    requests_before = stub.requests
+    with open_kb(s) as kb:  # a second run over the same files: every vector from the cache
+        report = kb.ingest([root], force=True)
+        second = kb.store.run_usage(kb.pipeline.run_id)
+        status = kb.status()
+    assert stub.requests == requests_before  # counted server-side: no request at all
+    assert report.cache_hits == report.chunks > 0 and report.embedded == 0
+    assert second["cache_hit_rate"] == 1.0 and second["requests"] == 0 and second["cost_usd"] == 0
+    usage = status["embedding_usage"]
+    assert usage["by_provider"][0]["tokens"] == row["tokens"]
+    assert [r["run_id"] for r in usage["recent_runs"]][:2] == [second["run_id"], first["run_id"]]
+
+
+def test_a_failed_provider_writes_nothing_and_keeps_the_old_version(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    s = remote_settings(settings, stub)
+    with open_kb(s) as kb:
+        kb.ingest([root])
+        before = kb.show(FILES[0])
+        target = root / FILES[0]
+        target.write_text(target.read_text() + "\nextra_notes: a brand new section about AMD guidance\n")
+        stub.script(["500"] * 10)
+        with pytest.raises(EmbeddingError, match="failed after 3 attempts"):
+            kb.ingest([root])
+        after = kb.show(FILES[0])
+        assert after["content_hash"] == before["content_hash"]
+        assert [c["chunk_id"] for c in after["chunks"]] == [c["chunk_id"] for c in before["chunks"]]
+        run = kb.store.run_usage(kb.pipeline.run_id)
+        assert run["providers"][0]["failures"] == 1 and run["retries"] == 2
+
+
+def test_wrong_dimensions_are_never_written(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    s = remote_settings(settings, stub, max_retries=0)
+    stub.script(["wrong_dims"])
+    with open_kb(s) as kb:
+        with pytest.raises(DimensionMismatchError, match="33-dimensional"):
+            kb.ingest([root])
+        assert kb.status()["documents"] == 0
+        assert kb.store.cache_stats()["entries"] == 0
+
+
+def test_fallback_within_the_space_during_ingest(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    with OpenAIStub() as backup:
+        s = remote_settings(settings, stub, max_retries=0, fallback=["backup"], providers=[
+            {"name": "backup", "provider": "openai_compatible", "base_url": backup.base_url,
+             "model": MODEL, "dimensions": DIMS}])
+        stub.script(["500"] * 100)
+        with open_kb(s) as kb:
+            report = kb.ingest([root])
+            assert report.count("new") == 1 and backup.inputs == report.embedded
+            run = kb.store.run_usage(kb.pipeline.run_id)
+    assert run["requests"] == stub.requests + backup.requests
+    assert sum(p["failures"] for p in run["providers"]) >= 1
+
+
+def test_a_changed_configured_space_is_a_fatal_start_up_error(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    with open_kb(remote_settings(settings, stub)) as kb:
+        kb.ingest([root])
+    with open_kb(remote_settings(settings, stub, dimensions=48)) as kb:
+        with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to stub-embed:48`"):
+            kb.ingest([root])
+
+
+def test_cache_stats_and_prune(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    with open_kb(remote_settings(settings, stub)) as kb:
+        kb.ingest([root])
+        stats = kb.store.cache_stats()
+        (model,) = stats["models"]
+        assert model["entries"] == model["referenced"] == stats["entries"] > 0
+        assert kb.store.cache_prune(older_than_days=0) == 0  # live chunks keep their entries
+        kb.delete_document(FILES[0])
+        assert kb.store.cache_stats()["models"][0]["referenced"] == 0
+        assert kb.store.cache_prune(older_than_days=1) == 0  # too recent
+        assert kb.store.cache_prune(older_than_days=0) == model["entries"]
+        assert kb.store.cache_stats()["entries"] == 0
