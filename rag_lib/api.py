@@ -71,6 +71,7 @@ class KnowledgeBase:
         progress: ProgressFn | None = None,
     ) -> IngestReport:
         """Ingest files/folders incrementally; see `rag_lib.ingest`."""
+        self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         return run_ingest(
             self.pipeline, [Path(p) for p in paths], self._collection(collection),
             prune=prune, force=force, root=Path(root) if root else None, progress=progress,
