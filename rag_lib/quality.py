@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,6 +176,3 @@ def check_hnsw(store: Store, settings: Settings, space: str, dimensions: int, k:
     return QualityResult(ok, "error", f"recall@{k} = {measured['recall']:.3f} on {measured['sample']} queries"
                          f" (ef_search {ef}, minimum {p.min_recall})", meta)
 
-
-def source_exists(path: str | None) -> bool:
-    return bool(path) and Path(path).exists()

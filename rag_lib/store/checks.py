@@ -68,10 +68,15 @@ class CheckStore:
             return _dicts(conn.execute("SELECT collection, path, source_path FROM rag_documents ORDER BY 1, 2"))
 
     def chunk_frame_rows(self) -> list[dict[str, Any]]:
-        """One row per served chunk: what the chunk-size suite validates."""
+        """One row per chunk of the `chunks` stage outputs (before publishing): what the chunk-size
+        suite validates."""
         with self.db.connection() as conn:
             return _dicts(conn.execute(
-                "SELECT chunk_id, collection, path, section, token_count, text FROM rag_chunks ORDER BY chunk_id"))
+                """SELECT c->>'chunk_id' AS chunk_id, o.collection, o.path, c->>'section' AS section,
+                          (c->>'token_count')::int AS token_count, c->>'text' AS text
+                   FROM rag_stage_outputs o, jsonb_array_elements(o.payload->'documents') d,
+                        jsonb_array_elements(d->'chunks') c
+                   WHERE o.stage = 'chunks' AND o.payload->>'status' = 'ok' ORDER BY 1"""))
 
     def hnsw_index_state(self, space: str) -> dict[str, Any]:
         """Whether the space's HNSW index exists and is valid/ready, with its size and last build."""
