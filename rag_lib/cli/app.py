@@ -61,7 +61,10 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        app(standalone_mode=False)
+        # Non-standalone click returns the code of typer.Exit instead of raising it.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except RagError as exc:
         log.debug("command failed", exc_info=True)
         if STATE["debug"]:
@@ -86,3 +89,4 @@ def main() -> None:
     finally:
         if STATE["kb"] is not None:
             STATE["kb"].close()
+            STATE["kb"] = None

@@ -1,0 +1,125 @@
+"""The `rag` command: exit codes, JSON output and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rag_lib.api
+from rag_lib.cli import main
+from rag_lib.config import get_settings
+
+LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
+MALFORMED = "tradegent/templates/post-trade-review.yaml"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def rag(monkeypatch, database_url, provider, tmp_path, capsys):
+    """Run `rag ARGS…` in-process against a fresh database; returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
+    get_settings.cache_clear()
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["rag", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    get_settings.cache_clear()
+
+
+def test_ingest_search_show_delete_round_trip(rag, corpus_copy):
+    root = corpus_copy(LEARNING, MALFORMED)
+    code, out, _ = rag("ingest", str(root), "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["new"] == 1 and report["skipped"] == 1
+    assert report["files"][0]["path"] == LEARNING or report["files"][1]["path"] == LEARNING
+
+    code, out, _ = rag("search", "loss aversion before earnings", "--json", "--top-k", "3")
+    assert code == 0
+    result = json.loads(out)
+    assert result["results"][0]["path"] == LEARNING and len(result["results"]) <= 3
+
+    code, out, _ = rag("status", "--json")
+    status = json.loads(out)
+    assert status["documents"] == 1 and status["skipped"][0]["reason"] == "malformed_yaml"
+
+    code, out, _ = rag("list", "--json")
+    assert [d["path"] for d in json.loads(out)] == [LEARNING]
+    code, out, _ = rag("show", "LRN-loss-aversion-pre-earnings", "--json")
+    assert code == 0 and json.loads(out)["path"] == LEARNING
+
+    code, out, _ = rag("delete", LEARNING)
+    assert code == 0 and "deleted" in out
+    code, out, _ = rag("status", "--json")
+    assert json.loads(out)["documents"] == 0
+
+
+def test_errors_are_one_clear_line_with_nonzero_exit(rag):
+    code, out, err = rag("show", "no-such-doc")
+    assert code == 1
+    assert "no document 'no-such-doc'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+    code, _, err = rag("search", "x", "--from", "last tuesday")
+    assert code == 2 and "--from must be a date" in err
+
+    code, _, err = rag("search", "x", "--mode", "psychic")
+    assert code == 1 and "unknown search mode" in err
+
+    code, _, err = rag("ingest", "/definitely/not/here")
+    assert code == 1 and "no such file or directory" in err
+
+    code, _, err = rag("reset")
+    assert code == 2 and "--yes" in err
+
+
+def test_validate_is_a_dry_run_that_fails_on_problems(rag, corpus_copy):
+    root = corpus_copy(LEARNING, MALFORMED)
+    code, out, _ = rag("validate", str(root / LEARNING), "--root", str(root), "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["problems"] == 0 and report["files"][0]["chunks"] > 0
+    assert report["files"][0]["max_tokens"] <= 254
+    code, out, _ = rag("validate", str(root), "--json")
+    assert code == 1
+    bad = [f for f in json.loads(out)["files"] if f.get("problem")]
+    assert bad[0]["path"] == MALFORMED and "line 153" in bad[0]["problem"]
+    code, out, _ = rag("status", "--json")
+    assert json.loads(out)["documents"] == 0  # nothing was written
+
+
+def test_reset_deletes_everything(rag, corpus_copy):
+    rag("ingest", str(corpus_copy(LEARNING)))
+    code, out, _ = rag("reset", "--yes")
+    assert code == 0
+    _, out, _ = rag("status", "--json")
+    assert json.loads(out)["documents"] == 0
+
+
+def test_db_status_reports_an_external_database(rag):
+    code, out, _ = rag("db", "status", "--json")
+    assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}
+
+
+def test_installed_entry_point_prints_no_traceback(database_url, tmp_path):
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path)}
+    rag_bin = Path(sys.executable).parent / "rag"
+    proc = subprocess.run([str(rag_bin), "show", "nothing"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("error: no document 'nothing'")
+    assert "Traceback" not in proc.stderr
