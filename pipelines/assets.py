@@ -9,6 +9,7 @@ raises instead, so that partition is marked failed in the UI."""
 
 
 import hashlib
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ from rag_lib.stages import StageOutcome, token_histogram
 
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
+
+# `backfill_policy` is marked beta; we rely on it deliberately (single-run backfills).
+warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)
 
 GROUP = "corpus"
 _settings = get_settings()

@@ -78,6 +78,7 @@ def materialize_corpus(
     force: bool = False,
     job_name: str = "ingest_files",
     embed_version: str | None = None,
+    log_level: str = "WARNING",
 ) -> PipelineRunSummary:
     """Materialize every file under `roots` through the job (in this process, recorded on `instance`)."""
     from pipelines.definitions import defs
@@ -99,7 +100,8 @@ def materialize_corpus(
     stages: dict[str, Counter] = defaultdict(Counter)
     for start, end in plan_ranges(keys, ordered):
         result = job.execute_in_process(
-            instance=instance, run_config={"resources": {"rag": {"config": config}}},
+            instance=instance, run_config={"resources": {"rag": {"config": config}},
+                                             "loggers": {"console": {"config": {"log_level": log_level}}}},
             tags={**range_tags(start, end), "rag/trigger": "rag materialize"}, raise_on_error=False,
         )
         summary.run_ids.append(result.run_id)
