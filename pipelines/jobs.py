@@ -4,7 +4,6 @@ loaded model and one connection pool, and a many-file run stays one process, not
 from dagster import AssetSelection, OpExecutionContext, define_asset_job, in_process_executor, job, op
 
 from pipelines.assets import chunks, embeddings, hnsw_index, vector_table
-from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
 
 INGEST_JOB = "ingest_files"
@@ -14,7 +13,6 @@ MAINTENANCE_JOB = "index_maintenance"
 ingest_job = define_asset_job(
     INGEST_JOB,
     selection=AssetSelection.groups("corpus"),
-    partitions_def=corpus_files,
     executor_def=in_process_executor,
     description="All six assets for a set of files (a partition range), checks included.",
 )
@@ -23,7 +21,6 @@ ingest_job = define_asset_job(
 reembed_job = define_asset_job(
     REEMBED_JOB,
     selection=AssetSelection.assets(chunks, embeddings, vector_table, hnsw_index),
-    partitions_def=corpus_files,
     executor_def=in_process_executor,
     description="Re-chunk, re-embed and re-publish files whose embedding settings changed, then the index.",
 )
