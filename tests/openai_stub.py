@@ -59,6 +59,10 @@ class OpenAIStub:
         with self._lock:
             self._script.extend(faults)
 
+    def clear_script(self) -> None:
+        with self._lock:
+            self._script.clear()
+
     def reset_counts(self) -> None:
         with self._lock:
             self.requests = self.inputs = 0

@@ -46,7 +46,7 @@ class SpaceStore:
             if other:
                 raise ValidationError(
                     f"a re-embed into {other[0]} is in progress; finish it (`rag reembed --to {other[0]}`) "
-                    f"or drop it (`rag reembed --drop-old`) first"
+                    f"or abandon it (`rag reembed --abort`) first"
                 )
             before = rows.get(space)
             if before == "active":

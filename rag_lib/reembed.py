@@ -1,0 +1,275 @@
+"""Re-embed without downtime: fill a new space (model:dims) beside the active one from the cache or
+the provider while search keeps serving the old space; when coverage is 100%, every vector has the
+space's size and (optionally) retrieval quality holds, build its HNSW index and switch the active
+space in one transaction. Rollback switches back to the previous space; drop-old frees retired ones.
+
+Documents published while a re-embed runs get vectors only in the active space; the fill loop
+catches them up, and the switch itself re-checks coverage under a lock that holds publishing for
+its few milliseconds, so the new space is complete at the instant it becomes active."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_lib.config import Settings
+from rag_lib.embedding import EmbeddingProvider, provider_for_space
+from rag_lib.errors import DimensionMismatchError, EmbeddingError, NotFoundError, ValidationError
+from rag_lib.log import get_logger
+from rag_lib.pipeline import check_vectors
+from rag_lib.store import Store
+
+log = get_logger(__name__)
+
+ProgressFn = Callable[[int, int], None]  # (vectors in the new space, live chunks)
+# Scores one space on the configured eval set: (store, provider of that space, space row, eval set) → nDCG@10
+QualityScorer = Callable[[Store, EmbeddingProvider, dict[str, Any], Path], float]
+SWITCH_ATTEMPTS = 5  # catch-up rounds when documents change between the last fill and the switch
+
+
+@dataclass
+class Gate:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class ReembedReport:
+    space: str
+    previous: str | None
+    run_id: str
+    filled: int = 0
+    from_cache: int = 0
+    embedded: int = 0
+    gates: list[Gate] = field(default_factory=list)
+    switched: bool = False
+    index: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_quality_scorer() -> QualityScorer | None:
+    """`rag_lib.eval.ndcg_at_10_for_space` when the eval module provides it."""
+    try:
+        from rag_lib import eval as eval_mod  # written separately; optional here
+    except ImportError:
+        return None
+    return getattr(eval_mod, "ndcg_at_10_for_space", None)
+
+
+class Reembedder:
+    """Fills `target`'s space and switches to it; see the module docstring."""
+
+    def __init__(self, settings: Settings, store: Store, target: EmbeddingProvider,
+                 scorer: QualityScorer | None = None, progress: ProgressFn | None = None,
+                 active_provider: EmbeddingProvider | None = None):
+        self.settings = settings
+        self.store = store
+        self.target = target
+        self.scorer = scorer
+        self.progress = progress
+        self.active_provider = active_provider
+        self.run_id = f"reembed-{uuid.uuid4().hex[:12]}"
+
+    @property
+    def space(self) -> str:
+        return self.target.space
+
+    def start(self) -> str:
+        return self.store.begin_building(self.space, self.target.model, self.target.dimensions, self.target.name)
+
+    def fill(self, report: ReembedReport) -> None:
+        """Vectors for every live chunk missing from the space, batch by batch (each batch is one
+        transaction; a failed batch writes nothing and the next run resumes where this one stopped)."""
+        batch = max(1, self.settings.embedding.reembed.batch_size)
+        dims = self.target.dimensions
+        prices = self.settings.embedding.prices
+        while rows := self.store.missing_chunks(self.space, batch):
+            hashes = {h: text for _, h, text in rows}
+            cached = self.store.cache_get(list(hashes), self.target.model, dims)
+            todo = [h for h in hashes if h not in cached]
+            usage: list = []
+            if todo:
+                try:
+                    fresh, usage = self.target.embed_counted([hashes[h] for h in todo])
+                except EmbeddingError as exc:
+                    self.store.record_embedding(self.run_id, "reembed", self.space, len(hashes) - len(todo),
+                                                len(todo), getattr(exc, "usage", []), prices)
+                    raise
+                problems = check_vectors(fresh, dims)
+                if problems:
+                    raise DimensionMismatchError(
+                        f"{getattr(self.target, 'label', self.target.name)} returned bad vectors for {self.space}: "
+                        f"{'; '.join(problems)}; nothing was written"
+                    )
+                new = dict(zip(todo, fresh))
+                self.store.cache_put(new, self.target.model, dims)
+                cached.update(new)
+            self.store.record_embedding(self.run_id, "reembed", self.space, len(hashes) - len(todo), len(todo),
+                                        usage, prices)
+            written = self.store.write_space_vectors(self.space, dims, [(cid, cached[h]) for cid, h, _ in rows])
+            report.filled += written
+            report.from_cache += len(hashes) - len(todo)
+            report.embedded += len(todo)
+            if self.progress:
+                info = self.store.get_space(self.space)
+                self.progress(info["vectors"], info["chunks"])
+
+    def gates(self) -> list[Gate]:
+        """Coverage and dimension consistency always; retrieval quality when an eval set is configured."""
+        info = self.store.get_space(self.space)
+        if info is None:
+            raise NotFoundError(f"no embedding space {self.space}")
+        gates = [
+            Gate("coverage", info["vectors"] == info["chunks"],
+                 f"{info['vectors']}/{info['chunks']} live chunks have a vector ({info['coverage']:.2%})"),
+            Gate("dimensions", info["wrong_dims"] == 0 and self.target.dimensions == info["dimensions"],
+                 f"{info['wrong_dims']} vectors differ from {info['dimensions']} dimensions"),
+        ]
+        cfg = self.settings.embedding.reembed
+        if cfg.eval_set:
+            gates.append(self._quality_gate(Path(cfg.eval_set), cfg.ndcg_tolerance, info))
+        return gates
+
+    def _quality_gate(self, eval_set: Path, tolerance: float, info: dict[str, Any]) -> Gate:
+        scorer = self.scorer or default_quality_scorer()
+        if scorer is None:
+            return Gate("quality", False, f"an eval set is configured ({eval_set}) but no nDCG@10 scorer is "
+                        "available (rag_lib.eval.ndcg_at_10_for_space); pass --skip-quality to switch without it")
+        active = self.store.active_space()
+        if active is None:
+            return Gate("quality", True, "no active space to compare with")
+        active_provider = self.active_provider or provider_for_space(self.settings, active["space"])
+        new_score = scorer(self.store, self.target, info, eval_set)
+        old_score = scorer(self.store, active_provider, active, eval_set)
+        return Gate("quality", new_score >= old_score - tolerance,
+                    f"nDCG@10 {new_score:.4f} in {self.space} vs {old_score:.4f} in {active['space']} "
+                    f"(tolerance {tolerance})")
+
+    def run(self, switch: bool = True, skip_quality: bool = False) -> ReembedReport:
+        """Fill, check, index and (when `switch`) make the space active; idempotent and resumable."""
+        started = time.perf_counter()
+        active = self.store.active_space()
+        report = ReembedReport(self.space, active["space"] if active else None, self.run_id)
+        self.start()
+        self.fill(report)
+        if not switch:
+            report.gates = self.gates()
+            report.seconds = time.perf_counter() - started
+            return report
+        report.index = self.store.ensure_hnsw_index(self.space, self.target.dimensions)  # before the switch
+        for attempt in range(SWITCH_ATTEMPTS):
+            self.fill(report)  # catch up documents published meanwhile
+            gates = self.gates() if not skip_quality else [g for g in self.gates() if g.name != "quality"]
+            report.gates = gates
+            failed = [g for g in gates if not g.passed]
+            if any(g.name != "coverage" for g in failed):
+                break
+            if failed:
+                continue
+            try:
+                self.store.switch_active(self.space)
+            except ValidationError:  # a document changed after the last check: fill again
+                if attempt == SWITCH_ATTEMPTS - 1:
+                    raise
+                continue
+            report.switched = True
+            break
+        report.seconds = time.perf_counter() - started
+        return report
+
+
+def reembed(settings: Settings, store: Store, spec: str, *, switch: bool = True, skip_quality: bool = False,
+            target: EmbeddingProvider | None = None, scorer: QualityScorer | None = None,
+            progress: ProgressFn | None = None) -> ReembedReport:
+    """`rag reembed --to MODEL[:DIMS]`: the provider comes from `embedding.providers` (or a known OpenAI model)."""
+    target = target or provider_for_space(settings, spec)
+    return Reembedder(settings, store, target, scorer, progress).run(switch, skip_quality)
+
+
+def status(store: Store) -> dict[str, Any]:
+    """Every space with status, coverage and index; which one a rollback would return to."""
+    spaces = store.list_spaces()
+    return {
+        "active": next((s["space"] for s in spaces if s["status"] == "active"), None),
+        "building": next((s["space"] for s in spaces if s["status"] == "building"), None),
+        "rollback_to": store.previous_space(),
+        "spaces": spaces,
+    }
+
+
+def rollback(settings: Settings, store: Store, target: EmbeddingProvider | None = None,
+             progress: ProgressFn | None = None) -> ReembedReport:
+    """Switch back to the most recently retired space, catching up chunks that changed since
+    (from the cache, or its provider), with its HNSW index in place first."""
+    previous = store.previous_space()
+    if previous is None:
+        raise NotFoundError("no retired embedding space to roll back to; see `rag reembed --status`")
+    info = store.get_space(previous)
+    if target is None:
+        target = _RollbackTarget(settings, previous, info) if info["vectors"] < info["chunks"] else _Stub(info)
+    worker = Reembedder(settings, store, target, progress=progress)
+    active = store.active_space()
+    report = ReembedReport(previous, active["space"] if active else None, worker.run_id)
+    for _ in range(SWITCH_ATTEMPTS):
+        worker.fill(report)
+        report.index = store.ensure_hnsw_index(previous, info["dimensions"])
+        report.gates = [g for g in worker.gates() if g.name != "quality"]
+        try:
+            store.switch_active(previous)
+        except ValidationError:
+            continue
+        report.switched = True
+        break
+    return report
+
+
+def drop_old(store: Store) -> dict[str, int]:
+    """Delete every retired space's vectors and index (the cache stays, so a later re-embed is free)."""
+    return {s["space"]: store.drop_space(s["space"]) for s in store.list_spaces() if s["status"] == "retired"}
+
+
+def abort(store: Store) -> str | None:
+    """Drop a half-built space (its vectors; the cache keeps what was paid for). Returns its name."""
+    building = status(store)["building"]
+    if building:
+        store.drop_space(building)
+    return building
+
+
+class _Stub(EmbeddingProvider):
+    """A provider stand-in for a space that needs no new vectors (fill finds nothing to embed)."""
+
+    def __init__(self, info: dict[str, Any]):
+        self.name, self.model, self.dimensions = info["provider"], info["model"], info["dimensions"]
+
+    def tokenizer(self):  # pragma: no cover - never called when nothing is missing
+        raise EmbeddingError("no provider configured for this space")
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        raise EmbeddingError(
+            f"{len(texts)} chunks changed since {self.model}:{self.dimensions} was retired and are not in the "
+            "cache; add its provider to embedding.providers to roll back"
+        )
+
+
+class _RollbackTarget(_Stub):
+    """The previous space's provider, built only if the cache cannot cover the changed chunks."""
+
+    def __init__(self, settings: Settings, space: str, info: dict[str, Any]):
+        super().__init__(info)
+        self._settings, self._space, self._real = settings, space, None
+
+    def embed_counted(self, texts: list[str]):
+        if self._real is None:
+            self._real = provider_for_space(self._settings, self._space)
+        return self._real.embed_counted(texts)

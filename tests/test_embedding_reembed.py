@@ -1,0 +1,211 @@
+"""Re-embed without downtime: a new space (the stub's model over real HTTP) is filled beside the
+local model's space while searches run; the switch is atomic, gated on coverage and dimensions
+(and optionally quality), catches up documents published meanwhile; rollback restores the old."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from openai_stub import OpenAIStub, stub_vector
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import Settings
+from rag_lib.embedding import provider_for_space
+from rag_lib.errors import DimensionMismatchError, EmbeddingError, ValidationError
+from rag_lib.models import SearchFilters
+from rag_lib import reembed as rm
+
+MODEL, DIMS = "stub-embed", 32
+NEW = f"{MODEL}:{DIMS}"
+OLD = "all-MiniLM-L6-v2:384"
+FILES = ("tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml")
+EXTRA = "tradegent/fixtures/sample_research.yaml"
+QUERY = "earnings surprise and guidance for NVDA"
+
+
+@pytest.fixture
+def stub():
+    with OpenAIStub() as server:
+        yield server
+
+
+@pytest.fixture
+def rkb(database_url, tmp_path, provider, stub, corpus_copy):
+    """A knowledge base on the local model holding two files, with the stub registered as a target."""
+    s = Settings(database_url=database_url, home=tmp_path / ".rag", embedding={
+        "providers": [{"name": "stub", "provider": "openai_compatible", "base_url": stub.base_url,
+                       "model": MODEL, "dimensions": DIMS, "batch_size": 8, "backoff_base": 0.01,
+                       "max_retries": 1}],
+        "reembed": {"batch_size": 16},
+    })
+    base = KnowledgeBase(s, provider=provider)
+    root = corpus_copy(*FILES, EXTRA)
+    base.ingest([root / FILES[0], root / FILES[1]], root=root)
+    base.store.ensure_hnsw_index(OLD, 384)
+    base.root = root
+    yield base
+    base.close()
+
+
+def chunk_texts(kb: KnowledgeBase) -> dict[str, str]:
+    with kb.store.db.connection() as conn:
+        return dict(conn.execute("SELECT chunk_id, embed_text FROM rag_chunks").fetchall())
+
+
+def test_switch_is_atomic_while_searches_run(rkb, stub, provider):
+    stub.latency = 0.03  # the fill takes a while, so searches overlap it
+    target = provider_for_space(rkb.settings, NEW)
+    embedders = {OLD: provider, NEW: target}
+    seen: list[tuple[str, list]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def searcher() -> None:
+        while not stop.is_set():
+            try:
+                space = rkb.store.active_space()
+                vec = embedders[space["space"]].embed([QUERY])[0]
+                hits = rkb.store.semantic_search(vec, space["space"], space["dimensions"], SearchFilters(), 5)
+                assert len(hits) == 5
+                seen.append((space["space"], hits))
+            except BaseException as exc:  # noqa: BLE001 - any failure fails the test
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=searcher)
+    thread.start()
+    while len(seen) < 3 and not errors:
+        time.sleep(0.01)
+    report = rm.reembed(rkb.settings, rkb.store, NEW, target=target)
+    n = len(seen)
+    while len(seen) < n + 3 and not errors:
+        time.sleep(0.01)
+    stop.set()
+    thread.join()
+
+    assert not errors, errors
+    assert report.switched and all(g.passed for g in report.gates), report.gates
+    assert report.index["created"] and report.embedded == report.filled > 0
+    spaces = [s for s, _ in seen]
+    first_new = spaces.index(NEW)
+    assert set(spaces[:first_new]) == {OLD} and set(spaces[first_new:]) == {NEW}  # one switch, never back
+    texts = chunk_texts(rkb)
+    q = stub_vector(MODEL, QUERY, DIMS)
+    for space, hits in seen[first_new:]:  # every new-space score comes from new-space vectors only
+        for hit in hits:
+            expected = float(np.dot(q, stub_vector(MODEL, texts[hit.chunk_id], DIMS)))
+            assert hit.score == pytest.approx(max(0.0, expected), abs=1e-4)
+    status = rm.status(rkb.store)
+    by_space = {s["space"]: s for s in status["spaces"]}
+    assert status["active"] == NEW and by_space[OLD]["status"] == "retired" and status["rollback_to"] == OLD
+    assert by_space[NEW]["coverage"] == 1.0 and by_space[NEW]["hnsw_index"]
+    usage = rkb.store.run_usage(report.run_id)
+    assert usage["cache_misses"] == report.embedded == usage["providers"][0]["inputs"]
+    assert usage["requests"] >= report.embedded / 8 and usage["tokens"] > 0  # batches of 8 texts
+
+
+def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub, provider):
+    before = [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits]
+    rm.reembed(rkb.settings, rkb.store, NEW)
+    assert rkb.store.active_space()["space"] == NEW
+    report = rm.rollback(rkb.settings, rkb.store)
+    assert report.switched and report.space == OLD and report.filled == 0
+    assert rkb.store.active_space()["space"] == OLD
+    assert [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits] == before
+
+    n_new = rkb.store.get_space(NEW)["vectors"]
+    assert rm.drop_old(rkb.store) == {NEW: n_new} and n_new > 0
+    assert NEW not in {s["space"] for s in rkb.store.list_spaces()}
+    requests = stub.requests
+    again = rm.reembed(rkb.settings, rkb.store, NEW)  # the cache still holds every vector
+    assert again.switched and again.embedded == 0 and again.from_cache == again.filled > 0
+    assert stub.requests == requests
+
+
+def test_documents_published_during_a_build_are_caught_up(rkb, stub):
+    partial = rm.reembed(rkb.settings, rkb.store, NEW, switch=False)
+    assert not partial.switched and rkb.store.active_space()["space"] == OLD
+    rkb.ingest([rkb.root / EXTRA], root=rkb.root)  # published into the active space only
+    info = rkb.store.get_space(NEW)
+    assert info["status"] == "building" and info["vectors"] < info["chunks"]
+    with pytest.raises(ValidationError, match=r"cannot switch to stub-embed:32: \d+ chunks lack a vector"):
+        rkb.store.switch_active(NEW)
+    report = rm.reembed(rkb.settings, rkb.store, NEW)
+    assert report.switched and report.filled == info["chunks"] - info["vectors"]
+    assert rkb.store.get_space(NEW)["coverage"] == 1.0
+    # a process still configured for the old space is stopped with the command to run
+    with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to all-MiniLM-L6-v2:384`"):
+        rkb.ingest([rkb.root / EXTRA], root=rkb.root, force=True)
+
+
+def test_a_failed_fill_never_switches_and_writes_nothing_bad(rkb, stub):
+    settings = rkb.settings.model_copy(deep=True)
+    settings.embedding.reembed.batch_size = 4  # fill rounds of 4 chunks: one request each
+    stub.script(["ok", "500", "500"])  # round 1 succeeds, round 2 fails after its one retry
+    with pytest.raises(EmbeddingError, match="failed after 2 attempts"):
+        rm.reembed(settings, rkb.store, NEW)
+    assert rkb.store.active_space()["space"] == OLD
+    info = rkb.store.get_space(NEW)
+    assert info["status"] == "building" and 0 < info["vectors"] < info["chunks"] and info["wrong_dims"] == 0
+    assert info["vectors"] == 4
+    gates = {g.name: g for g in rm.Reembedder(rkb.settings, rkb.store, provider_for_space(rkb.settings, NEW)).gates()}
+    assert not gates["coverage"].passed and gates["dimensions"].passed
+
+    stub.script(["wrong_dims"])
+    with pytest.raises(DimensionMismatchError, match="33-dimensional"):
+        rm.reembed(settings, rkb.store, NEW)
+    stub.clear_script()
+    assert rkb.store.get_space(NEW)["vectors"] == info["vectors"]  # nothing written by the bad batch
+    with pytest.raises(DimensionMismatchError, match="nothing was written"):
+        rkb.store.write_space_vectors(NEW, DIMS, [("x", np.ones(DIMS + 1, dtype=np.float32))])
+
+    assert rm.abort(rkb.store) == NEW
+    assert NEW not in {s["space"] for s in rkb.store.list_spaces()}
+    report = rm.reembed(rkb.settings, rkb.store, NEW)  # resumes from the cache, pays only for the rest
+    assert report.switched and report.from_cache == info["vectors"]
+
+
+def test_quality_gate_is_pluggable(rkb, stub, tmp_path):
+    scores = {OLD: 0.60, NEW: 0.50}
+    scorer = lambda store, provider, space, eval_set: scores[space["space"]]  # noqa: E731
+    settings = rkb.settings.model_copy(deep=True)
+    settings.embedding.reembed.eval_set = tmp_path
+    settings.embedding.reembed.ndcg_tolerance = 0.05
+    report = rm.reembed(settings, rkb.store, NEW, scorer=scorer)
+    quality = next(g for g in report.gates if g.name == "quality")
+    assert not report.switched and not quality.passed and "nDCG@10 0.5000" in quality.detail
+    assert rkb.store.active_space()["space"] == OLD
+    settings.embedding.reembed.ndcg_tolerance = 0.2
+    assert rm.reembed(settings, rkb.store, NEW, scorer=scorer).switched
+
+
+def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+    import json
+
+    STATE["kb"] = rkb
+    runner = CliRunner()
+    try:
+        out = runner.invoke(app, ["reembed", "--to", NEW, "--json"])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.output.strip().splitlines()[-1])["switched"] is True
+        out = runner.invoke(app, ["reembed", "--status", "--json"])
+        data = json.loads(out.output)
+        assert data["active"] == NEW and data["rollback_to"] == OLD
+        out = runner.invoke(app, ["reembed", "--rollback"])
+        assert out.exit_code == 0 and "now the active space" in out.output
+        out = runner.invoke(app, ["reembed", "--drop-old", "--json"])
+        assert NEW in json.loads(out.output)
+        out = runner.invoke(app, ["cache", "stats", "--json"])
+        models = {m["model"] for m in json.loads(out.output)["models"]}
+        assert models == {"all-MiniLM-L6-v2", MODEL}
+        out = runner.invoke(app, ["reembed"])
+        assert out.exit_code == 2
+    finally:
+        STATE["kb"] = None
