@@ -1,0 +1,172 @@
+"""HTTP API load benchmark: search over HTTP (`rag serve` in its own process) with 1, 8 and 32
+concurrent clients for N seconds each, against the shared corpus; the in-process search p95 is
+measured in the same script for comparison. Prints ONE JSON line.
+
+    .venv/bin/python benchmarks/api.py [--seconds 30] [--levels 1,8,32] [--mode hybrid]
+
+Database: $RAG_DATABASE_URL, else database `rag_bench_api` on the embedded server (.rag/pgdata);
+the shared corpus is ingested into it when missing (incremental: later runs reuse it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rag_lib.api import KnowledgeBase  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.db import database_url  # noqa: E402
+from rag_lib.server.service import default_mode  # noqa: E402
+from rag_lib.store.connection import ensure_database  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RAG_SHARED_CORPUS", REPO.parent / "shared" / "corpus"))
+QUERIES = SHARED.parent / "eval" / "tradegent-dev" / "queries.jsonl"
+KEY = "bench-" + os.urandom(8).hex()
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 2) if values else 0.0
+
+
+def prepare_db() -> str:
+    """URL of a database holding the shared corpus (ingested if missing)."""
+    settings = Settings()
+    if settings.database_url:
+        url = settings.database_url
+    else:
+        url = database_url(settings, dbname="rag_bench_api")
+        ensure_database(database_url(settings), "rag_bench_api")
+    with KnowledgeBase(Settings(database_url=url)) as kb:
+        if kb.store.status_counts(kb.settings.collection)["documents"] == 0:
+            print("ingesting the shared corpus (first run only)...", file=sys.stderr)
+            kb.ingest([SHARED])
+        space = kb.store.active_space()
+        kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
+    return url
+
+
+def load_queries() -> list[str]:
+    if QUERIES.is_file():
+        return [json.loads(line)["text"] for line in QUERIES.read_text().splitlines() if line.strip()]
+    return ["NVDA earnings guidance", "AMD forward P/E", "momentum strategy entry rules", "loss aversion"]
+
+
+def in_process(url: str, queries: list[str], mode: str, seconds: float) -> dict:
+    """Sequential `KnowledgeBase.search` latencies (model + pool warm)."""
+    with KnowledgeBase(Settings(database_url=url)) as kb:
+        for q in queries[:5]:
+            kb.search(q, mode=mode, top_k=10)
+        latencies: list[float] = []
+        end = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            kb.search(queries[i % len(queries)], mode=mode, top_k=10)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            i += 1
+    return {"requests": len(latencies), "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95),
+            "p99_ms": pct(latencies, 99)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "RAG_DATABASE_URL": url, "RAG_API_KEYS": KEY}
+    rag = str(Path(sys.executable).with_name("rag"))
+    proc = subprocess.Popen([rag, "serve", "--port", str(port), "--log-level", "warning"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit("server did not start")
+
+
+async def load(base: str, queries: list[str], mode: str, clients: int, seconds: float) -> dict:
+    """`clients` concurrent loops, each sending one search at a time until the time is up."""
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, headers={"X-API-Key": KEY}, timeout=60, limits=limits) as c:
+        end = time.perf_counter() + seconds
+
+        async def worker(offset: int) -> None:
+            nonlocal errors
+            i = offset
+            while time.perf_counter() < end:
+                body = {"query": queries[i % len(queries)], "mode": mode, "top_k": 10}
+                t0 = time.perf_counter()
+                try:
+                    r = await c.post("/api/rag/search", json=body)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                else:
+                    errors += 1
+                i += 7
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(n) for n in range(clients)))
+        elapsed = time.perf_counter() - started
+    return {"clients": clients, "requests": len(latencies), "errors": errors,
+            "rps": round(len(latencies) / elapsed, 2), "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95),
+            "p99_ms": pct(latencies, 99)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--levels", default="1,8,32")
+    parser.add_argument("--mode", default=None, help="semantic | lexical | hybrid (default: hybrid if available)")
+    args = parser.parse_args()
+    mode = args.mode or default_mode()
+    url = prepare_db()
+    queries = load_queries()
+    local = in_process(url, queries, mode, min(args.seconds, 20.0))
+    proc, base = start_server(url)
+    try:
+        asyncio.run(load(base, queries, mode, 2, 3))  # warm-up: pool connections, JIT-free paths
+        levels = [asyncio.run(load(base, queries, mode, int(n), args.seconds)) for n in args.levels.split(",")]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    at8 = next((lv for lv in levels if lv["clients"] == 8), None)
+    out = {
+        "benchmark": "api_search", "mode": mode, "seconds_per_level": args.seconds, "queries": len(queries),
+        "cpus": os.cpu_count(), "in_process": local, "http": levels,
+        "p95_ratio_8_clients_vs_in_process": round(at8["p95_ms"] / local["p95_ms"], 2) if at8 and local["p95_ms"] else None,
+        "errors": sum(lv["errors"] for lv in levels),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
