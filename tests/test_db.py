@@ -1,0 +1,61 @@
+"""The embedded server: started on demand, shared by concurrent starters, stopped on request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from rag_lib.config import Settings
+from rag_lib.db import embedded_running, server_status, stop_embedded
+
+START = "from pathlib import Path; import sys; from rag_lib.db import start_embedded; print(start_embedded(Path(sys.argv[1])))"
+
+
+def test_two_processes_starting_at_once_share_one_server(tmp_path: Path):
+    pgdata = tmp_path / "pgdata"
+    env = {**os.environ}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", START, str(pgdata)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
+    urls = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert len(urls) == 1, urls
+    try:
+        # the server outlives the processes that started it, and is configured for Dagster's load
+        assert embedded_running(pgdata)
+        with psycopg.connect(urls.pop()) as conn:
+            assert conn.execute("SHOW max_connections").fetchone()[0] == "300"
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            assert conn.execute("SELECT '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] < 1e-6
+        status = server_status(Settings(home=tmp_path, database_url=None))
+        assert status.embedded and status.running
+    finally:
+        assert stop_embedded(pgdata)
+    assert not embedded_running(pgdata)
+    assert not server_status(Settings(home=tmp_path, database_url=None)).running
+
+
+def test_rag_db_commands_manage_the_embedded_server(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k != "RAG_DATABASE_URL"}
+    env["RAG_HOME"] = str(tmp_path / ".rag")
+    rag = str(Path(sys.executable).parent / "rag")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([rag, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    assert run("db", "status").returncode == 3  # not running yet
+    started = run("db", "start")
+    assert started.returncode == 0, started.stderr
+    url = run("db", "url").stdout.strip()
+    assert url.startswith("postgresql://") and "/rag?" in url
+    with psycopg.connect(url) as conn:  # migrations were applied by `db start`
+        assert conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0] >= 1
+    assert run("db", "status").returncode == 0
+    assert run("db", "stop").returncode == 0
+    assert run("db", "status").returncode == 3
