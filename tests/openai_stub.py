@@ -31,7 +31,7 @@ class OpenAIStub:
     """Start with `with OpenAIStub() as stub:`; point clients at `stub.base_url`."""
 
     def __init__(self, latency: float = 0.0, fault_rate: float = 0.0, fault: str = "429",
-                 retry_after: str = "0.05", slow_seconds: float = 2.0, seed: int = 7):
+                 retry_after: str = "0.05", slow_seconds: float = 2.0, seed: int = 7, port: int = 0):
         self.latency = latency
         self.fault_rate = fault_rate
         self.fault = fault
@@ -46,7 +46,7 @@ class OpenAIStub:
         self.models: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0  # most requests served at once (proves the client's concurrency)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -84,6 +84,11 @@ class OpenAIStub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def stats(self) -> dict:
+        with self._lock:
+            return {"requests": self.requests, "inputs": self.inputs, "outcomes": dict(self.outcomes),
+                    "max_in_flight": self.max_in_flight}
+
     def _next_fault(self) -> str:
         with self._lock:
             self.requests += 1
@@ -117,6 +122,11 @@ class OpenAIStub:
             def _error(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
                 body = json.dumps({"error": {"message": message, "type": kind, "code": kind}}).encode()
                 self._send(status, body, headers)
+
+            def do_GET(self) -> None:  # noqa: N802 - counters for a stub running in another process
+                if self.path.rstrip("/").endswith("/stats"):
+                    return self._send(200, json.dumps(stub.stats()).encode())
+                return self._error(404, "not found", "not_found")
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length", 0))
@@ -175,3 +185,27 @@ class OpenAIStub:
                 self._send(200, json.dumps(payload).encode())
 
         return Handler
+
+
+def main() -> None:
+    """Run the stub alone (benchmarks use a separate process so it does not share the client's GIL)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--fault-rate", type=float, default=0.0)
+    parser.add_argument("--fault", default="429")
+    parser.add_argument("--retry-after", default="0.05")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    stub = OpenAIStub(args.latency, args.fault_rate, args.fault, args.retry_after, seed=args.seed, port=args.port)
+    print(stub.base_url, flush=True)
+    try:
+        stub.server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -24,19 +24,20 @@ class TokenBudget:
 
     def count(self, texts: list[str]) -> list[int]:
         """Token estimates (exact with the model's own tokenizer), +2 for special tokens."""
-        return [n + 2 for n in self.tokenizer.count_many(texts)]
+        return [n + 2 for n in self.tokenizer.count_many(texts)] if texts else []
 
-    def check(self, texts: list[str]) -> list[int]:
-        """Token counts of `texts`; raises EmbeddingError for any text that might not fit."""
-        counts = self.count(texts)
-        for i, (text, n) in enumerate(zip(texts, counts)):
-            if self.exact:
-                fits = n <= self.max_input_tokens
-            else:
-                fits = len(text.encode("utf-8")) <= self.max_input_tokens or n * SAFETY <= self.max_input_tokens
+    def provably_fits(self, text: str) -> bool:
+        """Every token covers at least one UTF-8 byte, so bytes (+2 special tokens) bound the count."""
+        return len(text.encode("utf-8")) + 2 <= self.max_input_tokens
+
+    def check(self, texts: list[str]) -> None:
+        """Raise EmbeddingError for any text that might not fit; tokenizes only texts the byte
+        bound cannot clear (none, with default chunk sizes and OpenAI's 8,191-token limit)."""
+        doubtful = [i for i, text in enumerate(texts) if not self.provably_fits(text)]
+        for i, n in zip(doubtful, self.count([texts[i] for i in doubtful])):
+            fits = n <= self.max_input_tokens if self.exact else n * SAFETY <= self.max_input_tokens
             if not fits:
                 raise EmbeddingError(
-                    f"{self.label}: input {i} has about {n} tokens ({len(text)} characters), over the provider's "
+                    f"{self.label}: input {i} has about {n} tokens ({len(texts[i])} characters), over the provider's "
                     f"limit of {self.max_input_tokens}; lower chunking.max_tokens (nothing was sent)"
                 )
-        return counts

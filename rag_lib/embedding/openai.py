@@ -98,8 +98,10 @@ class OpenAIProvider(EmbeddingProvider):
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32), [usage]
         try:
-            counts = self.budget.check(texts)
-            batches = self._batches(texts, counts)
+            self.budget.check(texts)
+            batches = self._batches(texts)
+            # token estimates feed only the tokens-per-minute limiter; skip the tokenizer otherwise
+            counts = self.budget.count(texts) if self.cfg.tokens_per_minute else [0] * len(texts)
             out = np.empty((len(texts), self.dimensions), dtype=np.float32)
 
             def run(batch: list[int]) -> None:
@@ -123,15 +125,15 @@ class OpenAIProvider(EmbeddingProvider):
         self.totals.merge(usage)
         return out, [usage]
 
-    def _batches(self, texts: list[str], counts: list[int]) -> list[list[int]]:
-        """Index batches within the count and per-request token limits (bytes bound the tokens when
-        counts are estimates, so a batch can never exceed the provider's real cap)."""
+    def _batches(self, texts: list[str]) -> list[list[int]]:
+        """Index batches within the count and per-request token limits; a text's UTF-8 bytes (+2)
+        bound its tokens, so a batch can never exceed the provider's real cap."""
         max_n = max(1, min(self.cfg.batch_size, MAX_INPUTS_PER_REQUEST))
         batches: list[list[int]] = []
         current: list[int] = []
         weight = 0
         for i, text in enumerate(texts):
-            w = counts[i] if self.budget.exact else max(counts[i], min(len(text.encode()), int(counts[i] * 1.5)))
+            w = len(text.encode("utf-8")) + 2
             if current and (len(current) >= max_n or weight + w > self.cfg.max_batch_tokens):
                 batches.append(current)
                 current, weight = [], 0
@@ -154,7 +156,8 @@ class OpenAIProvider(EmbeddingProvider):
                 )
                 vectors = self._parse(resp, len(texts))
                 reported = getattr(getattr(resp, "usage", None), "total_tokens", None)
-                usage.add(inputs=len(texts), tokens=int(reported) if reported else tokens)
+                counted = int(reported) if reported else (tokens or sum(self.budget.count(texts)))
+                usage.add(inputs=len(texts), tokens=counted)
                 if not reported:
                     usage.tokens_estimated = True
                 return vectors
