@@ -1,5 +1,6 @@
-"""`rag dev` (embedded Postgres + Dagster UI), `rag materialize` (the ingest through Dagster) and
-`rag reembed` (the re-embed job). Dagster is imported lazily, inside the commands."""
+"""`rag dev` (embedded Postgres + Dagster UI) and `rag materialize` (the ingest through Dagster).
+`_run` also serves `rag reembed --all | --version V` (rag_lib/cli/reembed.py) with the re-embed job.
+Dagster is imported lazily, inside the commands."""
 
 from __future__ import annotations
 
@@ -84,20 +85,6 @@ def materialize(
 ) -> None:
     """Ingest through Dagster: every file a partition, all six assets and checks in one run."""
     _run(paths or [], collection, force, "ingest_files", None, as_json)
-
-
-@app.command()
-def reembed(
-    paths: list[str] = typer.Argument(None, help="Corpus folders; default pipeline.roots."),
-    all_files: bool = typer.Option(False, "--all", help="Re-embed every file (ignores the cache state)."),
-    version: Optional[str] = typer.Option(None, "--version", help="Re-embed under this embed_version."),
-    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection for PATHS without one."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-) -> None:
-    """Run the Dagster re-embed job (chunks → embeddings → vector_table, then hnsw_index)."""
-    if not all_files and not version:
-        fail("say --all or --version V", 2)
-    _run(paths or [], collection, all_files, "reembed", version, as_json)
 
 
 @app.command()
