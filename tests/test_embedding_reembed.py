@@ -211,6 +211,9 @@ def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
         out = runner.invoke(app, ["cache", "stats", "--json"])
         models = {m["model"] for m in json.loads(out.output)["models"]}
         assert models == {"all-MiniLM-L6-v2", MODEL}
+        out = runner.invoke(app, ["status"])
+        flat = "".join(out.output.split())  # rich wraps to the runner's narrow terminal
+        assert out.exit_code == 0 and "embeddingusagebyprovider" in flat and "recentembeddingruns" in flat, out.output
         out = runner.invoke(app, ["reembed"])
         assert out.exit_code == 2
     finally:

@@ -1,6 +1,23 @@
 """Embedding providers behind one interface. `get_provider(settings)` builds the configured one
 (with its fallback chain); `provider_for_space` builds whatever serves another space, e.g. a
-re-embed target, from the `embedding.providers` registry."""
+re-embed target, from the `embedding.providers` registry. In rag.yaml:
+
+    embedding:
+      provider: openai_compatible        # local | openai | openai_compatible
+      base_url: http://gpu-box:8080/v1   # TEI / vLLM / Ollama
+      model: all-MiniLM-L6-v2
+      dimensions: 384
+      api_key_env: TEI_API_KEY           # the variable's name, never the key
+      requests_per_minute: 3000
+      tokens_per_minute: 1000000
+      fallback: [local-minilm]           # only providers of the same space (or declared equivalent)
+      providers:
+        - {name: local-minilm, provider: local, model: all-MiniLM-L6-v2, dimensions: 384}
+        - {name: oai-large, provider: openai, model: text-embedding-3-large, dimensions: 1024}
+      prices: {text-embedding-3-large: 0.13}   # USD per 1M tokens
+      reembed: {eval_set: ../shared/eval/tradegent-dev, ndcg_tolerance: 0.02}
+
+Then `rag reembed --to text-embedding-3-large:1024` fills that space beside the active one."""
 
 from __future__ import annotations
 
