@@ -190,7 +190,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     @app.exception_handler(RagError)
     async def rag_error(request: Request, exc: RagError) -> JSONResponse:
         status = next((code for cls, code in STATUS_OF if isinstance(exc, cls)), 500)
-        if status >= 500:
+        if status >= 500 and status != 501:
             log.error("request failed", extra={"code": exc.code, "error_type": type(exc).__name__})
         return error_response(status, exc.code, str(exc))
 

