@@ -124,7 +124,7 @@ class Reembedder:
                 info = self.store.get_space(self.space)
                 self.progress(info["vectors"], info["chunks"])
 
-    def gates(self) -> list[Gate]:
+    def gates(self, quality: bool = True) -> list[Gate]:
         """Coverage and dimension consistency always; retrieval quality when an eval set is configured."""
         info = self.store.get_space(self.space)
         if info is None:
@@ -136,7 +136,7 @@ class Reembedder:
                  f"{info['wrong_dims']} vectors differ from {info['dimensions']} dimensions"),
         ]
         cfg = self.settings.embedding.reembed
-        if cfg.eval_set:
+        if cfg.eval_set and quality:
             gates.append(self._quality_gate(Path(cfg.eval_set), cfg.ndcg_tolerance, info))
         return gates
 
@@ -163,13 +163,13 @@ class Reembedder:
         self.start()
         self.fill(report)
         if not switch:
-            report.gates = self.gates()
+            report.gates = self.gates(quality=not skip_quality)
             report.seconds = time.perf_counter() - started
             return report
         report.index = self.store.ensure_hnsw_index(self.space, self.target.dimensions)  # before the switch
         for attempt in range(SWITCH_ATTEMPTS):
             self.fill(report)  # catch up documents published meanwhile
-            gates = self.gates() if not skip_quality else [g for g in self.gates() if g.name != "quality"]
+            gates = self.gates(quality=not skip_quality)
             report.gates = gates
             failed = [g for g in gates if not g.passed]
             if any(g.name != "coverage" for g in failed):
@@ -223,7 +223,7 @@ def rollback(settings: Settings, store: Store, target: EmbeddingProvider | None 
     for _ in range(SWITCH_ATTEMPTS):
         worker.fill(report)
         report.index = store.ensure_hnsw_index(previous, info["dimensions"])
-        report.gates = [g for g in worker.gates() if g.name != "quality"]
+        report.gates = worker.gates(quality=False)
         try:
             store.switch_active(previous)
         except ValidationError:

@@ -200,3 +200,5 @@ def test_backoff_grows_with_jitter_and_honours_retry_after():
     assert parse_retry_after({"retry-after": "3"}) == 3.0
     assert parse_retry_after({"retry-after-ms": "250", "retry-after": "3"}) == 0.25
     assert parse_retry_after({}) is None
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert 0 <= parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) < 1  # in the past

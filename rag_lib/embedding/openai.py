@@ -103,9 +103,14 @@ class OpenAIProvider(EmbeddingProvider):
             # token estimates feed only the tokens-per-minute limiter; skip the tokenizer otherwise
             counts = self.budget.count(texts) if self.cfg.tokens_per_minute else [0] * len(texts)
             out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+            failed = threading.Event()  # one batch out of retries: the others stop retrying too
 
             def run(batch: list[int]) -> None:
-                out[batch] = self._request([texts[i] for i in batch], sum(counts[i] for i in batch), usage)
+                try:
+                    out[batch] = self._request([texts[i] for i in batch], sum(counts[i] for i in batch), usage, failed)
+                except EmbeddingError:
+                    failed.set()
+                    raise
 
             workers = min(self.cfg.concurrency, len(batches))
             if workers <= 1:
@@ -143,10 +148,13 @@ class OpenAIProvider(EmbeddingProvider):
             batches.append(current)
         return batches
 
-    def _request(self, texts: list[str], tokens: int, usage: Usage) -> np.ndarray:
+    def _request(self, texts: list[str], tokens: int, usage: Usage,
+                 failed: threading.Event | None = None) -> np.ndarray:
         client = self.client  # a missing key is a ConfigError, not a retryable failure
         attempt = 0
         while True:
+            if failed is not None and failed.is_set() and attempt:
+                raise EmbeddingError(f"{self.label}: stopped retrying because another batch of this call failed")
             self.limiter.acquire(tokens)
             usage.add(requests=1)
             try:

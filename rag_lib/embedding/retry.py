@@ -24,8 +24,12 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: fall back to our own backoff
+    return max(0.0, parsed.timestamp() - time.time())
 
 
 def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | None = None,
