@@ -14,6 +14,7 @@ import numpy as np
 from rag_lib import search as search_mod
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
+from rag_lib.embedding.spaces import SpaceProviders
 from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
@@ -38,6 +39,14 @@ class KnowledgeBase:
     @cached_property
     def provider(self) -> EmbeddingProvider:
         return self._provider or get_provider(self.settings)
+
+    @cached_property
+    def spaces(self) -> SpaceProviders:
+        return SpaceProviders(self.settings, lambda: self.provider)
+
+    def search_context(self) -> tuple[Any, EmbeddingProvider]:
+        """(store, provider) pinned to the active space for one search (safe across a re-embed switch)."""
+        return self.spaces.pinned(self.store)
 
     @cached_property
     def pipeline(self) -> Pipeline:
@@ -117,8 +126,9 @@ class KnowledgeBase:
             collection=self._collection(collection), doc_type=doc_type, ticker=ticker, section=section,
             date_from=date_from, date_to=date_to,
         )
+        store, provider = self.search_context()
         return search_mod.search(
-            self.store, self.provider, query, mode=mode, filters=filters,
+            store, provider, query, mode=mode, filters=filters,
             top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
         )
 
