@@ -64,8 +64,8 @@ def load_queries() -> list[str]:
     return ["NVDA earnings guidance", "AMD forward P/E", "momentum strategy entry rules", "loss aversion"]
 
 
-def in_process(url: str, queries: list[str], mode: str, seconds: float) -> dict:
-    """Sequential `KnowledgeBase.search` latencies (model + pool warm)."""
+def in_process(url: str, queries: list[str], mode: str, seconds: float) -> list[float]:
+    """Sequential `KnowledgeBase.search` latencies in ms (model + pool warm)."""
     with KnowledgeBase(Settings(database_url=url)) as kb:
         for q in queries[:5]:
             kb.search(q, mode=mode, top_k=10)
@@ -77,6 +77,10 @@ def in_process(url: str, queries: list[str], mode: str, seconds: float) -> dict:
             kb.search(queries[i % len(queries)], mode=mode, top_k=10)
             latencies.append((time.perf_counter() - t0) * 1000)
             i += 1
+    return latencies
+
+
+def summary(latencies: list[float]) -> dict:
     return {"requests": len(latencies), "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95),
             "p99_ms": pct(latencies, 99)}
 
@@ -150,7 +154,8 @@ def main() -> None:
     mode = args.mode or default_mode()
     url = prepare_db()
     queries = load_queries()
-    local = in_process(url, queries, mode, min(args.seconds, 20.0))
+    # half before and half after the HTTP levels, so a shared machine's load swings hit both alike
+    local_ms = in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
     proc, base = start_server(url)
     try:
         asyncio.run(load(base, queries, mode, 2, 3))  # warm-up: pool connections, JIT-free paths
@@ -158,12 +163,15 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+    local_ms += in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
+    local = summary(local_ms)
     at8 = next((lv for lv in levels if lv["clients"] == 8), None)
     out = {
         "benchmark": "api_search", "mode": mode, "seconds_per_level": args.seconds, "queries": len(queries),
         "cpus": os.cpu_count(), "in_process": local, "http": levels,
         "p95_ratio_8_clients_vs_in_process": round(at8["p95_ms"] / local["p95_ms"], 2) if at8 and local["p95_ms"] else None,
         "errors": sum(lv["errors"] for lv in levels),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # the machine is shared: read numbers with this
     }
     print(json.dumps(out))
 

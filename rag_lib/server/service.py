@@ -111,7 +111,11 @@ def _call_optional(kb: KnowledgeBase, method: str, what: str, *args: Any, **kwar
     fn = getattr(kb, method, None)
     if fn is None:
         raise NotImplementedFeature(f"{what} is not available in this version of the library (KnowledgeBase.{method})")
-    return fn(*args, **{k: v for k, v in kwargs.items() if v is not None and _accepts(fn, k)})
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    unsupported = sorted(k for k in given if not _accepts(fn, k))
+    if unsupported:  # refuse rather than silently ignore a filter the caller relies on
+        raise ValidationError(f"{what} does not support {', '.join(unsupported)} in this version of the library")
+    return fn(*args, **given)
 
 
 def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: str | None = None,
