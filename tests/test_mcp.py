@@ -149,4 +149,8 @@ def test_mcp_streamable_http_needs_keys(corpus_db_url: str, tmp_path: Path):
         anyio.run(run)
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # an idle SSE stream can hold graceful shutdown open
+            proc.kill()
+            proc.wait()
