@@ -104,7 +104,7 @@ def finish(context, rag: RagResource, stage: str, outcomes: list[StageOutcome], 
     failed = [o for o in outcomes if o.status == "failed"]
     store = rag.kb().store
     for o in failed:
-        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run_id, partition=o.key)
+        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)
     if stage == "embeddings":

@@ -100,14 +100,18 @@ class StageRunner:
             return None, StageOutcome(t.key, "upstream_failed", error=raw.get("error"))
         previous = STAGES[STAGES.index(stage) - 1]
         before = raw if previous == RAW else self.store.load_stage(t.collection, t.rel, previous)
+        if before is not None and before.get("status") in ("failed", "upstream_failed"):
+            # Stored too, so the stages after this one see the failure rather than a missing row.
+            self._save(t, stage, {"status": "upstream_failed", "error": before.get("error"),
+                                  "file_hash": raw["file_hash"]}, raw["file_hash"])
+            return None, StageOutcome(t.key, "upstream_failed", error=before.get("error"))
         if before is None or before.get("file_hash") != raw["file_hash"]:
             return None, StageOutcome(
                 t.key, "failed", error=f"{previous} is missing or older than {RAW} for {t.key}; rematerialize it")
-        if before.get("status") in ("failed", "upstream_failed"):
-            return None, StageOutcome(t.key, "upstream_failed", error=before.get("error"))
         if not self.force and raw.get("current"):
             mine = self.store.load_stage(t.collection, t.rel, stage)
-            if mine and mine.get("file_hash") == raw["file_hash"] and mine.get("fingerprint") == self.pipeline.fingerprint:
+            if (mine and mine.get("status") == "ok" and mine.get("file_hash") == raw["file_hash"]
+                    and mine.get("fingerprint") == self.pipeline.fingerprint):
                 return None, StageOutcome(t.key, "unchanged", {"documents": len(raw["documents"])})
         return raw, None
 

@@ -1,0 +1,167 @@
+"""The six assets materialized through Dagster on copies of shared corpus files: per-file
+partitions in one run, skipped inputs, per-file failures, and the Postgres-backed instance."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import instance_for_test, materialize
+
+warnings.filterwarnings("ignore", category=Warning, module="dagster")
+
+from pipelines.assets import ASSETS, raw_documents  # noqa: E402
+from pipelines.checks import CHECKS  # noqa: E402
+from pipelines.partitions import CORPUS_FILES, range_tags  # noqa: E402
+from pipelines.resources import RagResource, preload_provider  # noqa: E402
+from rag_lib.api import KnowledgeBase  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.errors import NotFoundError  # noqa: E402
+from rag_lib.watch import CorpusRoot, PartitionMap  # noqa: E402
+
+FILES = [
+    "tradegent/fixtures/sample_trade.yaml",
+    "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml",
+    "tradegent/templates/watchlist.yaml",  # a template: skipped with a reason
+]
+
+
+@pytest.fixture
+def rag_factory(database_url, provider, tmp_path):
+    home = tmp_path / ".rag"
+
+    def make(root: Path, **kw) -> RagResource:
+        preload_provider(Settings(database_url=database_url, home=home), provider)
+        return RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"], **kw)
+
+    return make
+
+
+def _kb(url: str, tmp_path: Path, provider) -> KnowledgeBase:
+    return KnowledgeBase(Settings(database_url=url, home=tmp_path / ".rag"), provider=provider)
+
+
+def _register(instance, root: Path) -> list[str]:
+    keys = list(PartitionMap([CorpusRoot(root.resolve(), "default")]).walk())
+    instance.add_dynamic_partitions(CORPUS_FILES, keys)
+    return keys
+
+
+def _statuses(result, asset: str) -> dict[str, str]:
+    out = {}
+    for ev in result.get_asset_materialization_events():
+        mat = ev.step_materialization_data.materialization
+        if mat.asset_key.to_user_string() == asset:
+            out[ev.partition] = mat.metadata["status"].value
+    return out
+
+
+def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, database_url, provider, tmp_path):
+    root = corpus_copy(*FILES)
+    (root / "broken.yaml").write_text("title: [unclosed\n")
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags=range_tags(keys[0], keys[-1]))
+        assert result.success
+        assert len(instance.get_runs()) == 1  # every partition in a single run
+        raw = _statuses(result, "raw_documents")
+        assert raw == {"broken.yaml": "skipped", FILES[0]: "ok", FILES[1]: "ok", FILES[2]: "skipped"}
+        assert _statuses(result, "vector_table") == raw
+        mats = {(ev.asset_key.to_user_string(), ev.partition): ev.step_materialization_data.materialization.metadata
+                for ev in result.get_asset_materialization_events()}
+        assert mats[("raw_documents", "broken.yaml")]["skip_reason"].value == "malformed_yaml"
+        assert mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
+        chunk_meta = mats[("chunks", FILES[1])]
+        assert chunk_meta["chunks"].value > 5 and "| tokens | chunks |" in chunk_meta["chunk_size_histogram"].value
+        assert "| section | tokens | text |" in chunk_meta["preview"].value
+        emb = mats[("embeddings", FILES[1])]
+        assert emb["model"].value == "all-MiniLM-L6-v2" and emb["dimensions"].value == 384
+        total_chunks = sum(mats[("chunks", f)]["chunks"].value for f in FILES[:2])
+        assert 0 < emb["run_embedded"].value <= total_chunks  # fresh cache: the model was called
+        assert mats[("hnsw_index", None)]["valid"].value is True
+        checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs", "hnsw_recall"}
+        assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "chunk_sizes", "hnsw_recall"))
+        assert not checks["skipped_inputs"].passed and checks["skipped_inputs"].severity.value == "WARN"
+
+        # Second run: nothing changed, so every stage after raw_documents is a cheap no-op.
+        again = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)},
+                            tags=range_tags(keys[0], keys[-1]))
+        assert _statuses(again, "chunks")[FILES[1]] == "unchanged"
+        # Forced: every stage redone, every vector from the embedding cache.
+        forced = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root, force=True)},
+                             tags=range_tags(keys[0], keys[-1]))
+        forced_emb = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata
+                      for e in forced.get_asset_materialization_events()}[("embeddings", FILES[1])]
+        assert forced_emb["status"].value == "ok"
+        assert forced_emb["run_embedded"].value == 0 and forced_emb["run_cache_hits"].value == total_chunks
+    with _kb(database_url, tmp_path, provider) as kb:
+        doc = kb.show(FILES[1])
+        assert doc["source_path"] == str((root / FILES[1]).resolve())
+        assert len(doc["chunks"]) == mats[("chunks", FILES[1])]["chunks"].value
+
+
+def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, database_url, provider, tmp_path):
+    root = corpus_copy(*FILES[:2])
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        rag = rag_factory(root)
+        tags = range_tags(keys[0], keys[-1])
+        assert materialize([raw_documents], instance=instance, resources={"rag": rag}, tags=tags).success
+        # The file changes after raw_documents: its later stages must refuse it, the other file goes on.
+        with open(root / FILES[0], "a") as fh:
+            fh.write("\nextra_note: changed underneath the run\n")
+        rest = [a for a in ASSETS if a.key.to_user_string() != "raw_documents"]
+        result = materialize(rest, instance=instance, resources={"rag": rag}, tags=tags,
+                             selection=[a.key for a in rest])
+        assert result.success  # a many-file run carries on
+        assert _statuses(result, "flattened_sections") == {FILES[0]: "failed", FILES[1]: "ok"}
+        assert _statuses(result, "vector_table") == {FILES[0]: "upstream_failed", FILES[1]: "ok"}
+        with _kb(database_url, tmp_path, provider) as kb:
+            failures = kb.status()["failures"]
+            assert any(f["partition"] == FILES[0] and "changed after raw_documents" in f["message"] for f in failures)
+        # A single-file run raises, so Dagster marks exactly that partition failed.
+        single = materialize(rest, instance=instance, resources={"rag": rag}, partition_key=FILES[0],
+                             selection=[a.key for a in rest], raise_on_error=False)
+        assert not single.success
+
+
+def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):
+    from dagster_postgres import PostgresRunStorage
+
+    from pipelines.instance import get_instance, sqlalchemy_url
+    from pipelines.runner import materialize_corpus
+
+    name = "dagster_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
+    assert sqlalchemy_url(pg_server, name).startswith("postgresql+psycopg2://")
+    root = corpus_copy(*FILES[:2])
+    settings = Settings(database_url=database_url, home=tmp_path / ".rag")
+    preload_provider(settings, provider)
+    instance = get_instance(settings, home=tmp_path / "dagster_home")
+    try:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        summary = materialize_corpus(instance, [CorpusRoot(root, "default")], database_url=database_url,
+                                     home=str(tmp_path / ".rag"))
+        assert summary.success and len(summary.run_ids) == 1 and summary.partitions == 2
+        assert summary.stages["vector_table"] == {"ok": 2}
+        assert {c.name for c in summary.checks if c.passed} >= {"embeddings_valid", "vector_table_orphans", "hnsw_recall"}
+        run = instance.get_run_by_id(summary.run_ids[0])
+        assert run.is_success and run.tags["dagster/asset_partition_range_start"] == FILES[0]
+        assert set(instance.get_dynamic_partitions(CORPUS_FILES)) == set(FILES[:2])
+        # The file disappears: the next materialize removes its rows and its partition.
+        (root / FILES[0]).unlink()
+        summary = materialize_corpus(instance, [CorpusRoot(root, "default")], database_url=database_url,
+                                     home=str(tmp_path / ".rag"))
+        assert summary.removed == [FILES[0]] and summary.success
+        assert instance.get_dynamic_partitions(CORPUS_FILES) == [FILES[1]]
+    finally:
+        instance.dispose()
+    with _kb(database_url, tmp_path, provider) as kb, pytest.raises(NotFoundError):
+        kb.show(FILES[0])

@@ -1,0 +1,169 @@
+"""Corpus sensor (new / changed / deleted files, many changes → one run), partition keys, the
+run-failure sensor and the schedules, evaluated against a real instance and database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from dagster import (
+    AddDynamicPartitionsRequest,
+    DagsterEventType,
+    DeleteDynamicPartitionsRequest,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
+
+warnings.filterwarnings("ignore", category=Warning, module="dagster")
+
+from pipelines.definitions import defs  # noqa: E402
+from pipelines.partitions import CORPUS_FILES, plan_ranges  # noqa: E402
+from pipelines.resources import RagResource, preload_provider  # noqa: E402
+from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
+from pipelines.sensors import corpus_sensor, record_run_failures  # noqa: E402
+from rag_lib.api import KnowledgeBase  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.errors import NotFoundError  # noqa: E402
+from rag_lib.watch import decode_key, encode_key  # noqa: E402
+
+FILES = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_research.yaml"]
+
+
+@pytest.fixture
+def env(corpus_copy, database_url, provider, tmp_path):
+    root = corpus_copy(*FILES)
+    home = tmp_path / ".rag"
+    preload_provider(Settings(database_url=database_url, home=home), provider)
+    rag = RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"])
+    kb = KnowledgeBase(Settings(database_url=database_url, home=home), provider=provider)
+    with instance_for_test() as instance:
+        yield root, rag, kb, instance
+    kb.close()
+
+
+def tick(instance, rag, cursor):
+    """Evaluate the sensor and apply its partition requests as the daemon would."""
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
+        result = corpus_sensor(context)
+    for req in result.dynamic_partitions_requests or []:
+        if isinstance(req, AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        else:
+            for key in req.partition_keys:
+                instance.delete_dynamic_partition(req.partitions_def_name, key)
+    return result
+
+
+def launch(instance, rag, run_request):
+    job = defs.resolve_job_def("ingest_files")
+    config = {"roots": rag.roots, "database_url": rag.database_url, "home": rag.home}
+    return job.execute_in_process(instance=instance, tags=run_request.tags,
+                                  run_config={"resources": {"rag": {"config": config}},
+                                              "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                                  raise_on_error=False)
+
+
+def test_keys_round_trip_and_ranges():
+    for raw in ("a/b.yaml", "odd...name.yaml", "x|y.md", "100%.md", "a..b.yaml"):
+        key = encode_key(raw)
+        assert "..." not in key and "|" not in key and decode_key(key) == raw
+    ordered = [f"k{i}" for i in range(20)]
+    assert plan_ranges(["k1", "k2", "k3"], ordered) == [("k1", "k3")]
+    assert plan_ranges(["k1", "k5"], ordered) == [("k1", "k1"), ("k5", "k5")]
+    assert plan_ranges([f"k{i}" for i in range(0, 20, 2)], ordered) == [("k0", "k18")]  # scattered → one span
+
+
+def test_sensor_new_changed_deleted(env):
+    root, rag, kb, instance = env
+    # New files: partitions added and one run over all of them.
+    first = tick(instance, rag, None)
+    (add,) = first.dynamic_partitions_requests
+    assert isinstance(add, AddDynamicPartitionsRequest) and sorted(add.partition_keys) == sorted(FILES)
+    (run,) = first.run_requests
+    keys = instance.get_dynamic_partitions(CORPUS_FILES)
+    assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (keys[0], keys[-1])
+    assert launch(instance, rag, run).success
+    assert kb.show(FILES[0])["chunk_count"] > 0
+
+    # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
+    os.utime(root / FILES[1], ns=(1, 1))
+    quiet = tick(instance, rag, first.cursor)
+    assert not quiet.run_requests and quiet.skip_reason is not None
+
+    # A changed file: one run for that file only, no new partitions.
+    with open(root / FILES[0], "a") as fh:
+        fh.write("\nreviewer_note: tightened the stop after review\n")
+    changed = tick(instance, rag, quiet.cursor)
+    assert not changed.dynamic_partitions_requests
+    (run,) = changed.run_requests
+    assert run.tags["dagster/asset_partition_range_start"] == run.tags["dagster/asset_partition_range_end"] == FILES[0]
+    assert launch(instance, rag, run).success
+    assert "tightened the stop" in " ".join(c["preview"] for c in kb.show(FILES[0])["chunks"]) or \
+        kb.store.load_stage("default", FILES[0], "raw_documents")["file_hash"] != ""
+
+    # A deleted file: its rows go first, then its partition.
+    (root / FILES[1]).unlink()
+    deleted = tick(instance, rag, changed.cursor)
+    (delete,) = deleted.dynamic_partitions_requests
+    assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
+    assert not deleted.run_requests
+    with pytest.raises(NotFoundError):
+        kb.show(FILES[1])
+    assert kb.store.load_stage("default", FILES[1], "raw_documents") is None
+    assert instance.get_dynamic_partitions(CORPUS_FILES) == [FILES[0]]
+
+
+def test_many_new_files_become_one_run(env, tmp_path):
+    root, rag, kb, instance = env
+    src = root / FILES[0]
+    for i in range(25):
+        shutil.copy(src, root / f"bulk/copy_{i:02d}.yaml") if (root / "bulk").is_dir() else (
+            (root / "bulk").mkdir(), shutil.copy(src, root / f"bulk/copy_{i:02d}.yaml"))
+    result = tick(instance, rag, None)
+    assert len(result.dynamic_partitions_requests[0].partition_keys) == 27
+    assert len(result.run_requests) == 1
+
+
+def test_run_failure_sensor_records_failure(env):
+    root, rag, kb, instance = env
+    tick(instance, rag, None)
+    (root / FILES[0]).unlink()  # the partition still exists; its run fails (file not found)
+    job = defs.resolve_job_def("ingest_files")
+    config = {"roots": rag.roots, "database_url": rag.database_url, "home": rag.home}
+    result = job.execute_in_process(instance=instance, partition_key=FILES[0], raise_on_error=False,
+                                    run_config={"resources": {"rag": {"config": config}}})
+    assert not result.success
+    run = instance.get_run_by_id(result.run_id)
+    failure = next(e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE)
+    with build_run_status_sensor_context(
+            sensor_name="record_run_failures", dagster_event=failure, dagster_instance=instance, dagster_run=run,
+            resources={"rag": rag}) as context:
+        record_run_failures(context.for_run_failure())
+    failures = kb.status()["failures"]
+    assert any(f["source"] == "dagster:ingest_files" and f["run_id"] == result.run_id and f["partition"] == FILES[0]
+               for f in failures)
+
+
+def test_schedules_reconcile_and_reembed(env):
+    root, rag, kb, instance = env
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    # Nothing materialized yet: the reconcile registers both files and asks for one run.
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        (run,) = nightly_reconcile(ctx)
+    assert run.tags["rag/missing"] == "2" and sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
+    assert launch(instance, rag, run).success
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        assert isinstance(nightly_reconcile(ctx), SkipReason)
+    # A new embed_version makes every published file stale for the re-embed schedule.
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, roots=rag.roots, embed_version="2")
+    preload_provider(bumped.settings(), kb.provider)
+    with build_schedule_context(instance=instance, resources={"rag": bumped}, scheduled_execution_time=when) as ctx:
+        (run,) = reembed_schedule(ctx)
+    assert run.job_name == "reembed" and run.tags["rag/stale"] == "2"
