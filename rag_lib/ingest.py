@@ -99,6 +99,9 @@ def ingest(
         if progress:
             progress(str(file))
     flush()
+    # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
+    if report.chunks:
+        store.ensure_hnsw_index(provider.space, cfg.dimensions)
     if prune:
         report.pruned = store.delete_collection_documents_except(collection, seen)
     report.seconds = time.perf_counter() - started

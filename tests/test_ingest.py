@@ -188,3 +188,15 @@ def test_migrations_apply_once(kb, database_url):
         assert apply_migrations(conn) == []
         recorded = conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0]
     assert recorded == len(migration_files())
+
+
+def test_ingest_builds_the_hnsw_index_once(kb, corpus_copy):
+    from rag_lib.store.vectors import index_name
+
+    kb.ingest([corpus_copy(LEARNING)])
+    name = index_name(kb.provider.space)
+    found = rows(kb, "SELECT indexdef FROM pg_indexes WHERE indexname = %s", name)
+    assert found and "hnsw" in found[0][0] and "vector_cosine_ops" in found[0][0]
+    builds = rows(kb, "SELECT count(*) FROM rag_index_builds")[0][0]
+    kb.ingest([corpus_copy(TRADE)])
+    assert rows(kb, "SELECT count(*) FROM rag_index_builds")[0][0] == builds  # reused, not rebuilt

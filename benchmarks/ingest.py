@@ -1,0 +1,105 @@
+"""Ingest benchmark: the shared corpus, copied N times into separate databases (each with its own
+embedding cache, so every copy is really encoded) to exceed 5,000 chunks. Prints one JSON line:
+end-to-end chunks/s against the raw encoder on the same texts and batch size, the unchanged
+re-run speed-up and peak RSS.
+
+    .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import psycopg  # noqa: E402
+
+from rag_lib.api import KnowledgeBase  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
+from rag_lib.embedding.local import LocalProvider  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
+    parser.add_argument("--copies", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="rag-bench-"))
+    pgdata = work / "pgdata"
+    admin = start_embedded(pgdata)
+    provider = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=args.batch_size)
+    provider.load()
+    provider.embed(["warm up"])
+    try:
+        documents = chunks = embedded = 0
+        seconds = 0.0
+        embedded_texts: list[str] = []
+        bases = []
+        for n in range(args.copies):
+            root = work / f"copy{n}"
+            shutil.copytree(args.corpus, root)
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f"CREATE DATABASE bench{n}")
+            url = admin.replace("/postgres?", f"/bench{n}?", 1)
+            base = KnowledgeBase(Settings(database_url=url, home=work / ".rag"), provider=provider)
+            bases.append((base, root))
+            started = time.perf_counter()
+            report = base.ingest([root])
+            seconds += time.perf_counter() - started
+            documents += report.count("new")
+            chunks += report.chunks
+            embedded += report.embedded
+            if n == 0:
+                with base.store.db.connection() as conn:
+                    embedded_texts = [r[0] for r in conn.execute(
+                        "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+        # Raw encoder: the same texts (one copy's unique chunks), same model and batch size.
+        started = time.perf_counter()
+        provider.embed(embedded_texts)
+        raw_seconds = time.perf_counter() - started
+        raw_rate = len(embedded_texts) / raw_seconds
+        # Re-run on the unchanged corpus: nothing to embed or publish.
+        started = time.perf_counter()
+        for base, root in bases:
+            rerun = base.ingest([root])
+            assert rerun.count("unchanged") == rerun.count("new") + rerun.count("unchanged") and rerun.embedded == 0
+        rerun_seconds = time.perf_counter() - started
+        for base, _ in bases:
+            base.close()
+    finally:
+        stop_embedded(pgdata)
+        shutil.rmtree(work, ignore_errors=True)
+    e2e_encoded_rate = embedded / seconds
+    print(json.dumps({
+        "benchmark": "ingest",
+        "copies": args.copies,
+        "documents": documents,
+        "chunks": chunks,
+        "chunks_encoded": embedded,
+        "seconds": round(seconds, 2),
+        "end_to_end_chunks_per_s": round(chunks / seconds, 2),
+        "end_to_end_encoded_chunks_per_s": round(e2e_encoded_rate, 2),
+        "raw_encoder_chunks_per_s": round(raw_rate, 2),
+        "ratio": round(e2e_encoded_rate / raw_rate, 3),
+        "batch_size": args.batch_size,
+        "rerun_seconds": round(rerun_seconds, 2),
+        "rerun_speedup": round(seconds / rerun_seconds, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()
