@@ -116,6 +116,18 @@ def test_oversize_input_is_refused_before_any_request(stub):
     assert stub.requests == 1
 
 
+def test_chunk_limit_respects_the_providers_input_limit(stub):
+    assert remote(stub).tokenizer().limit == 254  # the local model's limit is the tighter one
+    small = remote(stub, max_input_tokens=100)
+    assert small.tokenizer().limit == 64  # 100 / 1.5 safety margin, less 2 special tokens
+    assert small.tokenizer().count("risk management") == 2
+    words = " ".join(["risk"] * 64)
+    assert small.tokenizer().count(words) == 64
+    small.embed([words])  # a text at the chunker's limit is accepted and sent
+    with pytest.raises(EmbeddingError, match="over the provider's limit"):
+        small.embed([words + " risk"])  # one token more is refused before sending
+
+
 def test_fallback_uses_the_next_provider_of_the_same_space():
     with OpenAIStub() as a, OpenAIStub() as b:
         a.script(["500"] * 5)

@@ -41,3 +41,16 @@ class TokenBudget:
                     f"{self.label}: input {i} has about {n} tokens ({len(texts[i])} characters), over the provider's "
                     f"limit of {self.max_input_tokens}; lower chunking.max_tokens (nothing was sent)"
                 )
+
+
+class LimitedTokenizer:
+    """A tokenizer whose `limit` is also capped by the remote provider's per-input limit (with the
+    safety margin when counts are estimates), so the chunker never makes a chunk the provider refuses."""
+
+    def __init__(self, tokenizer: Tokenizer, max_input_tokens: int, exact: bool):
+        self._tok = tokenizer
+        cap = max_input_tokens - 2 if exact else int(max_input_tokens / SAFETY) - 2
+        self.limit = max(1, min(tokenizer.limit, cap))
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)

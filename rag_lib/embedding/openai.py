@@ -16,7 +16,7 @@ import openai
 
 from rag_lib.config import ProviderSettings
 from rag_lib.embedding.base import EmbeddingProvider
-from rag_lib.embedding.budget import TokenBudget
+from rag_lib.embedding.budget import LimitedTokenizer, TokenBudget
 from rag_lib.embedding.ratelimit import RateLimiter
 from rag_lib.embedding.retry import backoff_delay, parse_retry_after
 from rag_lib.embedding.usage import Usage
@@ -61,10 +61,12 @@ class OpenAIProvider(EmbeddingProvider):
         """The remote model's tokenizer when given, else the local model's (the chunker's, so chunks
         are the same in every space and a re-embed never re-chunks)."""
         if self.cfg.tokenizer_path:
-            return get_tokenizer(self.cfg.tokenizer_path)
-        from rag_lib.embedding.local import default_model_path
+            tok = get_tokenizer(self.cfg.tokenizer_path)
+        else:
+            from rag_lib.embedding.local import default_model_path
 
-        return get_tokenizer(default_model_path())
+            tok = get_tokenizer(default_model_path())
+        return LimitedTokenizer(tok, self.cfg.max_input_tokens, bool(self.cfg.tokenizer_path))  # type: ignore[return-value]
 
     @property
     def max_tokens(self) -> int:
