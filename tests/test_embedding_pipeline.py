@@ -4,7 +4,6 @@ configured space that differs from the stored one stops start-up with the comman
 
 from __future__ import annotations
 
-
 import pytest
 
 from openai_stub import OpenAIStub
