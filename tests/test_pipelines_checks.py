@@ -21,6 +21,7 @@ from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from rag_lib import quality  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.store import Store  # noqa: E402
 from rag_lib.store.vectors import index_name  # noqa: E402
 
 FILES = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml"]
@@ -73,6 +74,7 @@ def test_blocking_embeddings_check_stops_vector_table(corpus_copy, database_url,
     home = tmp_path / ".rag"
     preload_provider(Settings(database_url=database_url, home=home), provider)
     rag = RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"])
+    Store(Settings(database_url=database_url, home=home)).close()  # schema in place before injecting
     _sql(database_url, "INSERT INTO rag_stage_vectors (collection, path, chunk_id, content_hash, model, dimensions,"
                         " embedding) VALUES ('default', 'elsewhere.yaml', 'wrong-model', 'x', 'other-model', 384, %s)",
          (np.ones(384, dtype=np.float32),))
