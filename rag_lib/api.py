@@ -121,16 +121,71 @@ class KnowledgeBase:
         date_to: Any = None,
         top_k: int | None = None,
         min_similarity: float = 0.0,
+        path: str | None = None,
+        group: bool = True,
     ) -> SearchResult:
+        """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk)."""
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=doc_type, ticker=ticker, section=section,
-            date_from=date_from, date_to=date_to,
+            path=path, date_from=date_from, date_to=date_to,
         )
         store, provider = self.search_context()
         return search_mod.search(
             store, provider, query, mode=mode, filters=filters,
             top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
+            group=group, reranker=self.reranker, expander=self.expander,
         )
+
+    @cached_property
+    def reranker(self) -> Any:
+        """The configured second-stage reranker (None: off). Assign any object with `rerank()`."""
+        from rag_lib.search.rerank import reranker_from_settings
+
+        return reranker_from_settings(self.settings)
+
+    @cached_property
+    def expander(self) -> Any:
+        """The configured query expander (None: off). Assign any object with `expand()`."""
+        from rag_lib.search.rerank import expander_from_settings
+
+        return expander_from_settings(self.settings)
+
+    def get_similar(self, ref: str, *, top_k: int = 10, collection: str | None = None) -> SearchResult:
+        """Documents related to `ref` (unit id, chunk id, document path or id), one hit each."""
+        from rag_lib.search.similar import get_similar
+
+        if not 1 <= top_k <= 1000:
+            raise ValidationError(f"top_k must be between 1 and 1000, got {top_k}")
+        store, _ = self.search_context()
+        return get_similar(store, ref, collection=self._collection(collection), top_k=top_k)
+
+    def build_context(
+        self,
+        query: str,
+        token_budget: int = 4000,
+        *,
+        mode: str | None = None,
+        collection: str | None = None,
+        doc_type: str | list[str] | None = None,
+        ticker: str | list[str] | None = None,
+        section: str | None = None,
+        path: str | None = None,
+        date_from: Any = None,
+        date_to: Any = None,
+    ) -> Any:
+        """Distinct passages for `query` within `token_budget` model tokens, with citations
+        (a `ContextResult`; `.verify(ref, quote)` checks a quote against its cited chunk)."""
+        from rag_lib.search.context import assemble
+
+        if token_budget < 1:
+            raise ValidationError(f"token_budget must be positive, got {token_budget}")
+        mode = mode or "hybrid"
+        result = self.search(query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker,
+                             section=section, path=path, date_from=date_from, date_to=date_to,
+                             top_k=max(30, min(200, token_budget // 40)), group=False)
+        store, provider = self.search_context()
+        positions = store.chunk_positions([h.chunk_id for h in result.hits])
+        return assemble(query, mode, result.hits, provider.tokenizer().count, token_budget, positions)
 
     def status(self, collection: str | None = None) -> dict[str, Any]:
         counts = self.store.status_counts(collection)
@@ -172,6 +227,14 @@ def embed_text(text: str) -> np.ndarray:
 
 def search(query: str, **kwargs: Any) -> SearchResult:
     return default_kb().search(query, **kwargs)
+
+
+def get_similar(ref: str, **kwargs: Any) -> SearchResult:
+    return default_kb().get_similar(ref, **kwargs)
+
+
+def build_context(query: str, token_budget: int = 4000, **kwargs: Any) -> Any:
+    return default_kb().build_context(query, token_budget, **kwargs)
 
 
 def delete_document(ref: str, collection: str | None = None) -> list[str]:

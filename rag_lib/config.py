@@ -88,6 +88,18 @@ class SearchSettings(BaseModel):
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     max_scan_tuples: int = 20000
+    # hybrid retrieval (rag_lib.search): reciprocal rank fusion of semantic and lexical candidates
+    rrf_k: int = 60
+    candidate_depth: int = 50  # chunks per candidate list (hnsw.ef_search is raised to at least this)
+    semantic_weight: float = 1.0
+    lexical_weight: float = 1.0
+    hint_boost: float = 0.15  # soft boost for results matching a ticker / document type named in the query
+    routing: bool = True  # classify queries and route comparison / trend / global questions
+    rerank_model_path: str | None = None  # local sentence-transformers CrossEncoder folder (off when unset)
+    rerank_depth: int = 30
+    expansion_model: str | None = None  # OpenAI-compatible chat model for query expansion (off when unset)
+    expansion_base_url: str | None = None
+    expansion_api_key_env: str = "OPENAI_API_KEY"
 
 
 class ServerSettings(BaseModel):

@@ -134,14 +134,18 @@ class SearchResult:
     mode: str
     hits: list[SearchHit]
     timings_ms: dict[str, float]
+    plan: dict[str, Any] | None = None  # query classification: kind, tickers, doc_types
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "query": self.query,
             "mode": self.mode,
             "results": [h.to_dict() for h in self.hits],
             "timings_ms": self.timings_ms,
         }
+        if self.plan is not None:
+            out["plan"] = self.plan
+        return out
 
 
 @dataclass

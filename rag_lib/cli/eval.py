@@ -1,0 +1,55 @@
+"""`rag eval`: score retrieval on a BEIR-format set (queries.jsonl + qrels.tsv)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rag_lib.cli.app import app, console, fail, kb, print_json
+
+
+@app.command("eval")
+def eval_command(
+    queries: Path = typer.Option(..., "--queries", help="BEIR queries.jsonl"),
+    qrels: Path = typer.Option(..., "--qrels", help="BEIR qrels .tsv (query-id, corpus-id, score)"),
+    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection)."),
+    unit: str = typer.Option("section", "--unit", help="section (<path>#<section>) | document (document id)"),
+    mode: str = typer.Option("hybrid", "--mode", "-m", help="semantic | lexical | hybrid"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """nDCG@10, Recall@10/100, MRR@10 and per-query latency of retrieval on a judged query set."""
+    from rag_lib.eval import UNITS, evaluate_kb, load_qrels, load_queries
+    from rag_lib.search import MODES
+
+    if unit not in UNITS:
+        fail(f"--unit must be one of {', '.join(UNITS)}, got '{unit}'", 2)
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'", 2)
+    query_map = load_queries(queries)
+    judged = load_qrels(qrels)
+    base = kb()
+    with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=as_json, transient=True) as bar:
+        task = bar.add_task("", total=len(judged))
+        report = evaluate_kb(base, query_map, judged, mode=mode, unit=unit, collection=collection,
+                             progress=lambda: bar.update(task, advance=1))
+    if report.queries == 0:
+        fail("no judged query has text in the queries file; check that the ids match", 1)
+    if as_json:
+        print_json(report.summary())
+        return
+    table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in report.metrics.items():
+        table.add_row(name, f"{value:.4f}")
+    table.add_row("latency p50 (ms)", f"{report.latency_ms['p50']:.1f}")
+    table.add_row("latency p95 (ms)", f"{report.latency_ms['p95']:.1f}")
+    console.print(table)
+    if report.missing_queries:
+        console.print(f"[yellow]{len(report.missing_queries)} judged query ids have no text: "
+                      f"{', '.join(report.missing_queries[:5])}[/]")

@@ -1,0 +1,189 @@
+"""Retrieval evaluation on BEIR-format sets: load queries/qrels, run searches, score units.
+
+Units: `section` = `<path>#<section>` (the chunk's unit id); `document` = the document id (for
+JSONL corpora the record `_id`). A unit's rank is the rank of its best chunk. Metrics follow
+trec_eval / pytrec_eval: nDCG@10 with linear gains, Recall@k over judged-relevant units (score > 0),
+MRR@10 = reciprocal rank of the first relevant unit within the top 10."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_lib.errors import ValidationError
+
+UNITS = ("section", "document")
+Qrels = dict[str, dict[str, int]]
+
+
+def load_queries(path: str | Path) -> dict[str, str]:
+    """`queries.jsonl`: one `{"_id", "text"}` per line (other fields ignored)."""
+    out: dict[str, str] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValidationError(f"cannot read queries file {path}: {exc.strerror}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            out[str(record["_id"])] = str(record["text"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValidationError(f"{path}:{n}: not a BEIR query record ({exc})") from exc
+    return out
+
+
+def load_qrels(path: str | Path) -> Qrels:
+    """`qrels.tsv`: `query-id corpus-id score` (tab-separated; header and CRLF line ends allowed)."""
+    qrels: Qrels = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError(f"cannot read qrels file {path}: {exc.strerror}") from exc
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) < 3:
+            raise ValidationError(f"{path}:{n}: expected 'query-id<TAB>corpus-id<TAB>score'")
+        qid, unit, score = parts[0].strip(), parts[1].strip(), parts[-1].strip()
+        try:
+            value = int(float(score))
+        except ValueError:
+            if n == 1:  # header
+                continue
+            raise ValidationError(f"{path}:{n}: score '{score}' is not a number") from None
+        qrels.setdefault(qid, {})[unit] = value
+    return qrels
+
+
+def unit_of(hit: Any, unit: str) -> str:
+    return hit.unit_id if unit == "section" else hit.doc_id
+
+
+def unit_ranking(hits: Sequence[Any], unit: str) -> list[str]:
+    """Units in the order of their best chunk."""
+    seen: dict[str, None] = {}
+    for hit in hits:
+        seen.setdefault(unit_of(hit, unit), None)
+    return list(seen)
+
+
+# ---- metrics (one query) ----------------------------------------------------------------------
+
+def ndcg_at(ranking: Sequence[str], judged: Mapping[str, int], k: int = 10) -> float:
+    dcg = sum(judged.get(u, 0) / math.log2(i + 2) for i, u in enumerate(ranking[:k]) if judged.get(u, 0) > 0)
+    ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    return dcg / idcg if idcg else 0.0
+
+
+def recall_at(ranking: Sequence[str], judged: Mapping[str, int], k: int) -> float:
+    relevant = {u for u, g in judged.items() if g > 0}
+    return len(relevant & set(ranking[:k])) / len(relevant) if relevant else 0.0
+
+
+def mrr_at(ranking: Sequence[str], judged: Mapping[str, int], k: int = 10) -> float:
+    for i, u in enumerate(ranking[:k]):
+        if judged.get(u, 0) > 0:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def query_metrics(ranking: Sequence[str], judged: Mapping[str, int]) -> dict[str, float]:
+    return {
+        "ndcg@10": ndcg_at(ranking, judged, 10),
+        "recall@10": recall_at(ranking, judged, 10),
+        "recall@100": recall_at(ranking, judged, 100),
+        "mrr@10": mrr_at(ranking, judged, 10),
+    }
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (no interpolation)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class EvalReport:
+    """Mean metrics over the judged queries, latency percentiles and per-query details."""
+
+    mode: str
+    unit: str
+    queries: int
+    metrics: dict[str, float]
+    latency_ms: dict[str, float]
+    per_query: dict[str, dict[str, float]] = field(default_factory=dict)
+    missing_queries: list[str] = field(default_factory=list)  # judged ids with no query text
+
+    def summary(self) -> dict[str, Any]:
+        """The one JSON object `rag eval --json` prints."""
+        return {**{k: round(v, 4) for k, v in self.metrics.items()}, "queries": self.queries,
+                "latency_ms": self.latency_ms, "mode": self.mode}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate_rankings(rankings: Mapping[str, Sequence[str]], qrels: Qrels) -> dict[str, dict[str, float]]:
+    """Per-query metrics for unit rankings (queries absent from `rankings` score 0)."""
+    return {qid: query_metrics(rankings.get(qid, []), judged) for qid, judged in qrels.items()}
+
+
+def evaluate(
+    search: Callable[[str], Sequence[Any]],
+    queries: Mapping[str, str],
+    qrels: Qrels,
+    *,
+    unit: str = "section",
+    mode: str = "",
+    progress: Callable[[], None] | None = None,
+) -> EvalReport:
+    """Run `search(text) -> ranked hits` for every judged query and score the unit rankings."""
+    if unit not in UNITS:
+        raise ValidationError(f"unknown unit '{unit}'; use section or document")
+    judged_ids = [q for q in qrels if any(g > 0 for g in qrels[q].values())]
+    missing = [q for q in judged_ids if q not in queries]
+    rankings: dict[str, list[str]] = {}
+    latencies: list[float] = []
+    for qid in judged_ids:
+        if qid in missing:
+            continue
+        started = time.perf_counter()
+        hits = search(queries[qid])
+        latencies.append((time.perf_counter() - started) * 1000)
+        rankings[qid] = unit_ranking(hits, unit)
+        if progress:
+            progress()
+    scored = {q: m for q, m in evaluate_rankings(rankings, {q: qrels[q] for q in rankings}).items()}
+    names = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
+    means = {n: statistics.fmean(m[n] for m in scored.values()) if scored else 0.0 for n in names}
+    latency = {"p50": round(percentile(latencies, 50), 2), "p95": round(percentile(latencies, 95), 2)}
+    return EvalReport(mode, unit, len(scored), means, latency, scored, missing)
+
+
+def evaluate_kb(kb: Any, queries: Mapping[str, str], qrels: Qrels, *, mode: str = "hybrid", unit: str = "section",
+                collection: str | None = None, depth: int = 100,
+                progress: Callable[[], None] | None = None) -> EvalReport:
+    """Evaluate a `KnowledgeBase`: each query asks for `depth` units (document units: chunks, then
+    collapsed by document id, so a document's rank is its best chunk's)."""
+    def run(text: str) -> Sequence[Any]:
+        if unit == "section":
+            result = kb.search(text, mode=mode, collection=collection, top_k=depth)
+        else:  # chunks, collapsed to documents by unit_ranking; several chunks per document on average
+            result = kb.search(text, mode=mode, collection=collection, top_k=min(1000, depth * 3), group=False)
+        return result.hits
+
+    return evaluate(run, queries, qrels, unit=unit, mode=mode, progress=progress)

@@ -1,0 +1,93 @@
+"""Rule-based query understanding: the kind of question, and the tickers / document types it names.
+Hints become soft boosts and routing choices, never hard filters."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("retrieval", "relationship", "trend", "comparison", "global")
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]|[A-Za-z]")
+# Lower-case words that are also tickers; only their upper-case spelling counts as a ticker.
+_COMMON = {
+    "a", "all", "am", "an", "and", "are", "as", "at", "be", "by", "can", "car", "cat", "day", "do", "for",
+    "go", "has", "have", "how", "i", "is", "it", "key", "low", "main", "meta", "new", "now", "of", "on",
+    "one", "open", "or", "out", "pay", "real", "run", "see", "so", "the", "to", "two", "up", "very", "was",
+    "well", "what", "who", "win", "why", "you", "cost", "life", "fast", "good", "care", "edit", "link",
+}
+
+_COMPARISON = re.compile(r"\b(vs\.?|versus|compare[sd]?|comparison|compared|difference between|differ|better than"
+                         r"|worse than|against)\b", re.I)
+_TREND = re.compile(r"\b(over time|trend(s|ing)?|evolv(e|ed|ing)|evolution|timeline|history of|historically"
+                    r"|changed? (since|over)|progression|month over month|quarter over quarter|year over year)\b", re.I)
+_RELATIONSHIP = re.compile(r"\b(depend(s|ent|ence)? on|relationship|related to|relate[sd]?|correlat\w*|impact(s|ed)? (of|on)"
+                           r"|affect(s|ed)?|linked|connection between|exposure to|driven by|influence[sd]?)\b", re.I)
+_GLOBAL = re.compile(r"\b(all|every|each|list|overview|summar(y|ise|ize)|across|which (trades|stocks|analyses|documents)"
+                     r"|any of|in general|overall|themes?)\b", re.I)
+
+# Words that point at a document type (soft boost only).
+DOC_TYPE_HINTS: dict[str, tuple[str, ...]] = {
+    "earnings-analysis": ("earnings analysis", "earnings analyses", "earnings call", "earnings trade", "post-earnings"),
+    "stock-analysis": ("stock analysis", "stock analyses"),
+    "ticker-profile": ("ticker profile", "company profile"),
+    "trade-journal": ("trade journal", "journal", "my trades", "trades"),
+    "strategy": ("strategy", "strategies"),
+    "learning": ("lesson", "lessons", "learning", "learnings", "bias", "biases", "mistake", "mistakes"),
+    "scanner-config": ("scanner", "scanners", "scan config"),
+    "research": ("research", "macro"),
+    "watchlist": ("watchlist", "watch list"),
+    "post-trade-review": ("post-trade review", "trade review"),
+}
+
+
+@dataclass
+class QueryPlan:
+    """What a query asks for and how retrieval should treat it."""
+
+    query: str
+    kind: str = "retrieval"
+    tickers: list[str] = field(default_factory=list)
+    doc_types: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_tickers(query: str, known: set[str]) -> list[str]:
+    """Known tickers named in the query: upper-case always, lower-case unless a common word."""
+    found: list[str] = []
+    for token in _WORD.findall(query):
+        upper = token.upper()
+        if upper in known and (token.isupper() or token.lower() not in _COMMON) and upper not in found:
+            found.append(upper)
+    return found
+
+
+def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
+    text = " " + re.sub(r"\s+", " ", query.lower()) + " "
+    found = []
+    for doc_type, phrases in DOC_TYPE_HINTS.items():
+        if known is not None and doc_type not in known:
+            continue
+        if any(re.search(r"\b" + re.escape(p) + r"\b", text) for p in phrases):
+            found.append(doc_type)
+    return found
+
+
+def classify(query: str, known_tickers: set[str] | None = None, known_types: set[str] | None = None) -> QueryPlan:
+    """Classify a query; comparison needs two subjects, so it wins over the other kinds."""
+    tickers = find_tickers(query, known_tickers or set())
+    doc_types = find_doc_types(query, known_types)
+    if _COMPARISON.search(query) and (len(tickers) >= 2 or re.search(r"\b(compare|versus|vs\.?)\b", query, re.I)):
+        kind = "comparison"
+    elif _TREND.search(query):
+        kind = "trend"
+    elif _RELATIONSHIP.search(query):
+        kind = "relationship"
+    elif _GLOBAL.search(query):
+        kind = "global"
+    else:
+        kind = "retrieval"
+    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types)

@@ -1,0 +1,179 @@
+"""One search: classify the query, gather semantic and/or lexical candidate lists (per ticker for
+comparisons, per expansion when configured), fuse them, boost, rerank, group by unit."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from rag_lib.embedding import EmbeddingProvider
+from rag_lib.errors import ValidationError
+from rag_lib.models import SearchFilters, SearchHit, SearchResult
+from rag_lib.search import lexical
+from rag_lib.search.classify import QueryPlan, classify
+from rag_lib.search.fusion import Candidates, boost, rrf
+from rag_lib.search.rerank import QueryExpander, Reranker
+from rag_lib.search.results import excerpt, group_by_unit
+
+MODES = ("semantic", "lexical", "hybrid")
+
+
+@dataclass
+class SearchOptions:
+    """Knobs of hybrid retrieval (defaults from `settings.search`)."""
+
+    rrf_k: int = 60
+    candidate_depth: int = 50
+    semantic_weight: float = 1.0
+    lexical_weight: float = 1.0
+    hint_boost: float = 0.15
+    routing: bool = True
+    rerank_depth: int = 30
+
+    @classmethod
+    def from_settings(cls, settings) -> SearchOptions:
+        s = settings.search
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{n: getattr(s, n) for n in names if hasattr(s, n)})
+
+
+def _stats(store) -> lexical.TermStatistics:
+    """Term statistics live with the store (one cache per database connection pool)."""
+    stats = store.__dict__.get("_term_statistics")
+    if stats is None:
+        stats = store.__dict__.setdefault("_term_statistics", lexical.TermStatistics())
+    return stats
+
+
+def _known_tickers(store, collection: str | None) -> set[str]:
+    cache = store.__dict__.setdefault("_ticker_cache", {})
+    now = time.monotonic()
+    entry = cache.get(collection)
+    if entry is None or now - entry[0] > lexical.GENERATION_TTL:
+        entry = (now, store.known_tickers(collection))
+        cache[collection] = entry
+    return entry[1]
+
+
+def plan_query(store, query: str, collection: str | None) -> QueryPlan:
+    return classify(query, _known_tickers(store, collection))
+
+
+def _validate(query: str, mode: str, top_k: int) -> None:
+    if not query or not query.strip():
+        raise ValidationError("query is empty; pass some words to search for")
+    if mode not in MODES:
+        raise ValidationError(f"unknown search mode '{mode}'; use one of {', '.join(MODES)}")
+    if not 1 <= top_k <= 1000:
+        raise ValidationError(f"top_k must be between 1 and 1000, got {top_k}")
+
+
+def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilters]:
+    """Comparisons and relationships between tickers retrieve for each ticker as well."""
+    if plan.kind not in ("comparison", "relationship") or len(plan.tickers) < 2:
+        return []
+    allowed = filters.ticker
+    allowed = None if not allowed else {t.upper() for t in ([allowed] if isinstance(allowed, str) else allowed)}
+    return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
+
+
+def _spread(hits: list[SearchHit], per_document: int = 2) -> list[SearchHit]:
+    """Global questions want many documents: units past the first few of a document move back."""
+    seen: dict[str, int] = {}
+    head, tail = [], []
+    for hit in hits:
+        seen[hit.path] = seen.get(hit.path, 0) + 1
+        (head if seen[hit.path] <= per_document else tail).append(hit)
+    return head + tail
+
+
+def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
+    """Trend questions read best oldest to newest; undated results keep their place at the end."""
+    return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
+
+
+def search(
+    store,
+    provider: EmbeddingProvider,
+    query: str,
+    *,
+    mode: str = "semantic",
+    filters: SearchFilters | None = None,
+    top_k: int = 10,
+    min_similarity: float = 0.0,
+    group: bool = True,
+    options: SearchOptions | None = None,
+    reranker: Reranker | None = None,
+    expander: QueryExpander | None = None,
+) -> SearchResult:
+    """Search the active embedding space (semantic), the full-text index (lexical) or both fused
+    with reciprocal rank fusion (hybrid). With `group`, one result per unit (its best chunk)."""
+    _validate(query, mode, top_k)
+    filters = filters or SearchFilters()
+    opts = options or SearchOptions.from_settings(store.settings)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+    space = store.active_space() if mode != "lexical" else None
+    if mode != "lexical" and space is None:
+        return SearchResult(query, mode, [], timings)
+    plan = plan_query(store, query, filters.collection) if opts.routing else QueryPlan(query)
+    # Grouping collapses chunks into units, so fetch deeper when many units are wanted.
+    depth = max(opts.candidate_depth, top_k * (2 if group else 1))
+
+    queries = [(query, 1.0)]
+    if expander is not None:
+        t0 = time.perf_counter()
+        queries += [(q, 0.5) for q in expander.expand(query)]
+        timings["expand"] = round((time.perf_counter() - t0) * 1000, 2)
+    variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
+
+    lists: list[Candidates] = []
+    if mode in ("semantic", "hybrid"):
+        t0 = time.perf_counter()
+        vectors = provider.embed([q for q, _ in queries])
+        t1 = time.perf_counter()
+        for (q, qw), vec in zip(queries, vectors):
+            for f, fw in variants:
+                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
+                lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
+        timings["embed"] = round((t1 - t0) * 1000, 2)
+        timings["semantic"] = round((time.perf_counter() - t1) * 1000, 2)
+    if mode in ("lexical", "hybrid"):
+        t0 = time.perf_counter()
+        stats = _stats(store)
+        for q, qw in queries:
+            for f, fw in variants:
+                scored = lexical.lexical_search(store, stats, q, f, depth)
+                for hit, raw in scored:
+                    hit.score = lexical.normalise(raw)
+                lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
+        timings["lexical"] = round((time.perf_counter() - t0) * 1000, 2)
+
+    t0 = time.perf_counter()
+    if len(lists) == 1:
+        ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
+    else:
+        ranked = rrf(lists, opts.rrf_k)
+    ranked = boost(ranked, plan.tickers, plan.doc_types, opts.hint_boost)
+    if reranker is not None and ranked:
+        t_r = time.perf_counter()
+        head = ranked[: opts.rerank_depth]
+        scores = reranker.rerank(query, [h.text for h in head])
+        for hit, score in zip(head, scores):
+            hit.score = float(score)
+        ranked = sorted(head, key=lambda h: -h.score) + ranked[opts.rerank_depth:]
+        timings["rerank"] = round((time.perf_counter() - t_r) * 1000, 2)
+    if group:
+        ranked = group_by_unit(ranked)
+    if plan.kind == "global":
+        ranked = _spread(ranked)
+    hits = ranked[:top_k]
+    if plan.kind == "trend":
+        hits = _by_date(hits)
+    for hit in hits:
+        hit.excerpt = excerpt(hit.text, query)
+    timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)
+    timings["total"] = round((time.perf_counter() - t_start) * 1000, 2)
+    return SearchResult(query, mode, hits, timings, plan=plan.to_dict())

@@ -1,0 +1,51 @@
+"""Reciprocal rank fusion of ranked candidate lists, and soft boosts from query hints."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rag_lib.models import SearchHit
+
+
+@dataclass
+class Candidates:
+    """One ranked list (best first) from one retriever, with its fusion weight."""
+
+    source: str  # semantic | lexical (| semantic:NVDA, lexical:expanded, ...)
+    hits: list[SearchHit]
+    weight: float = 1.0
+
+
+def rrf(lists: list[Candidates], k: int = 60) -> list[SearchHit]:
+    """Fuse by sum of weight / (k + rank); scores are scaled to [0, 1] by the best possible sum."""
+    fused: dict[str, float] = {}
+    first: dict[str, SearchHit] = {}
+    for cand in lists:
+        for rank, hit in enumerate(cand.hits, 1):
+            fused[hit.chunk_id] = fused.get(hit.chunk_id, 0.0) + cand.weight / (k + rank)
+            first.setdefault(hit.chunk_id, hit)
+    best = sum(c.weight for c in lists if c.hits) / (k + 1) or 1.0
+    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
+    out = []
+    for cid in order:
+        hit = first[cid]
+        hit.score = fused[cid] / best
+        out.append(hit)
+    return out
+
+
+def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], factor: float) -> list[SearchHit]:
+    """Raise hits about a ticker / document type the query names; a soft nudge, never a filter."""
+    if factor <= 0 or not (tickers or doc_types):
+        return hits
+    in_path = re.compile(r"(?<![A-Z])(" + "|".join(map(re.escape, tickers)) + r")(?![A-Z])") if tickers else None
+    ceiling = 1.0 + 1.5 * factor  # keeps boosted scores within [0, 1]
+    for hit in hits:
+        bonus = 0.0
+        if in_path is not None and (hit.ticker in tickers or in_path.search(hit.path.upper())):
+            bonus += factor
+        if doc_types and hit.doc_type in doc_types:
+            bonus += factor / 2
+        hit.score = hit.score * (1.0 + bonus) / ceiling
+    return sorted(hits, key=lambda h: -h.score)

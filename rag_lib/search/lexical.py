@@ -1,0 +1,107 @@
+"""Lexical retrieval: Postgres full text with BM25-style IDF weights. Natural-language queries match
+any term (OR) and rank by weighted term ranks; tickers, ids and numbers also match exactly through
+the `simple` configuration. Queries written in web-search syntax ("phrase", -word, OR) keep it."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rag_lib.models import SearchFilters, SearchHit
+
+_WEB_SYNTAX = re.compile(r'"|(^|\s)-\w|\sOR\s')
+# Tokens that must match as written: tickers (NVDA), ids/files (NVDA_20250120T0900.yaml), numbers (145.50).
+_EXACT = re.compile(r"\b(?:[A-Z]{2,6}|[\w.\-/]*\d[\w.\-/]*|\w+_\w+(?:\.\w+)?)\b")
+COMMON_FRACTION = 0.25  # terms in more chunks than this only score, they do not select candidates
+GENERATION_TTL = 5.0  # seconds between checks that the collection changed (term statistics cache)
+
+
+def is_websearch(query: str) -> bool:
+    return bool(_WEB_SYNTAX.search(query))
+
+
+def exact_tokens(query: str) -> list[str]:
+    return [m.group(0) for m in _EXACT.finditer(query)]
+
+
+def bm25_idf(n: int, df: int) -> float:
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
+@dataclass
+class _Stats:
+    generation: tuple[int, str] | None = None
+    checked: float = 0.0
+    total: int = 0
+    df: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class TermStatistics:
+    """Per-collection document frequencies, cached and dropped when the collection changes."""
+
+    def __init__(self) -> None:
+        self._by_collection: dict[str | None, _Stats] = {}
+        self._lock = threading.Lock()
+
+    def weights(self, store, collection: str | None, config: str, lexemes: list[str]) -> tuple[int, dict[str, float]]:
+        """(chunks in collection, IDF per lexeme); lexemes absent from the collection get weight 0."""
+        with self._lock:
+            stats = self._by_collection.setdefault(collection, _Stats())
+            now = time.monotonic()
+            if now - stats.checked > GENERATION_TTL:
+                generation = store.collection_generation(collection)
+                if generation != stats.generation:
+                    stats.generation, stats.df, stats.total = generation, {}, -1
+                stats.checked = now
+            missing = [lex for lex in lexemes if (config, lex) not in stats.df]
+            if missing or stats.total < 0:
+                total, counts = store.term_statistics(collection, config, missing)
+                stats.total = total
+                stats.df.update({(config, lex): n for lex, n in counts.items()})
+            total = stats.total
+            result = {}
+            for lex in lexemes:
+                df = stats.df[(config, lex)]
+                # df 0 may be stale (published since the last check): keep the term at the highest weight
+                result[lex] = bm25_idf(total, df) if df else bm25_idf(max(total, 1), 0)
+            return total, result
+
+
+def query_terms(store, stats: TermStatistics, query: str, collection: str | None) -> dict[str, list[tuple[str, float]]]:
+    """Weighted lexemes per text-search configuration for a natural-language query."""
+    english = store.query_lexemes(query, "english")
+    exact = exact_tokens(query)
+    simple = store.query_lexemes(" ".join(exact), "simple") if exact else []
+    out: dict[str, list[tuple[str, float]]] = {}
+    for config, lexemes in (("english", english), ("simple", simple)):
+        if not lexemes:
+            continue
+        total, idf = stats.weights(store, collection, config, lexemes)
+        pairs = [(lex, idf[lex]) for lex in lexemes]
+        out[config] = pairs
+    return out
+
+
+def selective(pairs: list[tuple[str, float]], total: int) -> list[tuple[str, float]]:
+    """Drop very common terms from candidate selection (they still count in scores via other terms)."""
+    if total <= 0:
+        return pairs
+    floor = bm25_idf(total, int(total * COMMON_FRACTION))
+    rare = [p for p in pairs if p[1] >= floor]
+    return rare or sorted(pairs, key=lambda p: -p[1])[:2]
+
+
+def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilters, limit: int) -> list[tuple[SearchHit, float]]:
+    """Chunks with their raw lexical scores, best first."""
+    if is_websearch(query):
+        return store.lexical_search({}, filters, limit, websearch=query)
+    terms = query_terms(store, stats, query, filters.collection)
+    return store.lexical_search(terms, filters, limit)
+
+
+def normalise(score: float) -> float:
+    """Raw lexical scores are unbounded; map them monotonically into [0, 1)."""
+    return score / (1.0 + score) if score > 0 else 0.0

@@ -1,0 +1,61 @@
+"""Shaping ranked chunks into results: one per unit (best chunk), short excerpts of the best sentences."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from rag_lib.models import SearchHit
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_TOKEN = re.compile(r"[a-z0-9][a-z0-9_.%$/-]*[a-z0-9%]|[a-z0-9]")
+_STOP = {
+    "a", "an", "and", "are", "as", "at", "be", "by", "did", "do", "does", "for", "from", "has", "have", "how",
+    "i", "in", "is", "it", "its", "my", "of", "on", "or", "our", "should", "that", "the", "their", "this", "to",
+    "was", "what", "when", "where", "which", "who", "why", "with", "vs", "about", "into", "much", "many",
+}
+
+
+def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
+    """Keep the best (first) chunk of each unit, in rank order."""
+    seen: set[str] = set()
+    out = []
+    for hit in hits:
+        if hit.unit_id not in seen:
+            seen.add(hit.unit_id)
+            out.append(hit)
+    return out
+
+
+def _stem(word: str) -> str:
+    return word[:6]
+
+
+def query_stems(query: str) -> set[str]:
+    return {_stem(w) for w in _TOKEN.findall(query.lower()) if w not in _STOP}
+
+
+def excerpt(text: str, query: str, max_chars: int = 240) -> str:
+    """The sentences sharing most words with the query, in their original order, within `max_chars`."""
+    stems = query_stems(query)
+    sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+    if not sentences:
+        return ""
+    scored = []
+    for n, s in enumerate(sentences):
+        words = {_stem(w) for w in _TOKEN.findall(s.lower())}
+        scored.append((len(stems & words), -n, n))
+    chosen: list[int] = []
+    used = 0
+    for overlap, _, n in sorted(scored, reverse=True):
+        if chosen and overlap == 0:
+            break
+        length = len(sentences[n]) + 1
+        if chosen and used + length > max_chars:
+            continue
+        chosen.append(n)
+        used += length
+        if used >= max_chars:
+            break
+    text = " … ".join(sentences[n] for n in sorted(chosen))
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"

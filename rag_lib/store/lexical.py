@@ -1,0 +1,112 @@
+"""SQL for full-text search: query lexemes, term statistics and the weighted lexical ranking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from rag_lib.models import SearchFilters, SearchHit
+from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
+
+CONFIGS = {"english": "tsv", "simple": "tsv_simple"}
+
+
+def tsquery_literal(lexeme: str) -> str:
+    """A lexeme as a quoted tsquery operand (already normalised, so no config is applied)."""
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+class LexicalStore:
+    """Mixin: needs `self.db` (Connections)."""
+
+    def query_lexemes(self, text: str, config: str = "english") -> list[str]:
+        """The distinct lexemes Postgres derives from `text` under `config`, in query order."""
+        if config not in CONFIGS:
+            raise ValueError(f"unknown text-search config {config}")
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT lexeme FROM unnest(to_tsvector(%s::regconfig, %s)) ORDER BY positions[1]",
+                (config, text),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str]) -> tuple[int, dict[str, int]]:
+        """(chunks in the collection, chunks containing each lexeme): one round trip, GIN bitmap counts."""
+        column = sql.Identifier(CONFIGS[config])
+        where = sql.SQL("collection = %s") if collection else sql.SQL("TRUE")
+        base = [collection] if collection else []
+        parts = [sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w})").format(w=where)]
+        params: list[Any] = list(base)
+        for lex in lexemes:
+            parts.append(
+                sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery)").format(w=where, col=column)
+            )
+            params.extend([*base, tsquery_literal(lex)])
+        with self.db.connection() as conn:
+            row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
+        return int(row[0]), {lex: int(n) for lex, n in zip(lexemes, row[1:])}
+
+    def collection_generation(self, collection: str | None) -> tuple[int, str]:
+        """Changes whenever documents of the collection are published or deleted (cache key)."""
+        where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
+        with self.db.connection() as conn:
+            row = conn.execute(
+                sql.SQL("SELECT count(*), coalesce(max(ingested_at)::text, '') FROM rag_documents {}").format(where),
+                [collection] if collection else [],
+            ).fetchone()
+        return int(row[0]), row[1]
+
+    def known_tickers(self, collection: str | None) -> set[str]:
+        where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT DISTINCT ticker FROM rag_documents WHERE ticker IS NOT NULL {}").format(where),
+                [collection] if collection else [],
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def lexical_search(
+        self,
+        terms: dict[str, Sequence[tuple[str, float]]],
+        filters: SearchFilters,
+        limit: int,
+        websearch: str | None = None,
+    ) -> list[tuple[SearchHit, float]]:
+        """Chunks ranked by full text: the IDF-weighted sum of per-term ranks over the `english` and
+        `simple` vectors, or (when `websearch` is given) the user's own query syntax, matched strictly."""
+        where, params = _filter_sql(filters)
+        if websearch is not None:
+            match = sql.SQL("(c.tsv @@ websearch_to_tsquery('english', %s) OR c.tsv_simple @@ websearch_to_tsquery('simple', %s))")
+            score = sql.SQL(
+                "ts_rank_cd(c.tsv, websearch_to_tsquery('english', %s), 1)"
+                " + ts_rank_cd(c.tsv_simple, websearch_to_tsquery('simple', %s), 1)"
+            )
+            score_params: list[Any] = [websearch, websearch]
+            match_params: list[Any] = [websearch, websearch]
+        else:
+            matches, scores = [], []
+            score_params, match_params = [], []
+            for config, column in CONFIGS.items():
+                pairs = [(lex, w) for lex, w in terms.get(config, ()) if w > 0]
+                if not pairs:
+                    continue
+                col = sql.SQL("c.") + sql.Identifier(column)
+                matches.append(col + sql.SQL(" @@ %s::tsquery"))
+                match_params.append(" | ".join(tsquery_literal(lex) for lex, _ in pairs))
+                scores.append(sql.SQL("rag_weighted_rank({}, %s::tsquery[], %s::float8[])").format(col))
+                score_params.extend([[tsquery_literal(lex) for lex, _ in pairs], [w for _, w in pairs]])
+            if not matches:
+                return []
+            match = sql.SQL("(") + sql.SQL(" OR ").join(matches) + sql.SQL(")")
+            score = sql.SQL(" + ").join(scores)
+        query = sql.SQL(
+            "SELECT {cols}, {score} AS lex_score FROM rag_chunks c WHERE {where} AND {match}"
+            " ORDER BY lex_score DESC, c.chunk_id LIMIT %s"
+        ).format(cols=HIT_COLUMNS, score=score, where=where, match=match)
+        with self.db.connection() as conn:
+            cur = conn.execute(query, [*score_params, *params, *match_params, limit])
+            cols = [d.name for d in cur.description]
+            rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        return [(hit_from_row(r, 0.0), float(r["lex_score"])) for r in rows]

@@ -1,0 +1,50 @@
+"""SQL lookups for "more like this" and context assembly: stored vectors, chunk positions and text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rag_lib.errors import NotFoundError
+
+
+class SimilarStore:
+    """Mixin: needs `self.db` (Connections)."""
+
+    def reference_vectors(self, collection: str, ref: str, space: str) -> tuple[dict[str, Any], np.ndarray]:
+        """Resolve `ref` (unit id, chunk id, document path or id) to its document and chunk vectors."""
+        lookups = (
+            ("unit", "c.unit_id = %s"),
+            ("chunk", "c.chunk_id = %s"),
+            ("document", "c.path = %s"),
+            ("document", "c.doc_id = %s"),
+        )
+        with self.db.connection() as conn:
+            for kind, cond in lookups:
+                rows = conn.execute(
+                    f"""SELECT c.path, c.doc_id, v.embedding FROM rag_chunks c
+                        JOIN rag_chunk_vectors v ON v.chunk_id = c.chunk_id AND v.space = %s
+                        WHERE c.collection = %s AND {cond} ORDER BY c.ordinal""",
+                    (space, collection, ref),
+                ).fetchall()
+                if rows:
+                    vectors = np.stack([np.asarray(r[2].to_numpy() if hasattr(r[2], "to_numpy") else r[2],
+                                                   dtype=np.float32) for r in rows])
+                    return {"kind": kind, "path": rows[0][0], "doc_id": rows[0][1]}, vectors
+        raise NotFoundError(f"nothing named '{ref}' (unit id, chunk id, path or document id) in collection '{collection}'")
+
+    def chunk_positions(self, chunk_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """chunk id → (ordinal in its document, char start): reading order for context assembly."""
+        if not chunk_ids:
+            return {}
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT chunk_id, ordinal, char_start FROM rag_chunks WHERE chunk_id = ANY(%s)", (list(chunk_ids),)
+            ).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def chunk_text(self, chunk_id: str) -> str | None:
+        with self.db.connection() as conn:
+            row = conn.execute("SELECT text FROM rag_chunks WHERE chunk_id = %s", (chunk_id,)).fetchone()
+        return row[0] if row else None
