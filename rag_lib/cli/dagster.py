@@ -5,6 +5,7 @@ Dagster is imported lazily, inside the commands."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,14 @@ def dev(
     env.setdefault("RAG_HOME", str(settings.home.resolve()))
     dagster = Path(sys.executable).with_name("dagster")
     cmd = [str(dagster), "dev", "-w", str(WORKSPACE_YAML), "-h", host, "-p", str(port)]
+    proc = subprocess.Popen(cmd, cwd=repo, env=env)
+
+    def stop(signum, _frame) -> None:  # pass SIGTERM on, so the UI and daemon never outlive us
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        raise typer.Exit(subprocess.call(cmd, cwd=repo, env=env))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the child too (same process group); let it finish
+        code = proc.wait()
+    raise typer.Exit(code)
