@@ -48,3 +48,21 @@ class SimilarStore:
         with self.db.connection() as conn:
             row = conn.execute("SELECT text FROM rag_chunks WHERE chunk_id = %s", (chunk_id,)).fetchone()
         return row[0] if row else None
+
+    def chunk_vectors(self, collection: str, space: str, limit: int | None = None) -> list[tuple[dict[str, Any], np.ndarray]]:
+        """(chunk row, vector) of a collection's chunks in the space, in document order (benchmarks, checks)."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT c.chunk_id, c.path, c.doc_id, c.section, c.text, c.doc_type, c.ticker, c.doc_date, v.embedding
+                   FROM rag_chunks c JOIN rag_chunk_vectors v ON v.chunk_id = c.chunk_id AND v.space = %s
+                   WHERE c.collection = %s ORDER BY c.path, c.ordinal LIMIT %s""",
+                (space, collection, limit),
+            )
+            cols = [d.name for d in cur.description]
+            rows = cur.fetchall()
+        out = []
+        for r in rows:
+            row = dict(zip(cols, r))
+            vec = row.pop("embedding")
+            out.append((row, np.asarray(vec.to_numpy() if hasattr(vec, "to_numpy") else vec, dtype=np.float32)))
+        return out

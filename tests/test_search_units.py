@@ -1,0 +1,116 @@
+"""Pure parts of retrieval: query classification, rank fusion, boosts, excerpts, context assembly
+and quote verification (no database)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from rag_lib.models import SearchHit
+from rag_lib.search.classify import classify
+from rag_lib.search.context import assemble, quote_in_text
+from rag_lib.search.fusion import Candidates, boost, rrf
+from rag_lib.search.lexical import exact_tokens, is_websearch
+from rag_lib.search.results import excerpt, group_by_unit
+
+KNOWN = {"NVDA", "AMD", "PFE", "META", "GOOGL", "NFLX"}
+
+
+def hit(cid: str, path: str = "a.yaml", section: str = "s", text: str = "x", ticker: str | None = None,
+        doc_type: str = "stock-analysis", score: float = 0.0, date: dt.date | None = None) -> SearchHit:
+    return SearchHit(chunk_id=cid, score=score, text=text, doc_id=path, path=path, section=section, section_path=section,
+                     unit_id=f"{path}#{section}", doc_type=doc_type, collection="default", ticker=ticker, doc_date=date)
+
+
+@pytest.mark.parametrize("query,kind,tickers", [
+    ("PFE vs AMD: account risk per trade", "comparison", ["PFE", "AMD"]),
+    ("compare NVDA and AMD margins", "comparison", ["NVDA", "AMD"]),
+    ("how has the NVDA thesis evolved over time", "trend", ["NVDA"]),
+    ("how much does the AMD breakout idea depend on NVDA", "relationship", ["AMD", "NVDA"]),
+    ("list all trades that hit their stop", "global", []),
+    ("NVDA bull call spread strikes", "retrieval", ["NVDA"]),
+    ("meta description of the scanner", "retrieval", []),  # lower-case common word is not a ticker
+    ("nvda earnings", "retrieval", ["NVDA"]),  # lower-case ticker that is not a word counts
+])
+def test_classify(query, kind, tickers):
+    plan = classify(query, KNOWN)
+    assert plan.kind == kind
+    assert plan.tickers == tickers
+
+
+def test_doc_type_hints():
+    assert classify("exit rules in the strategy definitions", KNOWN).doc_types == ["strategy"]
+    assert "scanner-config" in classify("unusual volume scanner thresholds", KNOWN).doc_types
+    assert classify("lessons about entering too late", KNOWN).doc_types == ["learning"]
+
+
+def test_rrf_scores_and_weights():
+    a, b, c = hit("a"), hit("b"), hit("c")
+    fused = rrf([Candidates("semantic", [a, b]), Candidates("lexical", [b, c])], k=60)
+    assert [h.chunk_id for h in fused] == ["b", "a", "c"]
+    assert fused[0].score == pytest.approx((1 / 62 + 1 / 61) / (2 / 61))
+    # a heavier lexical list puts its top hit first
+    a, b, c = hit("a"), hit("b"), hit("c")
+    fused = rrf([Candidates("semantic", [a, b], 1.0), Candidates("lexical", [c], 3.0)], k=60)
+    assert fused[0].chunk_id == "c"
+
+
+def test_boost_is_soft():
+    hits = [hit("1", "x/AMD_1.yaml", ticker="AMD", score=0.50), hit("2", "x/NVDA_1.yaml", ticker="NVDA", score=0.55),
+            hit("3", "x/metadata.yaml", score=0.9)]
+    out = boost(hits, ["NVDA"], [], 0.15)
+    assert [h.chunk_id for h in out] == ["3", "2", "1"]  # nothing removed; NVDA rises above AMD only
+    out = boost([hit("4", "docs/metadata.md", score=0.5), hit("5", "META_2026.yaml", score=0.45)], ["META"], [], 0.15)
+    assert out[0].chunk_id == "5"  # ticker in the file name, but not inside the word "metadata"
+
+
+def test_group_by_unit_keeps_best_chunk():
+    hits = [hit("1", section="a"), hit("2", section="b"), hit("3", section="a")]
+    assert [h.chunk_id for h in group_by_unit(hits)] == ["1", "2"]
+
+
+def test_excerpt_picks_matching_sentences():
+    text = "Intro line about nothing. The stop loss sits at 131.50 below support. Weather was fine. Target 160."
+    out = excerpt(text, "where is the stop loss", max_chars=80)
+    assert "stop loss sits at 131.50" in out and "Weather" not in out
+    assert len(excerpt("word " * 400, "word", max_chars=100)) <= 100
+
+
+def test_query_syntax_detection():
+    assert is_websearch('"bull call spread" NVDA') and is_websearch("earnings -NFLX")
+    assert not is_websearch("PFE vs AMD: risk per trade")
+    assert exact_tokens("NVDA stop at 131.50 in NVDA_20250120T0900.yaml") == ["NVDA", "131.50", "NVDA_20250120T0900.yaml"]
+
+
+def test_quote_verification():
+    text = "Entry at $132.40 with a stop at 126.00.\nTarget:  \u201cR:R 2.5\u201d before earnings."
+    assert quote_in_text("stop at 126.00", text)
+    assert quote_in_text('target: "r:r 2.5"', text)  # case, whitespace and typographic quotes
+    assert quote_in_text("Entry at $132.40 … before earnings", text)
+    assert not quote_in_text("stop at 125.00", text)
+    assert not quote_in_text("before earnings … Entry at", text)  # parts out of order
+    assert not quote_in_text("  ", text)
+
+
+def test_assemble_budget_dedupe_order_and_citations():
+    count = lambda s: len(s.split())  # noqa: E731 - a word tokenizer is enough for the logic
+    hits = [
+        hit("c2", "doc1.yaml", "risk", "second chunk of doc one " * 3, score=0.9),
+        hit("d1", "doc2.yaml", "thesis", "doc two thesis text with details", score=0.8),
+        hit("dup", "copy.yaml", "risk", "second chunk of doc one " * 3, score=0.7),  # same text elsewhere
+        hit("c1", "doc1.yaml", "intro", "first chunk of doc one", score=0.6),
+        hit("big", "doc3.yaml", "s", "huge " * 500, score=0.5),
+    ]
+    positions = {"c1": (0, 0), "c2": (3, 100), "d1": (0, 0)}
+    ctx = assemble("q", "hybrid", hits, count, 60, positions)
+    assert [c.chunk_id for c in ctx.citations] == ["c1", "c2", "d1"]  # doc1 first (best), in reading order
+    assert ctx.dropped == {"duplicate": 1, "over_budget": 1}
+    assert ctx.tokens == count(ctx.context) <= 60
+    assert ctx.context.startswith("[1] doc1.yaml | § intro\nfirst chunk of doc one")
+    assert ctx.verify("[2]", "second chunk of doc one") and ctx.verify("1", "first chunk")
+    assert not ctx.verify("[1]", "doc two thesis")  # in the context, but not in the cited chunk
+    d = ctx.to_dict()
+    assert d["citations"][0]["unit_id"] == "doc1.yaml#intro" and d["tokens"] <= d["token_budget"]
+    tiny = assemble("q", "hybrid", hits, count, 5, positions)
+    assert tiny.citations == [] and tiny.tokens == 0
