@@ -359,6 +359,3 @@ def plan_reconcile(store, targets: list[FileTarget], fingerprint: str) -> Reconc
 def _raise(exc: BaseException):
     raise exc
 
-
-def summarise_skips(outcomes: list[StageOutcome]) -> Counter:
-    return Counter(o.metadata.get("skip_reason") for o in outcomes if o.status == "skipped")
