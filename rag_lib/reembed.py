@@ -57,13 +57,31 @@ class ReembedReport:
         return asdict(self)
 
 
+def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, Any], eval_set: Path) -> float:
+    """nDCG@10 (section units, semantic mode) of a BEIR folder (`queries.jsonl`, `qrels.tsv` or
+    `qrels/test.tsv`) searched in `space`, with the query embedded by that space's provider."""
+    from rag_lib.embedding.spaces import PinnedStore
+    from rag_lib.eval import evaluate, load_qrels, load_queries
+    from rag_lib.search import search as run_search
+
+    qrels_path = eval_set / "qrels.tsv" if (eval_set / "qrels.tsv").is_file() else eval_set / "qrels" / "test.tsv"
+    pinned = PinnedStore(store, space)
+
+    def run(text: str):
+        return run_search(pinned, provider, text, mode="semantic", top_k=100).hits
+
+    report = evaluate(run, load_queries(eval_set / "queries.jsonl"), load_qrels(qrels_path), unit="section",
+                      mode="semantic")
+    return report.metrics["ndcg@10"]
+
+
 def default_quality_scorer() -> QualityScorer | None:
-    """`rag_lib.eval.ndcg_at_10_for_space` when the eval module provides it."""
+    """The eval-set scorer above (None if the eval module is missing from this install)."""
     try:
-        from rag_lib import eval as eval_mod  # written separately; optional here
+        import rag_lib.eval  # noqa: F401
     except ImportError:
         return None
-    return getattr(eval_mod, "ndcg_at_10_for_space", None)
+    return eval_ndcg_at_10
 
 
 class Reembedder:
@@ -144,7 +162,7 @@ class Reembedder:
         scorer = self.scorer or default_quality_scorer()
         if scorer is None:
             return Gate("quality", False, f"an eval set is configured ({eval_set}) but no nDCG@10 scorer is "
-                        "available (rag_lib.eval.ndcg_at_10_for_space); pass --skip-quality to switch without it")
+                        "available (rag_lib.eval); pass --skip-quality to switch without it")
         active = self.store.active_space()
         if active is None:
             return Gate("quality", True, "no active space to compare with")

@@ -204,6 +204,25 @@ def test_quality_gate_is_pluggable(rkb, stub, tmp_path):
     assert rm.reembed(settings, rkb.store, NEW, scorer=scorer).switched
 
 
+def test_default_quality_gate_scores_each_space_on_the_eval_set(rkb, stub, tmp_path):
+    """The real scorer (rag_lib.eval) on a tiny BEIR set: the stub's random vectors retrieve worse
+    than the local model, so a strict tolerance refuses the switch and a loose one allows it."""
+    import json
+
+    units = [h.unit_id for h in rkb.search(QUERY, mode="semantic", top_k=3).hits]
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": QUERY}) + "\n")
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q1\t{u}\t1\n" for u in units))
+    settings = rkb.settings.model_copy(deep=True)
+    settings.embedding.reembed.eval_set = tmp_path
+    settings.embedding.reembed.ndcg_tolerance = 0.0
+    report = rm.reembed(settings, rkb.store, NEW)
+    quality = next(g for g in report.gates if g.name == "quality")
+    old_score = float(quality.detail.split(" vs ")[1].split()[0])
+    assert not report.switched and not quality.passed and old_score > 0.9, quality.detail
+    settings.embedding.reembed.ndcg_tolerance = 1.0
+    assert rm.reembed(settings, rkb.store, NEW).switched
+
+
 def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
     from typer.testing import CliRunner
 
