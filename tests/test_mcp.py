@@ -12,7 +12,6 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from rag_lib.api import KnowledgeBase
 
 RAG = str(Path(sys.executable).with_name("rag"))
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
@@ -72,16 +71,11 @@ def test_mcp_tools_over_stdio(corpus_db_url: str, tmp_path: Path):
             assert up["new"] == 1
             assert payload(await client.call_tool("rag_list", {"collection": "mcp"}))["items"][0]["path"] == "n/up.md"
 
-            sim = await client.call_tool("rag_similar", {"ref": NVDA, "top_k": 3})
-            ctx = await client.call_tool("rag_context", {"query": "NVDA earnings risks", "token_budget": 300})
-            if hasattr(KnowledgeBase, "get_similar"):
-                assert payload(sim)["results"]
-            else:
-                assert "not_implemented" in error_text(sim)
-            if hasattr(KnowledgeBase, "build_context"):
-                assert payload(ctx)["context"] and payload(ctx)["citations"]
-            else:
-                assert "not_implemented" in error_text(ctx)
+            sim = payload(await client.call_tool("rag_similar", {"ref": NVDA, "top_k": 3}))
+            assert sim["results"] and NVDA not in [h["path"] for h in sim["results"]]
+            ctx = payload(await client.call_tool("rag_context", {"query": "NVDA earnings risks", "token_budget": 300}))
+            assert ctx["context"] and ctx["citations"] and ctx["tokens"] <= 300
+            assert "not_found" in error_text(await client.call_tool("rag_similar", {"ref": "no/such.yaml"}))
 
             # errors come back as tool errors and the server keeps serving
             assert "path_not_allowed" in error_text(await client.call_tool("rag_embed", {"path": "../../etc/passwd"}))

@@ -280,21 +280,34 @@ def test_logs_are_json_with_request_id_and_no_secrets(client: TestClient):
 
 def test_context_and_similar(client: TestClient):
     ctx = client.post("/api/rag/context", json={"query": "What are the risks to the NVDA earnings thesis?",
-                                                "token_budget": 400})
+                                                "token_budget": 400, "filters": {"ticker": "NVDA"}})
+    assert ctx.status_code == 200, ctx.text
+    body = ctx.json()
+    assert body["context"] and body["citations"] and body["token_budget"] == 400
+    assert 0 < body["tokens"] <= 400
+    for c in body["citations"]:
+        assert c["ref"] in body["context"] and c["unit_id"].startswith(c["path"] + "#")
+        assert c["ticker"] == "NVDA"
+    over = client.post("/api/rag/context", json={"query": "x", "token_budget": 50_000})
+    assert over.status_code == 422  # above settings.server.max_token_budget
     sim = client.post("/api/rag/similar", json={"ref": NVDA, "top_k": 5})
-    kb_cls = KnowledgeBase
-    if hasattr(kb_cls, "build_context"):
-        assert ctx.status_code == 200, ctx.text
-        body = ctx.json()
-        assert body["context"] and body["citations"] and body["token_budget"] == 400
-        assert body["tokens"] is None or body["tokens"] <= 400
-    else:
-        assert ctx.status_code == 501 and ctx.json()["error"]["code"] == "not_implemented"
-    if hasattr(kb_cls, "get_similar"):
-        assert sim.status_code == 200, sim.text
-        assert sim.json()["results"]
-    else:
-        assert sim.status_code == 501
+    assert sim.status_code == 200, sim.text
+    paths = [h["path"] for h in sim.json()["results"]]
+    assert 0 < len(paths) <= 5 and NVDA not in paths and len(set(paths)) == len(paths)
+    missing = client.post("/api/rag/similar", json={"ref": "no/such/doc.yaml"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_missing_library_feature_is_501(api_settings: Settings, provider):
+    class OldKnowledgeBase(KnowledgeBase):  # a library without context assembly
+        build_context = None
+
+    kb = OldKnowledgeBase(api_settings, provider=provider)
+    app = create_app(api_settings, kb=kb, keys=KeyRing.from_env(api_settings, KEYS))
+    with TestClient(app, headers={"X-API-Key": READ}) as c:
+        r = c.post("/api/rag/context", json={"query": "risks"})
+    kb.close()
+    assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
 
 
 def test_bind_policy():
