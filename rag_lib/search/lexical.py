@@ -15,7 +15,7 @@ from rag_lib.models import SearchFilters, SearchHit
 _WEB_SYNTAX = re.compile(r'"|(^|\s)-\w|\sOR\s')
 # Tokens that must match as written: tickers (NVDA), ids/files (NVDA_20250120T0900.yaml), numbers (145.50).
 _EXACT = re.compile(r"\b(?:[A-Z]{2,6}|[\w.\-/]*\d[\w.\-/]*|\w+_\w+(?:\.\w+)?)\b")
-COMMON_FRACTION = 0.25  # terms in more chunks than this only score, they do not select candidates
+MAX_CANDIDATE_ROWS = 20_000  # rows the rarest query terms may select for scoring (bounds the cost)
 GENERATION_TTL = 5.0  # seconds between checks that the collection changed (term statistics cache)
 
 
@@ -46,8 +46,8 @@ class TermStatistics:
         self._by_collection: dict[str | None, _Stats] = {}
         self._lock = threading.Lock()
 
-    def weights(self, store, collection: str | None, config: str, lexemes: list[str]) -> tuple[int, dict[str, float]]:
-        """(chunks in collection, IDF per lexeme); lexemes absent from the collection get weight 0."""
+    def weights(self, store, collection: str | None, config: str, lexemes: list[str]) -> tuple[int, dict[str, tuple[float, int]]]:
+        """(chunks in collection, {lexeme: (IDF, document frequency)})."""
         with self._lock:
             stats = self._by_collection.setdefault(collection, _Stats())
             now = time.monotonic()
@@ -61,45 +61,51 @@ class TermStatistics:
                 total, counts = store.term_statistics(collection, config, missing)
                 stats.total = total
                 stats.df.update({(config, lex): n for lex, n in counts.items()})
-            total = stats.total
-            result = {}
-            for lex in lexemes:
-                df = stats.df[(config, lex)]
-                # df 0 may be stale (published since the last check): keep the term at the highest weight
-                result[lex] = bm25_idf(total, df) if df else bm25_idf(max(total, 1), 0)
-            return total, result
+            total = max(stats.total, 1)
+            # df 0 may be stale (published since the last check): keep such a term, at the highest weight
+            return stats.total, {lex: (bm25_idf(total, stats.df[(config, lex)]), stats.df[(config, lex)])
+                                 for lex in lexemes}
 
 
-def query_terms(store, stats: TermStatistics, query: str, collection: str | None) -> dict[str, list[tuple[str, float]]]:
-    """Weighted lexemes per text-search configuration for a natural-language query."""
+@dataclass
+class LexicalQuery:
+    """Weighted lexemes per configuration, and the subset that selects candidate rows."""
+
+    terms: dict[str, list[tuple[str, float]]]
+    match: dict[str, list[str]]
+
+
+def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
+               max_candidates: int = MAX_CANDIDATE_ROWS) -> LexicalQuery:
+    """All query lexemes score; the rarest select candidates until their document frequencies add up
+    to `max_candidates` (max-score style pruning: rows holding only common terms rank low anyway)."""
     english = store.query_lexemes(query, "english")
     exact = exact_tokens(query)
     simple = store.query_lexemes(" ".join(exact), "simple") if exact else []
-    out: dict[str, list[tuple[str, float]]] = {}
+    terms: dict[str, list[tuple[str, float]]] = {}
+    by_rarity: list[tuple[int, str, str]] = []
     for config, lexemes in (("english", english), ("simple", simple)):
         if not lexemes:
             continue
-        total, idf = stats.weights(store, collection, config, lexemes)
-        pairs = [(lex, idf[lex]) for lex in lexemes]
-        out[config] = pairs
-    return out
-
-
-def selective(pairs: list[tuple[str, float]], total: int) -> list[tuple[str, float]]:
-    """Drop very common terms from candidate selection (they still count in scores via other terms)."""
-    if total <= 0:
-        return pairs
-    floor = bm25_idf(total, int(total * COMMON_FRACTION))
-    rare = [p for p in pairs if p[1] >= floor]
-    return rare or sorted(pairs, key=lambda p: -p[1])[:2]
+        _, info = stats.weights(store, collection, config, lexemes)
+        terms[config] = [(lex, info[lex][0]) for lex in lexemes]
+        by_rarity += [(info[lex][1], config, lex) for lex in lexemes]
+    match: dict[str, list[str]] = {}
+    budget = 0
+    for df, config, lex in sorted(by_rarity):
+        if match and budget + df > max_candidates:
+            break
+        match.setdefault(config, []).append(lex)
+        budget += df
+    return LexicalQuery(terms, match)
 
 
 def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilters, limit: int) -> list[tuple[SearchHit, float]]:
     """Chunks with their raw lexical scores, best first."""
     if is_websearch(query):
         return store.lexical_search({}, filters, limit, websearch=query)
-    terms = query_terms(store, stats, query, filters.collection)
-    return store.lexical_search(terms, filters, limit)
+    planned = plan_terms(store, stats, query, filters.collection)
+    return store.lexical_search(planned.terms, filters, limit, match=planned.match)
 
 
 def normalise(score: float) -> float:

@@ -73,9 +73,11 @@ class LexicalStore:
         filters: SearchFilters,
         limit: int,
         websearch: str | None = None,
+        match: dict[str, Sequence[str]] | None = None,
     ) -> list[tuple[SearchHit, float]]:
         """Chunks ranked by full text: the IDF-weighted sum of per-term ranks over the `english` and
-        `simple` vectors, or (when `websearch` is given) the user's own query syntax, matched strictly."""
+        `simple` vectors, or (when `websearch` is given) the user's own query syntax, matched strictly.
+        `match` (lexemes per config) selects the candidate rows; by default every weighted term does."""
         where, params = _filter_sql(filters)
         if websearch is not None:
             match = sql.SQL("(c.tsv @@ websearch_to_tsquery('english', %s) OR c.tsv_simple @@ websearch_to_tsquery('simple', %s))")
@@ -93,8 +95,10 @@ class LexicalStore:
                 if not pairs:
                     continue
                 col = sql.SQL("c.") + sql.Identifier(column)
-                matches.append(col + sql.SQL(" @@ %s::tsquery"))
-                match_params.append(" | ".join(tsquery_literal(lex) for lex, _ in pairs))
+                selecting = [lex for lex, _ in pairs] if match is None else list(match.get(config, ()))
+                if selecting:
+                    matches.append(col + sql.SQL(" @@ %s::tsquery"))
+                    match_params.append(" | ".join(tsquery_literal(lex) for lex in selecting))
                 scores.append(sql.SQL("rag_weighted_rank({}, %s::tsquery[], %s::float8[])").format(col))
                 score_params.extend([[tsquery_literal(lex) for lex, _ in pairs], [w for _, w in pairs]])
             if not matches:

@@ -1,0 +1,61 @@
+"""The evaluation harness on the development set over the shared corpus, and `rag eval`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import rag_lib.api
+from rag_lib.cli import main
+from rag_lib.config import get_settings
+from rag_lib.eval import evaluate_kb, load_qrels, load_queries
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "tradegent-dev"
+if not DEV.is_dir():
+    DEV = Path("/work/shared/eval/tradegent-dev")
+
+
+def test_dev_set_hybrid_beats_single_modes(corpus_kb):
+    queries, qrels = load_queries(DEV / "queries.jsonl"), load_qrels(DEV / "qrels.tsv")
+    reports = {m: evaluate_kb(corpus_kb, queries, qrels, mode=m) for m in ("semantic", "lexical", "hybrid")}
+    for r in reports.values():
+        assert r.queries == 30 and r.missing_queries == []
+        assert 0 < r.metrics["ndcg@10"] <= 1
+        assert r.metrics["recall@10"] <= r.metrics["recall@100"]
+    ndcg = {m: r.metrics["ndcg@10"] for m, r in reports.items()}
+    assert ndcg["hybrid"] > max(ndcg["semantic"], ndcg["lexical"]), ndcg
+    # document units: a document's rank is its best chunk's; doc ids are the documents' ids
+    doc_qrels = {"d01": {corpus_kb.show("tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml")["doc_id"]: 1}}
+    doc = evaluate_kb(corpus_kb, queries, doc_qrels, mode="hybrid", unit="document")
+    assert doc.queries == 1 and doc.metrics["mrr@10"] == 1.0
+
+
+def test_rag_eval_json(monkeypatch, corpus_db_url, provider, tmp_path, capsys):
+    monkeypatch.setenv("RAG_DATABASE_URL", corpus_db_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
+    get_settings.cache_clear()
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_bytes(b"query-id\tcorpus-id\tscore\r\n" + b"".join(
+        line.encode() + b"\r\n" for line in (DEV / "qrels.tsv").read_text().splitlines()[1:] if line.startswith("d0")))
+    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
+                                      "--mode", "lexical", "--json"])
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    data = json.loads(out[0])
+    assert set(data) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "queries", "latency_ms", "mode"}
+    assert data["queries"] == 9 and data["mode"] == "lexical" and 0 < data["ndcg@10"] <= 1
+    assert data["latency_ms"]["p50"] <= data["latency_ms"]["p95"]
+    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
+                                      "--unit", "paragraph"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    get_settings.cache_clear()

@@ -1,0 +1,173 @@
+"""Retrieval over the whole shared corpus (corpus_kb): lexical, hybrid, filters in every mode,
+routing, grouping, similar documents, context assembly, rerank and expansion stand-ins."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rag_lib.errors import NotFoundError, ValidationError
+
+MODES = ("semantic", "lexical", "hybrid")
+PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
+META = "tradegent/knowledge/analysis/stock/META_20260220T2115.yaml"
+
+
+def test_lexical_matches_exact_terms_and_syntax(corpus_kb):
+    res = corpus_kb.search("RVOL thresholds", mode="lexical", top_k=5)
+    assert res.hits and all("rvol" in h.text.lower() for h in res.hits[:3])
+    assert res.hits[0].path.startswith("tradegent/knowledge/scanners/")
+    assert 0 < res.hits[0].score < 1
+    excluded = corpus_kb.search("RVOL -breakout", mode="lexical", top_k=20)
+    assert excluded.hits and not any("breakout" in h.text.lower() for h in excluded.hits)
+    phrase = corpus_kb.search('"observe only"', mode="lexical", top_k=10)
+    assert phrase.hits and all(re.search(r"observe[\W_]+only", h.text, re.I) for h in phrase.hits)
+    assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_filters_apply_in_every_mode(corpus_kb, mode):
+    res = corpus_kb.search("stop loss and risk per trade", mode=mode, ticker="PFE", top_k=10)
+    assert res.hits and {h.ticker for h in res.hits} == {"PFE"}
+    res = corpus_kb.search("position size", mode=mode, doc_type="strategy", top_k=10)
+    assert res.hits and {h.doc_type for h in res.hits} == {"strategy"}
+    res = corpus_kb.search("position size", mode=mode, path="tradegent/knowledge/analysis/", top_k=10)
+    assert res.hits and all(h.path.startswith("tradegent/knowledge/analysis/") for h in res.hits)
+
+
+def test_hybrid_fuses_semantic_and_lexical(corpus_kb):
+    q = "PFE support levels and RSI"
+    sem = corpus_kb.search(q, mode="semantic", top_k=50, group=False)
+    lex = corpus_kb.search(q, mode="lexical", top_k=50, group=False)
+    hyb = corpus_kb.search(q, mode="hybrid", top_k=10)
+    pool = {h.chunk_id for h in sem.hits} | {h.chunk_id for h in lex.hits}
+    assert hyb.mode == "hybrid" and len(hyb.hits) == 10
+    assert {h.chunk_id for h in hyb.hits} <= pool
+    assert all(0 < h.score <= 1 for h in hyb.hits)
+    assert [h.score for h in hyb.hits] == sorted((h.score for h in hyb.hits), reverse=True)
+    assert set(hyb.timings_ms) >= {"embed", "semantic", "lexical", "total"}
+    assert hyb.hits[0].excerpt and len(hyb.hits[0].excerpt) <= 240
+    with pytest.raises(ValidationError, match="unknown search mode"):
+        corpus_kb.search(q, mode="fuzzy")
+
+
+def test_results_grouped_by_unit(corpus_kb):
+    grouped = corpus_kb.search("earnings trade entry and exit", mode="hybrid", top_k=20)
+    units = [h.unit_id for h in grouped.hits]
+    assert len(units) == len(set(units)) == 20
+    assert all(h.unit_id == f"{h.path}#{h.section}" for h in grouped.hits)
+    chunks = corpus_kb.search("earnings trade entry and exit", mode="hybrid", top_k=40, group=False)
+    assert len({h.unit_id for h in chunks.hits}) < 40  # chunk level repeats units
+    assert chunks.hits[0].unit_id == units[0]
+
+
+def test_comparison_retrieves_for_each_ticker(corpus_kb):
+    res = corpus_kb.search("PFE vs AMD: account risk per trade and stop distance", mode="hybrid", top_k=10)
+    assert res.plan["kind"] == "comparison" and res.plan["tickers"] == ["PFE", "AMD"]
+    assert {"PFE", "AMD"} <= {h.ticker for h in res.hits}
+
+
+def test_trend_orders_by_date(corpus_kb):
+    res = corpus_kb.search("how has the MSFT thesis evolved over time", mode="hybrid", top_k=10)
+    assert res.plan["kind"] == "trend"
+    dated = [h.doc_date for h in res.hits if h.doc_date]
+    assert len(dated) >= 2 and dated == sorted(dated)
+
+
+def test_ticker_hint_is_a_soft_boost(corpus_kb):
+    res = corpus_kb.search("NVDA earnings reaction history", mode="hybrid", top_k=30)
+    assert res.plan["tickers"] == ["NVDA"]
+    assert res.hits[0].ticker == "NVDA" or "NVDA" in res.hits[0].path
+    assert any(h.ticker != "NVDA" for h in res.hits)  # not a filter
+
+
+def test_get_similar(corpus_kb):
+    res = corpus_kb.get_similar(META, top_k=5)
+    paths = [h.path for h in res.hits]
+    assert paths and META not in paths and len(paths) == len(set(paths))
+    assert res.hits[0].path == "tradegent/knowledge/analysis/stock/META_20260220T2130.yaml"  # its sibling
+    by_unit = corpus_kb.get_similar(f"{PFE}#trade_selection", top_k=3)
+    assert by_unit.hits and PFE not in [h.path for h in by_unit.hits]
+    with pytest.raises(NotFoundError):
+        corpus_kb.get_similar("no/such/file.yaml")
+
+
+@pytest.mark.parametrize("budget", [300, 4000])
+def test_build_context_budget_citations_and_quotes(corpus_kb, provider, budget):
+    ctx = corpus_kb.build_context("what's the most I'm allowed to lose on one position", token_budget=budget)
+    assert ctx.citations and provider.tokenizer().count(ctx.context) == ctx.tokens <= budget
+    ids = [c.chunk_id for c in ctx.citations]
+    assert len(ids) == len(set(ids))
+    assert len({re.sub(r"\s+", " ", c.text) for c in ctx.citations}) == len(ctx.citations)
+    for c in ctx.citations:
+        assert f"{c.ref} {c.path} | § " in ctx.context and c.unit_id == f"{c.path}#{c.section}"
+    first = ctx.citations[0]
+    quote = first.text[len(first.text) // 3: len(first.text) // 3 + 40]
+    assert ctx.verify(first.ref, quote) and ctx.verify(first.unit_id, quote)
+    assert not ctx.verify(first.ref, "the most you may lose is 97.3% of the account")
+    data = ctx.to_dict()
+    assert json.dumps(data) and data["tokens"] <= budget
+    if budget == 4000:
+        assert ctx.tokens > 1000  # fills the budget with several passages
+
+
+def test_reranker_stand_in_reorders(corpus_kb):
+    calls = []
+
+    class StandIn:  # the CrossEncoderReranker interface: one score per text
+        def rerank(self, query, texts):
+            calls.append((query, len(texts)))
+            return [1.0 if "strategy" in t.lower() else 0.0 for t in texts]
+
+    base = corpus_kb.search("position size by conviction", mode="hybrid", top_k=10)
+    corpus_kb.reranker = StandIn()
+    res = corpus_kb.search("position size by conviction", mode="hybrid", top_k=10)
+    assert calls == [("position size by conviction", corpus_kb.settings.search.rerank_depth)]
+    flags = ["strategy" in h.text.lower() for h in res.hits]
+    assert flags == sorted(flags, reverse=True) and flags[0]
+    assert [h.chunk_id for h in res.hits] != [h.chunk_id for h in base.hits] or all(flags)
+    assert "rerank" in res.timings_ms
+
+
+class _ChatStub(BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _ChatStub.requests.append(body)
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "1. unusual volume RVOL scanner\n- RVOL"}}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_query_expansion_through_local_chat_server(corpus_kb):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatStub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
+        s = corpus_kb.settings.search
+        s.expansion_model, s.expansion_base_url = "stub-chat", f"http://127.0.0.1:{server.server_port}/v1"
+        corpus_kb.__dict__.pop("expander", None)
+        res = corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5)
+        assert res.hits and "rvol" in res.hits[0].text.lower()
+        sent = _ChatStub.requests[-1]
+        assert sent["model"] == "stub-chat" and sent["messages"][-1]["content"] == "qqqzzzxx"
+        assert "expand" in res.timings_ms
+    finally:
+        server.shutdown()
+        server.server_close()
