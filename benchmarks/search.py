@@ -1,16 +1,18 @@
 """Search benchmark over a collection of >= 100,000 chunks. Prints ONE JSON line.
 
 How the collection is built (recorded in the JSON under "corpus"):
-* real part: the SciFact abstracts (shared/datasets/scifact/corpus.jsonl) ingested through the normal
-  pipeline and embedded for real by all-MiniLM-L6-v2 (collection `scifact`, reused between runs);
+* real part: the shared corpus (shared/corpus, ~3,100 chunks) ingested through the normal pipeline
+  and embedded for real by all-MiniLM-L6-v2 (collection `default`; the database is first copied from
+  the `tradegent` database of the dev evaluation when that exists, so nothing is encoded twice);
 * synthetic part, to reach the target size without hours of encoding on 2 cores: documents of 10
-  chunks whose text recombines sentences of two real abstracts and whose vector is a documented
+  chunks whose text recombines sentences of two real chunks and whose vector is a documented
   perturbation of real model vectors: normalise(mix of the two source vectors + Gaussian noise,
   cosine to the mix ~0.9). Each synthetic document gets one of 20 document types, one of 200
   tickers and a date, so filters have a realistic selectivity (5%, 0.5%).
 Then, in one run: p50/p95 latency (query embedding included) of semantic, lexical and hybrid search,
 with and without filters, over SciFact test claims; and recall@10 of the HNSW index against exact
 search at several hnsw.ef_search values, unfiltered and filtered (iterative index scans).
+Queries: the 30 dev questions plus SciFact test claims (texts only), embedded per query.
 
     .venv/bin/python benchmarks/search.py [--chunks 100000] [--queries 200] [--recall-queries 50]
 """
@@ -41,7 +43,7 @@ from rag_lib.search import SearchOptions  # noqa: E402
 SYNTH = "synthetic"
 TYPES = [f"type-{n:02d}" for n in range(20)]
 TICKERS = [f"T{n:03d}" for n in range(200)]
-_SENT = re.compile(r"(?<=[.!?])\s+")
+_SENT = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def sha(text: str) -> str:
@@ -49,16 +51,16 @@ def sha(text: str) -> str:
 
 
 def build_real(kb: KnowledgeBase) -> None:
-    report = kb.ingest([SHARED / "datasets" / "scifact" / "corpus.jsonl"], "scifact")
+    report = kb.ingest([SHARED / "corpus"], "default")
     if report.count("failed"):
-        raise SystemExit(f"scifact ingest failed: {report.to_dict()['failed']}")
+        raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
 
 
 def build_synthetic(kb: KnowledgeBase, target: int, rng: np.random.Generator) -> dict:
     store = kb.store
     space = store.active_space()
     have = store.status_counts(SYNTH)["chunks"] if store.document_states(SYNTH) else 0
-    real = store.chunk_vectors("scifact", space["space"])
+    real = store.chunk_vectors("default", space["space"])
     n_real_total = store.status_counts(None)["chunks"] - have
     need = target - n_real_total - have
     info = {"real_chunks": n_real_total, "synthetic_chunks_before": have, "synthetic_added": 0}
@@ -66,7 +68,7 @@ def build_synthetic(kb: KnowledgeBase, target: int, rng: np.random.Generator) ->
         return info
     texts = [r["text"] for r, _ in real]
     vecs = np.stack([v for _, v in real])
-    sentences = [_SENT.split(t) for t in texts]
+    sentences = [[x for x in _SENT.split(t) if x.strip()] or [t] for t in texts]
     start_doc = len(store.document_states(SYNTH))
     fingerprint = kb.settings.pipeline_fingerprint("bench")
     docs = (need + 9) // 10
@@ -137,11 +139,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-queries", type=int, default=50)
-    parser.add_argument("--database", default="scifact", help="bench database (shared with eval_scifact: its real part)")
+    parser.add_argument("--database", default="bench_search")
     args = parser.parse_args()
     rng = np.random.default_rng(7)
 
-    url, work = bench_database(args.database)
+    url, work = bench_database(args.database, template="tradegent")
     settings = Settings(database_url=url, home=work / "home", max_file_bytes=64 * 1024 * 1024)
     kb = KnowledgeBase(settings)
     t0 = time.perf_counter()
@@ -154,11 +156,12 @@ def main() -> None:
 
     queries = load_queries(SHARED / "datasets" / "scifact" / "queries.jsonl")
     test_ids = list(load_qrels(SHARED / "datasets" / "scifact" / "qrels" / "test.tsv"))
-    texts = [queries[q] for q in test_ids][: args.queries]
+    dev = load_queries(SHARED / "eval" / "tradegent-dev" / "queries.jsonl")
+    texts = (list(dev.values()) + [queries[q] for q in test_ids])[: args.queries]
     kb.provider.embed(["warm up"])
     opts = SearchOptions.from_settings(settings)
     type_filter = {"doc_type": "type-03"}  # 5% of the synthetic chunks
-    ticker_filter = {"ticker": "T042", "doc_type": ["type-02", "type-12"]}  # a narrow slice
+    ticker_filter = {"ticker": "T042"}  # 0.5% of the synthetic chunks
 
     def run(mode: str, **flt):
         return lambda q: kb.search(q, mode=mode, top_k=10, **flt)
@@ -184,8 +187,8 @@ def main() -> None:
     }
     print(json.dumps({
         "benchmark": "search",
-        "corpus": {**corpus, "how": "SciFact abstracts embedded for real + synthetic chunks (recombined real "
-                   "sentences; vectors = normalised 0.7/0.3 mix of two real vectors + Gaussian noise, cos ~0.91)"},
+        "corpus": {**corpus, "how": "shared corpus embedded for real + synthetic chunks (recombined real "
+                   "sentences/lines; vectors = normalised 0.7/0.3 mix of two real vectors + Gaussian noise, cos ~0.91)"},
         "settings": {"ef_search": 100, "candidate_depth": opts.candidate_depth, "rrf_k": opts.rrf_k,
                      "hnsw_m": settings.search.hnsw_m, "ef_construction": settings.search.hnsw_ef_construction,
                      "max_scan_tuples": settings.search.max_scan_tuples, "iterative_scan": "relaxed_order"},

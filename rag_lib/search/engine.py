@@ -129,27 +129,39 @@ def search(
         timings["expand"] = round((time.perf_counter() - t0) * 1000, 2)
     variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
 
-    lists: list[Candidates] = []
+    vectors = None
     if mode in ("semantic", "hybrid"):
         t0 = time.perf_counter()
         vectors = provider.embed([q for q, _ in queries])
-        t1 = time.perf_counter()
-        for (q, qw), vec in zip(queries, vectors):
-            for f, fw in variants:
-                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
-                lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
-        timings["embed"] = round((t1 - t0) * 1000, 2)
-        timings["semantic"] = round((time.perf_counter() - t1) * 1000, 2)
-    if mode in ("lexical", "hybrid"):
-        t0 = time.perf_counter()
-        stats = _stats(store)
-        for q, qw in queries:
-            for f, fw in variants:
-                scored = lexical.lexical_search(store, stats, q, f, depth)
-                for hit, raw in scored:
-                    hit.score = lexical.normalise(raw)
-                lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
-        timings["lexical"] = round((time.perf_counter() - t0) * 1000, 2)
+        timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+
+    def gather(depth: int) -> list[Candidates]:
+        lists: list[Candidates] = []
+        if vectors is not None:
+            t0 = time.perf_counter()
+            for (q, qw), vec in zip(queries, vectors):
+                for f, fw in variants:
+                    hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
+                    lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
+            timings["semantic"] = round(timings.get("semantic", 0) + (time.perf_counter() - t0) * 1000, 2)
+        if mode in ("lexical", "hybrid"):
+            t0 = time.perf_counter()
+            stats = _stats(store)
+            for q, qw in queries:
+                for f, fw in variants:
+                    scored = lexical.lexical_search(store, stats, q, f, depth)
+                    for hit, raw in scored:
+                        hit.score = lexical.normalise(raw)
+                    lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
+            timings["lexical"] = round(timings.get("lexical", 0) + (time.perf_counter() - t0) * 1000, 2)
+        return lists
+
+    lists = gather(depth)
+    # Grouping can leave fewer units than asked for: go deeper while some list was cut off at `depth`.
+    while group and depth < 1000 and any(len(c.hits) >= depth for c in lists) \
+            and len({h.unit_id for c in lists for h in c.hits}) < top_k:
+        depth = min(1000, depth * 2)
+        lists = gather(depth)
 
     t0 = time.perf_counter()
     if len(lists) == 1:

@@ -40,12 +40,11 @@ def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], facto
     if factor <= 0 or not (tickers or doc_types):
         return hits
     in_path = re.compile(r"(?<![A-Z])(" + "|".join(map(re.escape, tickers)) + r")(?![A-Z])") if tickers else None
-    ceiling = 1.0 + 1.5 * factor  # keeps boosted scores within [0, 1]
     for hit in hits:
         bonus = 0.0
         if in_path is not None and (hit.ticker in tickers or in_path.search(hit.path.upper())):
             bonus += factor
         if doc_types and hit.doc_type in doc_types:
             bonus += factor / 2
-        hit.score = hit.score * (1.0 + bonus) / ceiling
+        hit.score = min(1.0, hit.score * (1.0 + bonus))  # only raises: min_similarity still holds
     return sorted(hits, key=lambda h: -h.score)
