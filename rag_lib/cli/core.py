@@ -102,13 +102,15 @@ def search(
     date_to: Optional[str] = typer.Option(None, "--to", help="Documents dated on or before (YYYY-MM-DD)."),
     top_k: int = typer.Option(10, "--top-k", "-k", min=1, max=1000),
     min_similarity: float = typer.Option(0.0, "--min-similarity", min=0.0, max=1.0),
+    path: Optional[str] = typer.Option(None, "--path", help="Only documents whose path starts with this."),
+    chunks: bool = typer.Option(False, "--chunks", help="Every matching chunk, not one result per section."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Search the knowledge base."""
+    """Search the knowledge base (one result per section unless --chunks)."""
     result = kb().search(
         query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section=section,
         date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
-        min_similarity=min_similarity,
+        min_similarity=min_similarity, path=path, group=not chunks,
     )
     if as_json:
         print_json(result.to_dict())
