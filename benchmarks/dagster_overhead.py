@@ -33,11 +33,15 @@ from rag_lib.embedding import get_provider  # noqa: E402
 from rag_lib.watch import CorpusRoot  # noqa: E402
 
 
-def fresh_db(admin: str, prefix: str) -> str:
+def create_db(admin: str, prefix: str) -> str:
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    return admin.replace("/postgres?", f"/{name}?", 1)
+    return name
+
+
+def fresh_db(admin: str, prefix: str) -> str:
+    return admin.replace("/postgres?", f"/{create_db(admin, prefix)}?", 1)
 
 
 def make_tree(root: Path, n: int) -> None:
@@ -112,9 +116,9 @@ def main() -> None:
                 results["files"] = len(report.outcomes)
                 kb.store.ensure_hnsw_index(provider.space, provider.dimensions)
                 results["library_seconds_with_index"] = round(time.perf_counter() - t, 2)
+            print(f"progress: {results}", file=sys.stderr, flush=True)
 
-            dagster_db = fresh_db(admin, "dagster").rsplit("/", 1)[1].split("?")[0]
-            os.environ["DAGSTER_PG_URL"] = sqlalchemy_url(admin, dagster_db)
+            os.environ["DAGSTER_PG_URL"] = sqlalchemy_url(admin, create_db(admin, "dagster"))
             instance = get_instance(dag_settings, home=tmp / "dagster_home")
             try:
                 t = time.perf_counter()
@@ -124,6 +128,7 @@ def main() -> None:
                 results["dagster_runs"] = len(summary.run_ids)
                 results["dagster_success"] = summary.success
                 results["ratio"] = round(results["dagster_seconds"] / results["library_seconds_with_index"], 3)
+                print(f"progress: {results}", file=sys.stderr, flush=True)
 
                 with KnowledgeBase(lib_settings, provider=provider) as kb:
                     t = time.perf_counter()
