@@ -7,7 +7,6 @@ import datetime as dt
 import os
 import shutil
 import warnings
-from pathlib import Path
 
 import pytest
 from dagster import (
