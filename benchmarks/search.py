@@ -151,6 +151,7 @@ def main() -> None:
     corpus = build_synthetic(kb, args.chunks, rng)
     space = kb.store.active_space()
     index = kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
+    kb.store.analyze()
     corpus.update(total_chunks=kb.store.status_counts(None)["chunks"], build_seconds=round(time.perf_counter() - t0, 1),
                   index=index)
 

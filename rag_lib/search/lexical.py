@@ -15,7 +15,7 @@ from rag_lib.models import SearchFilters, SearchHit
 _WEB_SYNTAX = re.compile(r'"|(^|\s)-\w|\sOR\s')
 # Tokens that must match as written: tickers (NVDA), ids/files (NVDA_20250120T0900.yaml), numbers (145.50).
 _EXACT = re.compile(r"\b(?:[A-Z]{2,6}|[\w.\-/]*\d[\w.\-/]*|\w+_\w+(?:\.\w+)?)\b")
-MAX_CANDIDATE_ROWS = 20_000  # rows the rarest query terms may select for scoring (bounds the cost)
+MAX_CANDIDATE_ROWS = 5_000  # rows the rarest query terms may select for scoring (bounds the cost)
 GENERATION_TTL = 5.0  # seconds between checks that the collection changed (term statistics cache)
 
 

@@ -99,8 +99,11 @@ class LexicalStore:
                 if selecting:
                     matches.append(col + sql.SQL(" @@ %s::tsquery"))
                     match_params.append(" | ".join(tsquery_literal(lex) for lex in selecting))
-                scores.append(sql.SQL("rag_weighted_rank({}, %s::tsquery[], %s::float8[])").format(col))
-                score_params.extend([[tsquery_literal(lex) for lex, _ in pairs], [w for _, w in pairs]])
+                # BM25-like: IDF-weighted sum of per-term ranks (ts_rank normalisation 1 saturates tf
+                # and divides by 1 + log(length)); inline, as a SQL function call per row costs more.
+                for lex, weight in pairs:
+                    scores.append(sql.SQL("{} * ts_rank({}, %s::tsquery, 1)").format(sql.Literal(round(weight, 6)), col))
+                    score_params.append(tsquery_literal(lex))
             if not matches:
                 return []
             match = sql.SQL("(") + sql.SQL(" OR ").join(matches) + sql.SQL(")")
@@ -114,3 +117,13 @@ class LexicalStore:
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         return [(hit_from_row(r, 0.0), float(r["lex_score"])) for r in rows]
+
+    def analyze(self) -> None:
+        """Refresh planner statistics after bulk loads (so full-text filters use the GIN indexes)."""
+        with self.db.connection() as conn:
+            conn.autocommit = True
+            try:
+                conn.execute("ANALYZE rag_chunks")
+                conn.execute("ANALYZE rag_chunk_vectors")
+            finally:
+                conn.autocommit = False
