@@ -22,8 +22,8 @@ def test_lexical_matches_exact_terms_and_syntax(corpus_kb):
     assert res.hits and all("rvol" in h.text.lower() for h in res.hits[:3])
     assert res.hits[0].path.startswith("tradegent/knowledge/scanners/")
     assert 0 < res.hits[0].score < 1
-    excluded = corpus_kb.search("RVOL -breakout", mode="lexical", top_k=20)
-    assert excluded.hits and not any("breakout" in h.text.lower() for h in excluded.hits)
+    excluded = corpus_kb.search("RVOL -sustained", mode="lexical", top_k=20)
+    assert excluded.hits and not any("sustained" in h.text.lower() for h in excluded.hits)
     phrase = corpus_kb.search('"observe only"', mode="lexical", top_k=10)
     assert phrase.hits and all(re.search(r"observe[\W_]+only", h.text, re.I) for h in phrase.hits)
     assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
