@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from rag_lib.embedding import EmbeddingProvider
@@ -18,6 +19,7 @@ from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
 MODES = ("semantic", "lexical", "hybrid")
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rag-lexical")
 
 
 @dataclass
@@ -130,31 +132,48 @@ def search(
     variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
 
     vectors = None
-    if mode in ("semantic", "hybrid"):
+    if mode == "semantic":
         t0 = time.perf_counter()
         vectors = provider.embed([q for q, _ in queries])
         timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
 
-    def gather(depth: int) -> list[Candidates]:
+    def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
-        if vectors is not None:
-            t0 = time.perf_counter()
-            for (q, qw), vec in zip(queries, vectors):
-                for f, fw in variants:
-                    hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
-                    lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
-            timings["semantic"] = round(timings.get("semantic", 0) + (time.perf_counter() - t0) * 1000, 2)
-        if mode in ("lexical", "hybrid"):
-            t0 = time.perf_counter()
-            stats = _stats(store)
-            for q, qw in queries:
-                for f, fw in variants:
-                    scored = lexical.lexical_search(store, stats, q, f, depth)
-                    for hit, raw in scored:
-                        hit.score = lexical.normalise(raw)
-                    lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
-            timings["lexical"] = round(timings.get("lexical", 0) + (time.perf_counter() - t0) * 1000, 2)
+        t0 = time.perf_counter()
+        for (q, qw), vec in zip(queries, vectors):
+            for f, fw in variants:
+                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
+                lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
+        timings["semantic"] = round(timings.get("semantic", 0) + (time.perf_counter() - t0) * 1000, 2)
         return lists
+
+    def lexical_lists(depth: int) -> list[Candidates]:
+        lists: list[Candidates] = []
+        t0 = time.perf_counter()
+        stats = _stats(store)
+        for q, qw in queries:
+            for f, fw in variants:
+                scored = lexical.lexical_search(store, stats, q, f, depth)
+                for hit, raw in scored:
+                    hit.score = lexical.normalise(raw)
+                lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
+        timings["lexical"] = round(timings.get("lexical", 0) + (time.perf_counter() - t0) * 1000, 2)
+        return lists
+
+    def gather(depth: int) -> list[Candidates]:
+        if mode == "semantic":
+            return semantic_lists(depth)
+        if mode == "lexical":
+            return lexical_lists(depth)
+        # hybrid: the full-text query runs on another pooled connection while this thread embeds
+        future = _POOL.submit(lexical_lists, depth)
+        nonlocal vectors
+        if vectors is None:
+            t0 = time.perf_counter()
+            vectors = provider.embed([q for q, _ in queries])
+            timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+        sem = semantic_lists(depth)
+        return sem + future.result()
 
     lists = gather(depth)
     # Grouping can leave fewer units than asked for: go deeper while some list was cut off at `depth`.
