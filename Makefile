@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The ingest runs through Dagster on the Postgres-backed instance (one run, all six assets and
+# their checks); `rag dev` afterwards shows the run, checks and lineage in the UI.
 demo: $(STAMP)
-	$(BIN)/python -m rag_lib.demo examples/corpus
+	$(BIN)/rag materialize examples/corpus
+	$(BIN)/rag status
+	$(BIN)/rag search "NVDA bull case" --mode hybrid --top-k 3
+	$(BIN)/rag search "which trades hit their stop" --doc-type trade-journal --top-k 3
 
 test: $(STAMP)
 	$(BIN)/pytest -q
