@@ -24,8 +24,8 @@ def test_lexical_matches_exact_terms_and_syntax(corpus_kb):
     assert 0 < res.hits[0].score < 1
     excluded = corpus_kb.search("RVOL -sustained", mode="lexical", top_k=20)
     assert excluded.hits and not any("sustained" in h.text.lower() for h in excluded.hits)
-    phrase = corpus_kb.search('"observe only"', mode="lexical", top_k=10)
-    assert phrase.hits and all(re.search(r"observe[\W_]+only", h.text, re.I) for h in phrase.hits)
+    phrase = corpus_kb.search('"relative volume"', mode="lexical", top_k=10)
+    assert phrase.hits and all(re.search(r"relative[\W_]+volume", h.text, re.I) for h in phrase.hits)
     assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
 
 

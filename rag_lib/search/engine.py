@@ -205,6 +205,7 @@ def search(
         hits = _by_date(hits)
     for hit in hits:
         hit.excerpt = excerpt(hit.text, query)
+    timings["search"] = round(timings.get("semantic", 0) + timings.get("lexical", 0), 2)  # database time
     timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)
     timings["total"] = round((time.perf_counter() - t_start) * 1000, 2)
     return SearchResult(query, mode, hits, timings, plan=plan.to_dict())
