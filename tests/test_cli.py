@@ -123,3 +123,11 @@ def test_installed_entry_point_prints_no_traceback(database_url, tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("error: no document 'nothing'")
     assert "Traceback" not in proc.stderr
+
+
+def test_embed_alias_and_reindex(rag, corpus_copy):
+    code, out, _ = rag("embed", str(corpus_copy(LEARNING)), "--json")
+    assert code == 0 and json.loads(out)["new"] == 1
+    code, out, _ = rag("reindex", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["created"] is True and info["rows"] == json.loads(rag("status", "--json")[1])["chunks"]

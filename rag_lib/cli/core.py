@@ -59,6 +59,7 @@ def print_ingest_report(report: IngestReport) -> None:
         console.print(detail)
 
 
+@app.command("embed", help="Same as `ingest` (the name the design brief uses).")
 @app.command()
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Files or folders (a folder is its own corpus root)."),
@@ -240,6 +241,20 @@ def validate(paths: list[Path] = typer.Argument(..., help="Files or folders to c
         console.print(f"{report['ok']} ok, {report['problems']} with problems")
     if report["problems"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def reindex(as_json: bool = JsonOpt) -> None:
+    """Rebuild the active space's HNSW index (records build time and parameters)."""
+    base = kb()
+    space = base.store.active_space()
+    if space is None:
+        fail("nothing is indexed yet; run `rag ingest` first")
+    info = base.store.ensure_hnsw_index(space["space"], space["dimensions"], rebuild=True)
+    if as_json:
+        print_json(info)
+    else:
+        console.print(f"rebuilt {info['index']} over {info['rows']} vectors in {info['seconds']:.2f} s")
 
 
 @app.command()
