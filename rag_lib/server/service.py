@@ -14,8 +14,11 @@ import importlib
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.errors import RagError, ValidationError
+from rag_lib.log import get_logger
 from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.server.security import confine, safe_relative
+
+log = get_logger(__name__)
 
 EXCERPT_CHARS = 300
 
@@ -208,9 +211,9 @@ def health(kb: KnowledgeBase) -> dict[str, Any]:
     """Database reachable (a round trip) and model loaded (without loading it)."""
     database = False
     try:
-        with kb.store.db.connection() as conn:
-            database = conn.execute("SELECT 1").fetchone()[0] == 1
-    except Exception:  # noqa: BLE001 - any failure means unhealthy
+        database = kb.store.ping()
+    except Exception:  # noqa: BLE001 - any failure means unhealthy; the reason goes to the log
+        log.warning("health check: database unreachable", exc_info=True)
         database = False
     provider = kb.__dict__.get("provider")
     model = provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))

@@ -48,6 +48,11 @@ class StatusStore:
             "embedding_usage": self.usage_summary() if hasattr(self, "usage_summary") else None,
         }
 
+    def ping(self) -> bool:
+        """One round trip to the database."""
+        with self.db.connection() as conn:
+            return conn.execute("SELECT 1").fetchone()[0] == 1
+
     def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None) -> None:
         with self.db.connection() as conn:
             conn.execute(
