@@ -38,6 +38,7 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.eval import load_qrels, load_queries, percentile  # noqa: E402
 from rag_lib.models import Chunk, Document, SearchFilters, Section  # noqa: E402
+from rag_lib.search import search as library_search  # noqa: E402
 from rag_lib.search import SearchOptions  # noqa: E402
 
 SYNTH = "synthetic"
@@ -165,8 +166,12 @@ def main() -> None:
     type_filter = {"doc_type": "type-03"}  # 5% of the synthetic chunks
     ticker_filter = {"ticker": "T042"}  # 0.5% of the synthetic chunks
 
+    store, provider = kb.search_context()
+
     def run(mode: str, **flt):
-        return lambda q: kb.search(q, mode=mode, top_k=10, **flt)
+        # The library search over ALL 100k chunks (no collection filter; KnowledgeBase.search always
+        # scopes to one collection, and the real and synthetic parts are separate collections).
+        return lambda q: library_search(store, provider, q, mode=mode, top_k=10, filters=SearchFilters(**flt))
 
     latency = {}
     for mode in ("semantic", "lexical", "hybrid"):
@@ -180,6 +185,8 @@ def main() -> None:
         "unfiltered": recall_sweep(kb, vectors, SearchFilters(), efs),
         "filtered_type_5pct": recall_sweep(kb, vectors, SearchFilters(doc_type="type-03"), efs),
         "filtered_ticker_0.5pct": recall_sweep(kb, vectors, SearchFilters(ticker="T042"), efs),
+        # the real model vectors only (3%: iterative scan through the synthetic rows)
+        "filtered_real_collection_3pct": recall_sweep(kb, vectors, SearchFilters(collection="default"), efs),
     }
     settings.search.ef_search = 100
     targets = {
