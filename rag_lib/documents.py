@@ -248,7 +248,8 @@ def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[D
     if suffix not in SUPPORTED_SUFFIXES:
         return skip("unknown_format", f"unsupported file type '{suffix or path.name}'; use .yaml, .md or .jsonl")
     size = path.stat().st_size
-    if size > max_bytes:
+    # A JSONL corpus is many documents: the size limit applies to each record, not the file.
+    if size > max_bytes and suffix not in JSONL_SUFFIXES:
         return skip("too_large", f"{size} bytes is over the {max_bytes}-byte limit (max_file_bytes)")
     raw = path.read_bytes()
     digest = content_hash(raw)
@@ -260,7 +261,7 @@ def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[D
     common = {"collection": collection, "source_path": str(path.resolve()), "size_bytes": size}
 
     if suffix in JSONL_SUFFIXES:
-        return list(_load_jsonl(text, rel, digest, common))
+        return list(_load_jsonl(text, rel, digest, common, max_bytes))
     if suffix in MARKDOWN_SUFFIXES:
         meta = _markdown_metadata(text, rel)
         return [Document(path=rel, format="markdown", content_hash=digest, body=text, **meta, **common)]
@@ -279,11 +280,17 @@ def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[D
     return [Document(path=rel, format="yaml", content_hash=digest, body=body, **meta, **common)]
 
 
-def _load_jsonl(text: str, rel: str, digest: str, common: dict[str, Any]) -> Iterator[Document | Skipped]:
+def _load_jsonl(
+    text: str, rel: str, digest: str, common: dict[str, Any], max_bytes: int
+) -> Iterator[Document | Skipped]:
     """BEIR-style records: `{"_id", "title", "text"}`; each is a document whose path is its id."""
     collection = common["collection"]
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        if len(line.encode()) > max_bytes:
+            yield Skipped(collection, f"{rel}:{lineno}", "too_large",
+                          f"line {lineno} is over the {max_bytes}-byte limit (max_file_bytes)", digest)
             continue
         try:
             record = json.loads(line)

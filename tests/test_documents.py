@@ -118,3 +118,14 @@ def test_content_hash_changes_with_content(tmp_path: Path):
     first = load_one(path, tmp_path).content_hash
     path.write_text("## A\ntext two\n")
     assert load_one(path, tmp_path).content_hash != first
+
+
+def test_jsonl_size_limit_applies_per_record(tmp_path: Path):
+    records = [json.dumps({"_id": str(i), "text": f"abstract {i} " + "word " * 40}) for i in range(50)]
+    records.append(json.dumps({"_id": "huge", "text": "x" * 5000}))
+    (tmp_path / "corpus.jsonl").write_text("\n".join(records) + "\n")
+    items = load_file(tmp_path / "corpus.jsonl", tmp_path, "beir", 1000)  # the file is far over 1000 bytes
+    docs = [i for i in items if isinstance(i, Document)]
+    skips = [i for i in items if isinstance(i, Skipped)]
+    assert len(docs) == 50
+    assert [(s.reason, s.path) for s in skips] == [("too_large", "corpus.jsonl:51")]
