@@ -73,6 +73,11 @@ class EmbeddingSettings(ProviderSettings):
     )
     reembed: ReembedSettings = Field(default_factory=ReembedSettings)
 
+    def cache_model(self, model: str) -> str:
+        """The embedding cache's model key: a new embed_version must miss the cache, or re-embedding
+        under it would only re-publish the old vectors."""
+        return model if self.embed_version == "1" else f"{model}@v{self.embed_version}"
+
 
 class ChunkSettings(BaseModel):
     """Token budgets for chunking; `max_tokens` is capped by the model's own limit."""

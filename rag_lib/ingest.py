@@ -15,7 +15,7 @@ from rag_lib.pipeline import Pipeline, Prepared
 
 log = get_logger(__name__)
 
-ProgressFn = Callable[[str], None]
+ProgressFn = Callable[[str, int, int], None]  # (file just done, files done, files in all)
 FLUSH_CHUNKS = 512  # chunks embedded per provider call group: large batches keep the encoder busy
 
 
@@ -31,10 +31,6 @@ def collect_files(paths: Iterable[Path], root: Path | None = None) -> list[tuple
             raise ValidationError(f"{raw} is not inside --root {root}")
         pairs.extend((base, f) for f in iter_corpus_files(path))
     return pairs
-
-
-def count_files(paths: Iterable[Path], root: Path | None = None) -> int:
-    return len(collect_files(paths, root))
 
 
 def ingest(
@@ -77,7 +73,8 @@ def ingest(
             offset += n
         batch.clear()
 
-    for base, file in collect_files(paths, root):
+    files = collect_files(paths, root)
+    for done, (base, file) in enumerate(files, 1):
         for item in pipeline.load(file, base, collection):
             seen.add(item.path)
             if isinstance(item, Skipped):
@@ -97,7 +94,7 @@ def ingest(
             if sum(len(p.chunks) for p, _ in batch) >= FLUSH_CHUNKS:
                 flush()
         if progress:
-            progress(str(file))
+            progress(str(file), done, len(files))
     flush()
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:

@@ -90,7 +90,7 @@ class Pipeline:
         if not chunks:
             return EmbedResult(np.zeros((0, cfg.dimensions), dtype=np.float32))
         texts = {c.content_hash: c.embed_text for c in chunks}
-        cached = self.store.cache_get(list(texts), cfg.model, cfg.dimensions)
+        cached = self.store.cache_get(list(texts), cfg.cache_model(cfg.model), cfg.dimensions)
         missing = [h for h in texts if h not in cached]
         usage: list = []
         if missing:
@@ -104,7 +104,7 @@ class Pipeline:
                 error = DimensionMismatchError if "shape" in problems[0] else EmbeddingError
                 raise error(f"provider {self.provider.name} returned bad vectors: {'; '.join(problems)}")
             new = dict(zip(missing, fresh))
-            self.store.cache_put(new, cfg.model, cfg.dimensions)
+            self.store.cache_put(new, cfg.cache_model(cfg.model), cfg.dimensions)
             cached.update(new)
         vectors = np.stack([cached[c.content_hash] for c in chunks]).astype(np.float32)
         hits = sum(1 for c in chunks if c.content_hash not in missing)

@@ -111,9 +111,10 @@ class Reembedder:
         batch = max(1, self.settings.embedding.reembed.batch_size)
         dims = self.target.dimensions
         prices = self.settings.embedding.prices
+        cache_model = self.settings.embedding.cache_model(self.target.model)
         while rows := self.store.missing_chunks(self.space, batch):
             hashes = {h: text for _, h, text in rows}
-            cached = self.store.cache_get(list(hashes), self.target.model, dims)
+            cached = self.store.cache_get(list(hashes), cache_model, dims)
             todo = [h for h in hashes if h not in cached]
             usage: list = []
             if todo:
@@ -130,7 +131,7 @@ class Reembedder:
                         f"{'; '.join(problems)}; nothing was written"
                     )
                 new = dict(zip(todo, fresh))
-                self.store.cache_put(new, self.target.model, dims)
+                self.store.cache_put(new, cache_model, dims)
                 cached.update(new)
             self.store.record_embedding(self.run_id, "reembed", self.space, len(hashes) - len(todo), len(todo),
                                         usage, prices)

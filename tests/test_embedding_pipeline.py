@@ -115,6 +115,22 @@ def test_a_changed_configured_space_is_a_fatal_start_up_error(settings, stub, co
             kb.ingest([root])
 
 
+def test_a_new_embed_version_misses_the_cache_and_re_embeds(settings, stub, corpus_copy):
+    root = corpus_copy(FILES[0])
+    with open_kb(remote_settings(settings, stub)) as kb:
+        first = kb.ingest([root])
+    assert first.embedded > 0
+    inputs = stub.inputs
+    bumped = remote_settings(settings, stub, embed_version="2")
+    with open_kb(bumped) as kb:  # the fingerprint changed: the file is re-embedded, not served from cache
+        report = kb.ingest([root])
+    assert report.count("changed") == 1 and report.embedded == report.chunks == first.chunks
+    assert stub.inputs == inputs + first.chunks
+    with open_kb(bumped) as kb:
+        again = kb.ingest([root], force=True)
+    assert again.cache_hits == again.chunks and stub.inputs == inputs + first.chunks  # v2 is cached now
+
+
 def test_cache_stats_and_prune(settings, stub, corpus_copy):
     root = corpus_copy(FILES[0])
     with open_kb(remote_settings(settings, stub)) as kb:

@@ -200,3 +200,23 @@ def test_ingest_builds_the_hnsw_index_once(kb, corpus_copy):
     builds = rows(kb, "SELECT count(*) FROM rag_index_builds")[0][0]
     kb.ingest([corpus_copy(TRADE)])
     assert rows(kb, "SELECT count(*) FROM rag_index_builds")[0][0] == builds  # reused, not rebuilt
+
+
+def test_progress_reports_every_file_against_the_total(kb, corpus_copy):
+    root = corpus_copy(PFE, TRADE, TEMPLATE)
+    seen = []
+    kb.ingest([root], progress=lambda name, done, total: seen.append((Path(name).name, done, total)))
+    assert [(done, total) for _, done, total in seen] == [(1, 3), (2, 3), (3, 3)]
+    assert {name for name, _, _ in seen} == {Path(PFE).name, Path(TRADE).name, Path(TEMPLATE).name}
+
+
+def test_drop_hnsw_index_before_a_bulk_load(kb, corpus_copy):
+    from rag_lib.store.vectors import index_name
+
+    kb.ingest([corpus_copy(LEARNING)])
+    space = kb.provider.space
+    assert kb.store.drop_hnsw_index(space) is True
+    assert rows(kb, "SELECT count(*) FROM pg_indexes WHERE indexname = %s", index_name(space))[0][0] == 0
+    assert kb.store.drop_hnsw_index(space) is False  # nothing left to drop
+    kb.ingest([corpus_copy(TRADE)])  # the next ingest builds it again
+    assert rows(kb, "SELECT count(*) FROM pg_indexes WHERE indexname = %s", index_name(space))[0][0] == 1

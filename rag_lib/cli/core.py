@@ -70,18 +70,16 @@ def ingest(
     as_json: bool = JsonOpt,
 ) -> None:
     """Parse, chunk, embed and publish files; unchanged files are skipped."""
-    from rag_lib.ingest import count_files
-
     base = kb()
-    total = count_files(paths, root)
     with Progress(
         TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=console, disable=as_json, transient=True,
     ) as bar:
-        task = bar.add_task("", total=total)
+        task = bar.add_task("", total=None)
         report = base.ingest(
             paths, collection, prune=prune, force=force, root=root,
-            progress=lambda name: bar.update(task, advance=1, description=Path(name).name[:40]),
+            progress=lambda name, done, total: bar.update(
+                task, completed=done, total=total, description=Path(name).name[:40]),
         )
     if as_json:
         print_json(report.to_dict())

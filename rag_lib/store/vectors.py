@@ -168,6 +168,15 @@ class VectorStore:
                 conn.autocommit = False
         return {"index": name, "created": True, "rows": rows, "seconds": seconds}
 
+    def drop_hnsw_index(self, space: str) -> bool:
+        """Drop the space's HNSW index (before a bulk load: one build afterwards beats 100k inserts)."""
+        name = index_name(space)
+        with self.db.connection() as conn:
+            if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is None:
+                return False
+            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            return True
+
     # ---- semantic search -----------------------------------------------------------------
 
     def semantic_search(
