@@ -1,8 +1,13 @@
-"""A persistent embedded server for benchmark/eval scripts (under .rag/bench, reused across runs)."""
+"""Embedded servers for benchmark/eval scripts: a persistent one under .rag/bench (reused across
+runs, so expensive embeddings are paid once) and throwaway ones in a temporary folder."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -11,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import psycopg  # noqa: E402
 
-from rag_lib.db import start_embedded  # noqa: E402
+from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -19,11 +24,9 @@ if not SHARED.is_dir():
     SHARED = Path(os.environ.get("RAG_SHARED", "/work/shared"))
 
 
-def bench_database(name: str, work: Path | None = None, template: str | None = None) -> tuple[str, Path]:
-    """URL of database `name` on a reusable embedded server and its home. A missing database is
-    created, as a copy of `template` when that exists (so its embeddings are not paid for again)."""
-    work = (work or REPO / ".rag" / "bench").resolve()
-    admin = start_embedded(work / "pgdata")
+def create_database(admin: str, name: str, template: str | None = None) -> str:
+    """URL of database `name` on the server behind `admin`, created when missing (as a copy of
+    `template` when that exists)."""
     with psycopg.connect(admin, autocommit=True) as conn:
         exists = lambda db: conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone()  # noqa: E731
         if exists(name) is None:
@@ -31,4 +34,24 @@ def bench_database(name: str, work: Path | None = None, template: str | None = N
                 conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
             else:
                 conn.execute(f'CREATE DATABASE "{name}"')
-    return admin.replace("/postgres?", f"/{name}?", 1), work
+    return admin.replace("/postgres?", f"/{name}?", 1)
+
+
+def bench_database(name: str, work: Path | None = None, template: str | None = None) -> tuple[str, Path]:
+    """URL of database `name` on the reusable benchmark server, and the server's folder."""
+    work = (work or REPO / ".rag" / "bench").resolve()
+    return create_database(start_embedded(work / "pgdata"), name, template), work
+
+
+@contextmanager
+def scratch_server(prefix: str = "rag-bench-") -> Iterator[tuple[str, Path]]:
+    """(admin URL, folder) of a throwaway server; stopped and deleted on exit."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        admin = start_embedded(work / "pgdata")
+        try:
+            yield admin, work
+        finally:
+            stop_embedded(work / "pgdata")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

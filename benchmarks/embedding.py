@@ -10,26 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_db import REPO, SHARED, create_database, scratch_server  # noqa: E402
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
-from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding import get_provider  # noqa: E402
 
 MODEL, DIMS = "stub-embed", 256
@@ -60,12 +53,8 @@ class StubProcess:
         self.proc.wait(10)
 
 
-def run_ingest(admin: str, db: str, home: Path, corpus: Path, stub: StubProcess, args, force: bool = False,
-               create: bool = True) -> dict:
-    if create:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {db}")
-    settings = Settings(database_url=admin.replace("/postgres?", f"/{db}?", 1), home=home, embedding={
+def run_ingest(admin: str, db: str, home: Path, corpus: Path, stub: StubProcess, args, force: bool = False) -> dict:
+    settings = Settings(database_url=create_database(admin, db), home=home, embedding={
         "provider": "openai_compatible", "base_url": stub.base_url, "model": MODEL, "dimensions": DIMS,
         "batch_size": args.batch_size, "concurrency": args.concurrency, "backoff_base": 0.05, "max_retries": 8,
         "prices": {MODEL: 0.13},
@@ -110,7 +99,7 @@ def provider_only(texts: list[str], args, **faults: object) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
+    parser.add_argument("--corpus", type=Path, default=SHARED / "corpus")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--fault-rate", type=float, default=0.01)
     parser.add_argument("--retry-after", default="0.2")
@@ -118,10 +107,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="rag-bench-embed-"))
-    pgdata = work / "pgdata"
-    admin = start_embedded(pgdata)
-    try:
+    with scratch_server("rag-bench-embed-") as (admin, work):
         with StubProcess(latency=args.latency) as stub:
             clean = run_ingest(admin, "bench_clean", work / ".rag", args.corpus, stub, args)
         with psycopg.connect(admin.replace("/postgres?", "/bench_clean?", 1)) as conn:
@@ -134,11 +120,7 @@ def main() -> None:
                          retry_after=args.retry_after, seed=11) as stub:
             faults = run_ingest(admin, "bench_faults", work / ".rag", args.corpus, stub, args)
             faults["injected_429s"] = stub.stats()["outcomes"].get("429", 0)
-            second = run_ingest(admin, "bench_faults", work / ".rag", args.corpus, stub, args, force=True,
-                                create=False)
-    finally:
-        stop_embedded(pgdata)
-        shutil.rmtree(work, ignore_errors=True)
+            second = run_ingest(admin, "bench_faults", work / ".rag", args.corpus, stub, args, force=True)
     print(json.dumps({
         "benchmark": "embedding",
         "provider": "openai_compatible (local stub)",

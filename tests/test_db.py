@@ -31,6 +31,7 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path):
         assert embedded_running(pgdata)
         with psycopg.connect(urls.pop()) as conn:
             assert conn.execute("SHOW max_connections").fetchone()[0] == "300"
+            assert conn.execute("SHOW shared_buffers").fetchone()[0] == "1GB"
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             assert conn.execute("SELECT '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] < 1e-6
         status = server_status(Settings(home=tmp_path, database_url=None))

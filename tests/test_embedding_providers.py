@@ -214,3 +214,12 @@ def test_backoff_grows_with_jitter_and_honours_retry_after():
     assert parse_retry_after({}) is None
     assert parse_retry_after({"retry-after": "soon"}) is None
     assert 0 <= parse_retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) < 1  # in the past
+
+
+def test_local_single_query_path_matches_batch_encoding(provider):
+    queries = ["NVDA bull case", "which trades hit their stop loss after earnings"]
+    batch = provider.embed(queries)
+    singles = [provider.embed([q])[0] for q in queries]
+    assert batch.dtype == singles[0].dtype == np.float32 and singles[0].shape == (384,)
+    for one, many in zip(singles, batch):
+        assert np.abs(one - many).max() < 1e-5 and abs(np.linalg.norm(one) - 1) < 1e-5

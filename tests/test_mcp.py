@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import anyio
-import pytest
 from mcp import Client, StdioServerParameters
 
 

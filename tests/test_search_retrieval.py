@@ -29,6 +29,33 @@ def test_lexical_matches_exact_terms_and_syntax(corpus_kb):
     assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
 
 
+def test_document_frequencies_from_statistics_match_counting(corpus_kb):
+    from rag_lib.search.lexical import TermStatistics
+
+    store = corpus_kb.store
+    lexemes = store.query_lexemes("NVDA earnings revenue guidance stop loss position sizing", "english")
+    total = store.collection_generation("default")[1]
+    store.analyze()  # element statistics for tsv: the common lexemes' frequencies
+    from_stats = store.term_statistics("default", "english", lexemes, total)
+    with store.db.connection() as conn:  # the exact answer, counted row by row
+        counted = {lex: conn.execute("SELECT count(*) FROM rag_chunks WHERE collection = 'default' AND tsv @@ %s::tsquery",
+                                     (f"'{lex}'",)).fetchone()[0] for lex in lexemes}
+    assert from_stats == counted  # ANALYZE samples every row of a table this size
+    _, weights = TermStatistics().weights(store, "default", "english", lexemes)
+    assert {lex: df for lex, (_, df) in weights.items()} == counted
+    rare, common = min(counted, key=counted.get), max(counted, key=counted.get)
+    assert counted[rare] < counted[common] and weights[rare][0] > weights[common][0]  # rarer weighs more
+
+
+def test_chunk_rows_keep_their_text_search_vectors_inline(corpus_kb):
+    with corpus_kb.store.db.connection() as conn:
+        out_of_line = conn.execute(
+            "SELECT count(*) FROM rag_chunks WHERE pg_column_toast_chunk_id(tsv) IS NOT NULL"
+            " OR pg_column_toast_chunk_id(tsv_simple) IS NOT NULL").fetchone()[0]
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'rag_chunks'").fetchone()[0]
+    assert out_of_line == 0 and "toast_tuple_target=8160" in options
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_filters_apply_in_every_mode(corpus_kb, mode):
     res = corpus_kb.search("stop loss and risk per trade", mode=mode, ticker="PFE", top_k=10)

@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from rag_lib.errors import ValidationError
+from rag_lib.models import SearchFilters
 
 
 def test_finds_the_right_document_for_a_ticker_question(corpus_kb):
@@ -36,8 +37,25 @@ def test_filters_restrict_every_result(corpus_kb):
 
 def test_filtered_search_still_fills_top_k(corpus_kb):
     # Iterative index scans keep going past the first ef_search candidates.
+    corpus_kb.settings.search.exact_max_rows = 0  # force the HNSW path for every filter
     hits = corpus_kb.search("options flow scanner", doc_type="stock-analysis", top_k=60).hits
     assert len(hits) == 60
+
+
+def test_selective_filters_are_ranked_exactly(corpus_kb):
+    store = corpus_kb.store
+    space = store.active_space()
+    nvda = SearchFilters(collection="default", ticker="NVDA")
+    assert store.semantic_scan(nvda) == "exact"
+    assert store.semantic_scan(SearchFilters()) == "hnsw"  # no filter: always the index
+    vector = corpus_kb.embed_text("data center revenue guidance")
+    served = store.semantic_search(vector, space["space"], space["dimensions"], nvda, 20)
+    exact = store.semantic_search(vector, space["space"], space["dimensions"], nvda, 20, exact=True)
+    assert [h.chunk_id for h in served] == [h.chunk_id for h in exact] and len(served) == 20
+    assert all(h.ticker == "NVDA" for h in served)
+    store.settings.search.exact_max_rows = 10  # NVDA has more chunks than that: the graph walk
+    assert store.semantic_scan(nvda) == "hnsw"
+    assert {h.ticker for h in store.semantic_search(vector, space["space"], space["dimensions"], nvda, 20)} == {"NVDA"}
 
 
 def test_top_k_and_min_similarity(corpus_kb):

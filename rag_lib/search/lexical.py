@@ -15,7 +15,6 @@ from rag_lib.models import SearchFilters, SearchHit
 _WEB_SYNTAX = re.compile(r'"|(^|\s)-\w|\sOR\s')
 # Tokens that must match as written: tickers (NVDA), ids/files (NVDA_20250120T0900.yaml), numbers (145.50).
 _EXACT = re.compile(r"\b(?:[A-Z]{2,6}|[\w.\-/]*\d[\w.\-/]*|\w+_\w+(?:\.\w+)?)\b")
-MAX_CANDIDATE_ROWS = 5_000  # rows the rarest query terms may select for scoring (bounds the cost)
 GENERATION_TTL = 5.0  # seconds between checks that the collection changed (term statistics cache)
 
 
@@ -33,7 +32,7 @@ def bm25_idf(n: int, df: int) -> float:
 
 @dataclass
 class _Stats:
-    generation: tuple[int, str] | None = None
+    generation: tuple[int, int, str] | None = None
     checked: float = 0.0
     total: int = 0
     df: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -54,12 +53,11 @@ class TermStatistics:
             if now - stats.checked > GENERATION_TTL:
                 generation = store.collection_generation(collection)
                 if generation != stats.generation:
-                    stats.generation, stats.df, stats.total = generation, {}, -1
+                    stats.generation, stats.df, stats.total = generation, {}, generation[1]
                 stats.checked = now
             missing = [lex for lex in lexemes if (config, lex) not in stats.df]
-            if missing or stats.total < 0:
-                total, counts = store.term_statistics(collection, config, missing)
-                stats.total = total
+            if missing:
+                counts = store.term_statistics(collection, config, missing, stats.total)
                 stats.df.update({(config, lex): n for lex, n in counts.items()})
             total = max(stats.total, 1)
             # df 0 may be stale (published since the last check): keep such a term, at the highest weight
@@ -75,8 +73,7 @@ class LexicalQuery:
     match: dict[str, list[str]]
 
 
-def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
-               max_candidates: int = MAX_CANDIDATE_ROWS) -> LexicalQuery:
+def plan_terms(store, stats: TermStatistics, query: str, collection: str | None, max_candidates: int) -> LexicalQuery:
     """All query lexemes score; the rarest select candidates until their document frequencies add up
     to `max_candidates` (max-score style pruning: rows holding only common terms rank low anyway)."""
     english = store.query_lexemes(query, "english")
@@ -104,7 +101,7 @@ def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilt
     """Chunks with their raw lexical scores, best first."""
     if is_websearch(query):
         return store.lexical_search({}, filters, limit, websearch=query)
-    planned = plan_terms(store, stats, query, filters.collection)
+    planned = plan_terms(store, stats, query, filters.collection, store.settings.search.lexical_max_candidates)
     return store.lexical_search(planned.terms, filters, limit, match=planned.match)
 
 

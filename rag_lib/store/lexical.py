@@ -32,31 +32,48 @@ class LexicalStore:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str]) -> tuple[int, dict[str, int]]:
-        """(chunks in the collection, chunks containing each lexeme): one round trip, GIN bitmap counts."""
+    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int) -> dict[str, int]:
+        """Chunks containing each lexeme, of the collection's `total`. Common lexemes take their share
+        from ANALYZE's element statistics when the collection is (nearly) the whole table: counting
+        them visits a large part of it on every cold query. Rare lexemes are counted exactly."""
         column = sql.Identifier(CONFIGS[config])
         where = sql.SQL("collection = %s") if collection else sql.SQL("TRUE")
         base = [collection] if collection else []
-        parts = [sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w})").format(w=where)]
-        params: list[Any] = list(base)
-        for lex in lexemes:
-            parts.append(
-                sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery)").format(w=where, col=column)
-            )
-            params.extend([*base, tsquery_literal(lex)])
         with self.db.connection() as conn:
-            row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
-        return int(row[0]), {lex: int(n) for lex, n in zip(lexemes, row[1:])}
+            rows, elems, freqs = conn.execute(
+                """SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
+                   FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()
+                        AND s.tablename = 'rag_chunks' AND s.attname = %s
+                   WHERE c.oid = 'rag_chunks'::regclass""",
+                (CONFIGS[config],),
+            ).fetchone()
+            common: dict[str, float] = {}
+            if elems and freqs and total >= 0.9 * rows:
+                common = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
+            counts = {lex: round(common[lex] * total) for lex in lexemes if lex in common}
+            todo = [lex for lex in lexemes if lex not in common]
+            if todo:
+                parts = [
+                    sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery)").format(w=where, col=column)
+                    for _ in todo
+                ]
+                params = [v for lex in todo for v in (*base, tsquery_literal(lex))]
+                row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
+                counts.update(zip(todo, (int(n) for n in row)))
+        return counts
 
-    def collection_generation(self, collection: str | None) -> tuple[int, str]:
-        """Changes whenever documents of the collection are published or deleted (cache key)."""
+    def collection_generation(self, collection: str | None) -> tuple[int, int, str]:
+        """(documents, chunks, last publish) of the collection: changes whenever documents are published
+        or deleted (the term statistics cache key; the chunk count is the collection size for IDF)."""
         where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
         with self.db.connection() as conn:
             row = conn.execute(
-                sql.SQL("SELECT count(*), coalesce(max(ingested_at)::text, '') FROM rag_documents {}").format(where),
+                sql.SQL(
+                    "SELECT count(*), coalesce(sum(chunk_count), 0), coalesce(max(ingested_at)::text, '') FROM rag_documents {}"
+                ).format(where),
                 [collection] if collection else [],
             ).fetchone()
-        return int(row[0]), row[1]
+        return int(row[0]), int(row[1]), row[2]
 
     def known_tickers(self, collection: str | None) -> set[str]:
         where = sql.SQL("AND collection = %s") if collection else sql.SQL("")

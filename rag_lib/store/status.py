@@ -25,7 +25,7 @@ class StatusStore:
                 "SELECT collection, count(*) AS documents, sum(chunk_count) AS chunks FROM rag_documents"
                 " GROUP BY 1 ORDER BY 1"))
             vectors = _dicts(conn.execute(
-                f"""SELECT v.space, s.status, count(*) AS vectors FROM rag_chunk_vectors v
+                """SELECT v.space, s.status, count(*) AS vectors FROM rag_chunk_vectors v
                     JOIN rag_spaces s USING (space) JOIN rag_chunks c USING (chunk_id)
                     WHERE (%(c)s::text IS NULL OR c.collection = %(c)s) GROUP BY 1, 2 ORDER BY 1""", params))
             skipped = _dicts(conn.execute(

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg import sql
 
 from rag_lib.errors import DimensionMismatchError
@@ -179,6 +180,19 @@ class VectorStore:
 
     # ---- semantic search -----------------------------------------------------------------
 
+    def semantic_scan(self, filters: SearchFilters, conn: psycopg.Connection | None = None) -> str:
+        """'exact' when the filters leave at most `search.exact_max_rows` chunks, else 'hnsw'."""
+        where, params = _filter_sql(filters)
+        if not params:
+            return "hnsw"
+        cap = self.settings.search.exact_max_rows
+        query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
+        if conn is None:
+            with self.db.connection() as own:
+                return self.semantic_scan(filters, own)
+        # counted up to cap + 1: an index-only scan for the usual filters, well under a millisecond
+        return "exact" if conn.execute(query, [*params, cap + 1]).fetchone()[0] <= cap else "hnsw"
+
     def semantic_search(
         self,
         vector: np.ndarray,
@@ -189,28 +203,30 @@ class VectorStore:
         min_similarity: float = 0.0,
         exact: bool = False,
     ) -> list[SearchHit]:
-        """Nearest chunks by cosine similarity (score = max(0, cos)); HNSW unless `exact`."""
+        """Nearest chunks by cosine similarity (score = max(0, cos)). HNSW with iterative scans, except
+        when `exact` or when the filters leave at most `search.exact_max_rows` chunks: those are
+        ranked exactly, which is as fast there and finds what a graph walk from the query misses."""
         where, params = _filter_sql(filters)
-        vec_type = sql.SQL("vector({})").format(sql.Literal(dimensions))
-        distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=vec_type)
-        query = sql.SQL(
-            "WITH nearest AS MATERIALIZED ("
-            " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
-            " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
-            " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
-        ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
-        ef = max(self.settings.search.ef_search, limit)
+        s = self.settings.search
         with self.db.connection() as conn, conn.transaction():
+            exact = exact or self.semantic_scan(filters, conn) == "exact"
             if exact:
-                conn.execute("SET LOCAL enable_indexscan = off")
+                # The untyped expression matches no HNSW index (they are on embedding::vector(d)), so
+                # the planner ranks the filtered rows exactly and can still use the filter indexes.
+                distance = sql.SQL("v.embedding <=> %s::vector")
             else:
-                conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef)))
-                conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=sql.SQL(f"vector({int(dimensions)})"))
                 conn.execute(
-                    sql.SQL("SET LOCAL hnsw.max_scan_tuples = {}").format(
-                        sql.Literal(self.settings.search.max_scan_tuples)
-                    )
+                    "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                    " set_config('hnsw.max_scan_tuples', %s, true)",
+                    (str(max(s.ef_search, limit)), str(s.max_scan_tuples)),
                 )
+            query = sql.SQL(
+                "WITH nearest AS MATERIALIZED ("
+                " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
+                " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
+            ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
             cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
