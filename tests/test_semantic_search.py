@@ -38,6 +38,7 @@ def test_filters_restrict_every_result(corpus_kb):
 def test_filtered_search_still_fills_top_k(corpus_kb):
     # Iterative index scans keep going past the first ef_search candidates.
     corpus_kb.settings.search.exact_max_rows = 0  # force the HNSW path for every filter
+    corpus_kb.settings.search.ef_search = 40  # fewer candidates than asked for: the scan must go on
     hits = corpus_kb.search("options flow scanner", doc_type="stock-analysis", top_k=60).hits
     assert len(hits) == 60
 

@@ -227,6 +227,7 @@ class VectorStore:
                 " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
                 " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
             ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
+            conn.execute("SELECT set_config('jit', 'off', true)")  # compiling costs more than it saves here
             cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
