@@ -180,17 +180,17 @@ class VectorStore:
 
     # ---- semantic search -----------------------------------------------------------------
 
-    def semantic_scan(self, filters: SearchFilters, conn: psycopg.Connection | None = None) -> str:
+    def semantic_scan(self, filters: SearchFilters) -> str:
         """'exact' when the filters leave at most `search.exact_max_rows` chunks, else 'hnsw'."""
-        where, params = _filter_sql(filters)
+        with self.db.connection() as conn:
+            return self._scan_for(conn, *_filter_sql(filters))
+
+    def _scan_for(self, conn: psycopg.Connection, where: sql.Composable, params: list[Any]) -> str:
         if not params:
             return "hnsw"
         cap = self.settings.search.exact_max_rows
-        query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
-        if conn is None:
-            with self.db.connection() as own:
-                return self.semantic_scan(filters, own)
         # counted up to cap + 1: an index-only scan for the usual filters, well under a millisecond
+        query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
         return "exact" if conn.execute(query, [*params, cap + 1]).fetchone()[0] <= cap else "hnsw"
 
     def semantic_search(
@@ -205,29 +205,28 @@ class VectorStore:
     ) -> list[SearchHit]:
         """Nearest chunks by cosine similarity (score = max(0, cos)). HNSW with iterative scans, except
         when `exact` or when the filters leave at most `search.exact_max_rows` chunks: those are
-        ranked exactly, which is as fast there and finds what a graph walk from the query misses."""
+        ranked exactly, which finds what a graph walk from the query misses, and sooner."""
         where, params = _filter_sql(filters)
         s = self.settings.search
         with self.db.connection() as conn, conn.transaction():
-            exact = exact or self.semantic_scan(filters, conn) == "exact"
+            exact = exact or self._scan_for(conn, where, params) == "exact"
+            local = {"jit": "off"}  # compiling costs more than it saves on these queries
             if exact:
                 # The untyped expression matches no HNSW index (they are on embedding::vector(d)), so
                 # the planner ranks the filtered rows exactly and can still use the filter indexes.
                 distance = sql.SQL("v.embedding <=> %s::vector")
             else:
                 distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=sql.SQL(f"vector({int(dimensions)})"))
-                conn.execute(
-                    "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-                    " set_config('hnsw.max_scan_tuples', %s, true)",
-                    (str(max(s.ef_search, limit)), str(s.max_scan_tuples)),
-                )
+                local.update({"hnsw.ef_search": str(max(s.ef_search, limit)), "hnsw.iterative_scan": "relaxed_order",
+                              "hnsw.max_scan_tuples": str(s.max_scan_tuples)})
+            conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(local)),
+                         [v for pair in local.items() for v in pair])
             query = sql.SQL(
                 "WITH nearest AS MATERIALIZED ("
                 " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
                 " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
                 " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
             ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
-            conn.execute("SELECT set_config('jit', 'off', true)")  # compiling costs more than it saves here
             cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
