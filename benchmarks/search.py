@@ -37,6 +37,7 @@ from _textgen import MarkovText  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.embedding.local import LocalProvider  # noqa: E402
 from rag_lib.eval import load_qrels, load_queries, percentile  # noqa: E402
 from rag_lib.models import Chunk, Document, SearchFilters, Section  # noqa: E402
 from rag_lib.search import search as library_search  # noqa: E402
@@ -214,6 +215,14 @@ def main() -> None:
         latency[f"{mode}_filtered_ticker"] = timed(run(mode, **ticker_filter), texts)
         latency[f"{mode}_filtered_date"] = timed(run(mode, **date_filter), texts)
 
+    # The query encoder alone, ONNX Runtime (what search uses) against torch, interleaved per query
+    torch_provider = LocalProvider(kb.provider.model, kb.provider.dimensions, query_runtime="torch")
+    torch_provider.__dict__["_model"] = kb.provider._model  # the same loaded model, not a second copy
+    encoders = {"active_runtime": kb.provider.active_query_runtime}
+    for _ in range(2):  # the second round is the measured one
+        encoders.update(onnx=timed(lambda q: kb.provider.embed([q]), texts),
+                        torch=timed(lambda q: torch_provider.embed([q]), texts))
+
     vectors = list(kb.provider.embed(texts[: args.recall_queries]))
     efs = sorted({40, 64, 100, 200, settings.search.ef_search})
     sweep = lambda flt: recall_sweep(kb, vectors, flt, efs, opts.candidate_depth)  # noqa: E731
@@ -247,7 +256,7 @@ def main() -> None:
         "semantic_scan": {name: store.semantic_scan(SearchFilters(**flt)) for name, flt in
                           (("unfiltered", {}), ("type_5pct", type_filter), ("ticker_0.5pct", ticker_filter),
                            ("real_collection_3pct", {"collection": "default"}), ("date_half", date_filter))},
-        "queries": len(texts), "latency_ms_incl_query_embedding": latency, "recall_vs_exact": {**recall, **forced},
+        "queries": len(texts), "latency_ms_incl_query_embedding": latency, "query_embedding_ms": encoders, "recall_vs_exact": {**recall, **forced},
         "targets_met": targets,
     }, default=str))
     kb.close()
