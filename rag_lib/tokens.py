@@ -6,6 +6,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from rag_lib.errors import ConfigError
 
 
@@ -23,6 +25,11 @@ class Tokenizer:
         self._tok.no_truncation()
         self._tok.no_padding()
         self.model_max_length = _max_seq_length(path)
+        self._lower = bool(_sentence_config(path).get("do_lower_case", False))
+        # a second instance for model inputs: [CLS]/[SEP] added, truncated to the sequence length
+        self._inputs = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        self._inputs.no_padding()
+        self._inputs.enable_truncation(max_length=self.model_max_length)
 
     @property
     def limit(self) -> int:
@@ -34,6 +41,17 @@ class Tokenizer:
 
     def count_many(self, texts: list[str]) -> list[int]:
         return [len(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def model_inputs(self, text: str) -> dict[str, np.ndarray]:
+        """What the model reads for `text`, prepared as sentence-transformers does (stripped,
+        special tokens, truncated): int64 arrays of one row each."""
+        text = text.strip()
+        encoding = self._inputs.encode(text.lower() if self._lower else text)
+        return {
+            "input_ids": np.array([encoding.ids], dtype=np.int64),
+            "attention_mask": np.array([encoding.attention_mask], dtype=np.int64),
+            "token_type_ids": np.array([encoding.type_ids], dtype=np.int64),
+        }
 
     def windows(self, text: str, max_tokens: int, overlap: int = 0) -> list[tuple[int, int]]:
         """Character spans of windows of at most `max_tokens` tokens, `overlap` tokens shared."""
@@ -48,10 +66,14 @@ class Tokenizer:
         return spans
 
 
-def _max_seq_length(path: Path) -> int:
+def _sentence_config(path: Path) -> dict:
     config = path / "sentence_bert_config.json"
-    if config.is_file():
-        return int(json.loads(config.read_text()).get("max_seq_length", 512))
+    return json.loads(config.read_text()) if config.is_file() else {}
+
+
+def _max_seq_length(path: Path) -> int:
+    if "max_seq_length" in (config := _sentence_config(path)):
+        return int(config["max_seq_length"])
     tok_config = path / "tokenizer_config.json"
     if tok_config.is_file():
         value = json.loads(tok_config.read_text()).get("model_max_length", 512)

@@ -3,6 +3,8 @@ Retry-After, timeouts, malformed bodies, wrong dimensions, fallback only within 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -243,19 +245,39 @@ def test_concurrent_single_queries_get_their_own_vectors(provider):
 
 
 def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
-    first = load_query_encoder(provider._model, provider.model_path, tmp_path)
+    first = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
     made = first.path.stat().st_mtime_ns
-    again = load_query_encoder(provider._model, provider.model_path, tmp_path)
+
+    def no_torch():
+        raise AssertionError("a cached export must load without the torch model")
+
+    again = load_query_encoder(provider.model_path, tmp_path, no_torch)
     assert again.path == first.path and again.path.stat().st_mtime_ns == made
-    assert list(tmp_path.iterdir()) == [first.path]  # no temporary files left behind
+    # the export and its manifest (the torch model's probe vectors); no temporary files left behind
+    assert sorted(tmp_path.iterdir()) == [first.path.with_suffix(".json"), first.path]
     assert np.abs(again.encode("NVDA bull case") - provider.embed(["NVDA bull case", "x"])[:1]).max() < 1e-5
 
 
+def test_a_search_process_does_not_import_torch(provider, tmp_path):
+    load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+    code = (
+        "import sys, numpy as np\n"
+        "from rag_lib.embedding.local import LocalProvider\n"
+        f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n"
+        "v = p.embed(['NVDA bull case'])\n"
+        "print(p.active_query_runtime, 'torch' in sys.modules, v.shape, float(np.linalg.norm(v)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    runtime, torch_loaded, *_ = out.stdout.split()
+    assert (runtime, torch_loaded) == ("onnx", "False")
+
+
 def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
-    path = load_query_encoder(provider._model, provider.model_path, tmp_path).path
-    path.write_bytes(b"not an onnx model")
+    path = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model).path
+    path.write_bytes(b"not an onnx model")  # a torn download or a full disk
     with caplog.at_level("WARNING"):
-        encoder = load_query_encoder(provider._model, provider.model_path, tmp_path)
+        encoder = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
     assert "exporting it again" in caplog.text and path.stat().st_size > 1_000_000
     assert np.abs(encoder.encode("stop loss") - provider.embed(["stop loss", "x"])[:1]).max() < 1e-5
 
@@ -263,7 +285,7 @@ def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
 def test_an_onnx_export_that_disagrees_with_torch_is_refused(provider, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(onnx_query, "MAX_ABS_DIFF", -1.0)  # nothing can agree: as if the export were wrong
     with pytest.raises(ConfigError, match="differ from the torch model"):
-        load_query_encoder(provider._model, provider.model_path, tmp_path)
+        load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
     # the provider keeps serving queries on torch, and says so once
     fresh = LocalProvider("all-MiniLM-L6-v2", 384, onnx_cache_dir=tmp_path)
     fresh.__dict__["_model"] = provider._model  # the loaded model, not a second copy

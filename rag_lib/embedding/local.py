@@ -54,13 +54,15 @@ class LocalProvider(EmbeddingProvider):
             model = SentenceTransformer(self.model_path, device="cpu")
         except Exception as exc:
             raise ConfigError(f"cannot load the local embedding model from {self.model_path}: {exc}") from exc
-        actual = model.get_embedding_dimension()
+        self._check_dimensions(model.get_embedding_dimension())
+        return model
+
+    def _check_dimensions(self, actual: int) -> None:
         if actual != self.dimensions:
             raise DimensionMismatchError(
                 f"model at {self.model_path} makes {actual}-dimensional vectors but embedding.dimensions "
                 f"is {self.dimensions}; fix the setting"
             )
-        return model
 
     @cached_property
     def _query_encoder(self) -> OnnxQueryEncoder | None:
@@ -68,15 +70,18 @@ class LocalProvider(EmbeddingProvider):
         if self.query_runtime != "onnx":
             return None
         try:
-            return load_query_encoder(self._model, self.model_path, self.onnx_cache_dir)
+            # from the cache this needs no torch: a search-only process starts seconds sooner
+            encoder = load_query_encoder(self.model_path, self.onnx_cache_dir, lambda: self._model)
         except ConfigError as exc:
             # Searches still work, only slower: say so once instead of failing every query.
             log.warning("single queries use torch: %s", exc)
             return None
+        self._check_dimensions(encoder.dimensions)
+        return encoder
 
     @property
     def active_query_runtime(self) -> str:
-        """'onnx' or 'torch': what encodes single queries (loads the model)."""
+        """'onnx' or 'torch': what encodes single queries (loads the query encoder)."""
         return "onnx" if self._query_encoder is not None else "torch"
 
     def load(self) -> None:
@@ -89,7 +94,7 @@ class LocalProvider(EmbeddingProvider):
         if len(texts) == 1 and self._query_encoder is not None:
             with self._lock:
                 self.calls += 1
-            # ONNX Runtime sessions are thread-safe and use one core each: concurrent queries overlap
+            # ONNX Runtime sessions are thread-safe: concurrent queries overlap instead of queueing
             return self._query_encoder.encode(texts[0])
         with self._lock:  # one encode at a time: torch already uses every core
             self.calls += 1

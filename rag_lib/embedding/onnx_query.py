@@ -1,37 +1,44 @@
 """ONNX Runtime encoder for single search queries.
 
 The local model's transformer, mean pooling and normalisation are exported once with `torch.onnx`
-into a cache folder and checked against the torch model on probe texts every time they are loaded,
-so a query vector is the vector the torch model would make (max difference ~2e-7). Measured in
-the search benchmark on 2 cores: 4.95/7.12 ms p50/p95 per query against torch's 10.96/13.9.
-`optimum` would do the export for us, but it pins transformers < 4.58 and we run 5.x.
+into a cache folder, beside a manifest holding the torch model's vectors for a few probe texts.
+Every load checks the export against those vectors, so a query vector is the vector the torch
+model would make (max difference ~2e-7), and a search-only process never imports torch: the
+tokenizer is `rag_lib.tokens`. Measured in the search benchmark on 2 cores: 4.95/7.12 ms p50/p95
+per query against torch's 10.96/13.9. `optimum` would do the export for us, but it pins
+transformers < 4.58 and we run 5.x.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from rag_lib.errors import ConfigError
 from rag_lib.log import get_logger
+from rag_lib.tokens import Tokenizer, get_tokenizer
 
 log = get_logger(__name__)
 
-# Bump when the exported graph changes: old cache files are then ignored.
-EXPORT_RECIPE = "1"
+# Bump when the exported graph or the manifest changes: old cache files are then ignored.
+EXPORT_RECIPE = "2"
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PROBES = (
     "NVDA bull case",
-    "which trades hit their stop",
+    "  which trades hit their stop?  ",
     "Ünïcödé: 日本語のテキスト and emoji 📈 — mixed scripts",
     "Earnings call notes: revenue beat by 4%, guidance raised, gross margin 71.2% vs 70.1% expected; "
     "the stop at $412 held while the position was trimmed into strength after the print.",
+    "free cash flow and margin expansion " * 60,  # past the 256-token limit: truncation must match
 )
 MAX_ABS_DIFF = 1e-5
 
@@ -44,35 +51,42 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class OnnxQueryEncoder:
-    """Encodes one text at a time with ONNX Runtime; tokenisation is the torch model's own."""
+    """Encodes one text at a time with ONNX Runtime."""
 
     session: object  # onnxruntime.InferenceSession
-    model: object  # the SentenceTransformer whose tokenizer and truncation we reuse
+    tokenizer: Tokenizer
     path: Path
+
+    @property
+    def dimensions(self) -> int:
+        return int(self.session.get_outputs()[0].shape[1])
 
     def encode(self, text: str) -> np.ndarray:
         """The normalised vector of `text`, shape (1, dimensions)."""
-        features = self.model.preprocess([text])
-        feed = {name: features[name].numpy() for name in INPUTS}
-        return self.session.run(None, feed)[0].astype(np.float32, copy=False)
+        return self.session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
 
 
-def load_query_encoder(model, model_path: str, cache_dir: Path | None = None) -> OnnxQueryEncoder:
-    """The cached export of `model` (exported when missing or unreadable), verified against `model`.
+def load_query_encoder(model_path: str, cache_dir: Path | str | None, load_model: Callable[[], object]) -> OnnxQueryEncoder:
+    """The cached export of the model at `model_path`, checked against its manifest. `load_model`
+    (the SentenceTransformer) is called only to export when the cache has no usable export.
 
     Raises ConfigError when the model cannot be exported or its export disagrees with torch."""
     try:
         import onnxruntime as ort
     except ImportError as exc:
         raise ConfigError(f"onnxruntime is not installed ({exc}); install it or set embedding.query_runtime: torch") from exc
-    _check_architecture(model)
-    path = (cache_dir or default_cache_dir()) / f"query-encoder-{_fingerprint(model_path)}.onnx"
+    path = Path(cache_dir or default_cache_dir()) / f"query-encoder-{_fingerprint(model_path)}.onnx"
+    manifest = path.with_suffix(".json")
+    tokenizer = get_tokenizer(model_path)
     for attempt in (1, 2):
-        if attempt == 2 or not path.is_file():
+        if attempt == 2 or not (path.is_file() and manifest.is_file()):
+            model = load_model()
+            _check_architecture(model)
             _export(model, path)
+            _write_manifest(model, tokenizer, manifest)
         try:
-            encoder = OnnxQueryEncoder(_session(ort, path), model, path)
-            _verify(encoder, model)
+            encoder = OnnxQueryEncoder(_session(ort, path), tokenizer, path)
+            _verify(encoder, manifest)
             return encoder
         except Exception as exc:
             if attempt == 2:
@@ -101,9 +115,7 @@ def _check_architecture(model) -> None:
 
 def _fingerprint(model_path: str) -> str:
     """Changes when the weights, torch or the export recipe change (a reinstall re-exports)."""
-    import torch
-
-    parts = [EXPORT_RECIPE, torch.__version__, str(Path(model_path).resolve())]
+    parts = [EXPORT_RECIPE, metadata.version("torch"), str(Path(model_path).resolve())]
     for name in sorted(os.listdir(model_path)):
         stat = (Path(model_path) / name).stat()
         parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
@@ -164,9 +176,27 @@ def _session(ort, path: Path):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _verify(encoder: OnnxQueryEncoder, model) -> None:
+def _write_manifest(model, tokenizer: Tokenizer, manifest: Path) -> None:
+    """The torch model's vectors for the probes, after checking our tokenizer gives the model's
+    own token ids (stripping, truncation, special tokens)."""
+    for text in PROBES:
+        ours = tokenizer.model_inputs(text)["input_ids"][0].tolist()
+        theirs = model.preprocess([text])["input_ids"][0].tolist()
+        if ours != theirs:
+            raise ConfigError(f"rag_lib's tokenizer and the model's disagree on {text[:40]!r}")
+    vectors = model.encode(list(PROBES), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    body = json.dumps({"recipe": EXPORT_RECIPE, "probes": list(PROBES), "vectors": vectors.tolist()})
+    partial = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    partial.write_text(body, encoding="utf-8")
+    os.replace(partial, manifest)
+
+
+def _verify(encoder: OnnxQueryEncoder, manifest: Path) -> None:
     """Refuse an export whose vectors differ from the torch model's: queries must land in the indexed space."""
-    expected = model.encode(list(PROBES), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    recorded = json.loads(manifest.read_text(encoding="utf-8"))
+    if recorded.get("recipe") != EXPORT_RECIPE or recorded.get("probes") != list(PROBES):
+        raise ConfigError("its manifest was written by another version")
+    expected = np.asarray(recorded["vectors"], dtype=np.float32)
     got = np.vstack([encoder.encode(text) for text in PROBES])
     if got.shape != expected.shape:
         raise ConfigError(f"it makes {got.shape[1]}-dimensional vectors, the torch model {expected.shape[1]}")
