@@ -4,8 +4,8 @@ The local model's transformer, mean pooling and normalisation are exported once 
 into a cache folder, beside a manifest holding the torch model's vectors for a few probe texts.
 Every load checks the export against those vectors, so a query vector is the vector the torch
 model would make (max difference ~2e-7), and a search-only process never imports torch: the
-tokenizer is `rag_lib.tokens`. Measured in the search benchmark on 2 cores: 4.95/7.12 ms p50/p95
-per query against torch's 10.96/13.9. `optimum` would do the export for us, but it pins
+tokenizer is `rag_lib.tokens`. Measured in the search benchmark on 2 cores: 3.0/5.0 ms p50/p95
+per query against torch's 12.1/16.0. `optimum` would do the export for us, but it pins
 transformers < 4.58 and we run 5.x.
 """
 
@@ -166,12 +166,14 @@ def _export(model, path: Path) -> None:
 def _session(ort, path: Path):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Two threads without spinning: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one, and
-    # with both cores busy (ingest running) 5.5/8.7 vs 5.8/13. A spinning idle thread would steal
-    # the core PostgreSQL needs right after (torch's OpenMP threads did: search p95 33 vs 25 ms).
+    # Two threads: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one (both cores busy with an
+    # ingest: 5.5/8.7 vs 5.8/13). They spin while a query runs (inside search: 4.9/7.0 ms vs 6.1/8.4
+    # sleeping between operators) but stop when it ends: a thread still spinning would steal the
+    # core PostgreSQL needs right after (torch's OpenMP threads did: search p95 33 vs 25 ms).
     options.intra_op_num_threads = min(2, os.cpu_count() or 1)
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 3  # warnings about unused initialisers are noise
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
