@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +24,21 @@ class Tokenizer:
             raise ConfigError(f"cannot load tokenizer from {path}: {exc}") from exc
         self._tok.no_truncation()
         self._tok.no_padding()
-        self.model_max_length = _max_seq_length(path)
-        self._lower = bool(_sentence_config(path).get("do_lower_case", False))
-        # a second instance for model inputs: [CLS]/[SEP] added, truncated to the sequence length
-        self._inputs = HFTokenizer.from_file(str(path / "tokenizer.json"))
-        self._inputs.no_padding()
-        self._inputs.enable_truncation(max_length=self.model_max_length)
+        self._path = path
+        config = _sentence_config(path)
+        self.model_max_length = _max_seq_length(path, config)
+        self._lower = bool(config.get("do_lower_case", False))
+
+    @cached_property
+    def _inputs(self):
+        """A second instance for model inputs ([CLS]/[SEP] added, truncated to the sequence length),
+        made on first use: processes that only count tokens never need it."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        inputs = HFTokenizer.from_file(str(self._path / "tokenizer.json"))
+        inputs.no_padding()
+        inputs.enable_truncation(max_length=self.model_max_length)
+        return inputs
 
     @property
     def limit(self) -> int:
@@ -71,8 +80,8 @@ def _sentence_config(path: Path) -> dict:
     return json.loads(config.read_text()) if config.is_file() else {}
 
 
-def _max_seq_length(path: Path) -> int:
-    if "max_seq_length" in (config := _sentence_config(path)):
+def _max_seq_length(path: Path, config: dict) -> int:
+    if "max_seq_length" in config:
         return int(config["max_seq_length"])
     tok_config = path / "tokenizer_config.json"
     if tok_config.is_file():
