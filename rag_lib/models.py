@@ -4,7 +4,29 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class CorpusRoot:
+    """A folder whose files are ingested into `collection` (paths in it are the documents' paths)."""
+
+    path: Path
+    collection: str
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to process: `rel` (POSIX, relative to `root`) is its document path."""
+
+    collection: str
+    root: Path
+    rel: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.rel
 
 
 @dataclass

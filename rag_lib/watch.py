@@ -19,14 +19,9 @@ from urllib.parse import unquote
 from rag_lib.config import Settings
 from rag_lib.documents import IGNORED_DIRS
 from rag_lib.errors import ConfigError, ValidationError
+from rag_lib.models import CorpusRoot
 
 FileState = tuple[int, int, str]  # size, mtime_ns, content hash prefix
-
-
-@dataclass(frozen=True)
-class CorpusRoot:
-    path: Path
-    collection: str
 
 
 @dataclass(frozen=True)
