@@ -1,6 +1,6 @@
 """Re-take the README's Dagster UI screenshots (docs/img/*.png). Not run by the tests.
 
-    .venv/bin/python docs/screenshots.py          # needs Debian's `chromium`; `pngquant` optional
+    .venv/bin/python docs/screenshots.py   # needs Debian's `chromium`; `imagemagick`, `pngquant` optional
 
 In a temp folder: an embedded PostgreSQL, `rag materialize` over a copy of examples/corpus (what
 `make demo` does), then the webserver and daemon of `rag dev` on a free port, and headless
@@ -28,15 +28,15 @@ from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 
 OUT = REPO / "docs" / "img"
 PARTITION = "knowledge/analysis/stock/NVDA_20260112T0930.yaml"
-# file name → UI path (rendered at 1400×900, cropped to the page body by the window size)
+# file name → (UI path, pixel rows kept of the 1400×900 render)
 PAGES = {
-    "asset-lineage.png": "/asset-groups/~corpus/lineage",
-    "chunks-partition.png": f"/assets/chunks?view=partitions&partition={quote(PARTITION, safe='')}",
-    "asset-checks.png": "/assets/chunks?view=checks",
+    "asset-lineage.png": ("/locations/rag_pipeline/asset-groups/corpus", 560),
+    "chunks-partition.png": (f"/assets/chunks?view=partitions&partition={quote(PARTITION, safe='')}", 900),
+    "asset-checks.png": ("/assets/chunks?view=checks", 900),
 }
 
 
-def shoot(url: str, target: Path, budget_ms: int = 20000) -> None:
+def shoot(url: str, target: Path, rows: int, budget_ms: int = 20000) -> None:
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -44,6 +44,9 @@ def shoot(url: str, target: Path, budget_ms: int = 20000) -> None:
              f"--user-data-dir={profile}", "--window-size=1400,900", "--hide-scrollbars",
              f"--virtual-time-budget={budget_ms}", f"--screenshot={target}", url],
             check=True, capture_output=True, timeout=180)
+    if rows < 900 and Path("/usr/bin/convert").exists():  # Debian's ImageMagick (not a stand-in on PATH)
+        subprocess.run(["/usr/bin/convert", str(target), "-crop", f"1400x{rows}+0+0", "+repage", str(target)],
+                       check=True)
     if shutil.which("pngquant"):  # lossy palette: about a third of the size, text stays sharp
         subprocess.run(["pngquant", "--force", "--skip-if-larger", "--quality=60-90", "--output", str(target),
                         str(target)], check=False)
@@ -74,9 +77,10 @@ def main() -> None:
                    "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
             subprocess.run([str(BIN / "rag"), "materialize", str(root)], cwd=base, env=env, check=True)
             with running_dagster(env, base / "logs") as ui:
+                ui.query("mutation { setNuxSeen }")  # the "Join the Dagster community" dialog covers the page
                 time.sleep(5)
-                for name, path in PAGES.items():
-                    shoot(ui.url + path, OUT / name)
+                for name, (path, rows) in PAGES.items():
+                    shoot(ui.url + path, OUT / name, rows)
         finally:
             stop_embedded(pgdata)
 
