@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -67,6 +69,23 @@ def _print_summary(summary, as_json: bool) -> None:
     console.print(f"runs: {', '.join(summary.run_ids)}\n{UI_HINT}")
 
 
+@contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Point file descriptor 1 at stderr (child processes included) while active."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
          as_json: bool) -> None:
     from pipelines.instance import get_instance
@@ -76,7 +95,8 @@ def _run(paths: list[str], collection: Optional[str], force: bool, job: str, emb
     roots = _roots(paths, collection)
     instance = get_instance(settings)
     try:
-        summary = materialize_corpus(instance, roots, force=force, job_name=job, embed_version=embed_version)
+        with _stdout_to_stderr(as_json):  # the code server and runs inherit fd 1: keep --json clean
+            summary = materialize_corpus(instance, roots, force=force, job_name=job, embed_version=embed_version)
     finally:
         instance.dispose()
     _print_summary(summary, as_json)

@@ -187,7 +187,8 @@ def materialize_corpus(
         run_config["resources"] = {"rag": {"config": config}}
     ranges = plan_ranges(keys, ordered)
     stages: dict[str, Counter] = defaultdict(Counter)
-    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)])) as process:
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]),
+                                 code_server_log_level=log_level) as process:
         workspace = process.create_request_context()
         if workspace.has_code_location_error(LOCATION):
             raise ConfigError(f"code location {LOCATION} failed to load: "
