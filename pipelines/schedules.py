@@ -18,12 +18,12 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     """Sync the partitions with the registered roots, then request runs (one per range) for the
     files the library's reconcile plan names: missing/failed/stale, or only stale."""
     pmap = rag.partition_map()
-    if not pmap.roots:
+    existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
+    if not pmap.roots and not existing:
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
                           "or pipeline.roots in rag.yaml)")
     files = pmap.files()
-    sync = sync_partitions(context.instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
-                           lambda target: rag.runner().forget(target), context.log)
+    sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
     plan = plan_reconcile(rag.kb().store, on_disk, rag.kb().pipeline.fingerprint)

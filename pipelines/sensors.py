@@ -26,13 +26,13 @@ from pipelines.resources import RagResource
                     "then their partition.")
 def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     pmap = rag.partition_map()
-    if not pmap.roots:
+    existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
+    if not pmap.roots and not existing:
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
                           "or pipeline.roots in rag.yaml)")
     previous = decode_state(context.cursor)
     files = pmap.files()
     result = scan(files, previous)
-    existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log, also_gone=result.deleted)
     wanted = [k for k in result.new + result.changed if k in result.state]
     runs = [

@@ -149,6 +149,21 @@ def test_sensor_new_changed_deleted(env):
     assert instance.get_dynamic_partitions(CORPUS_FILES) == [FILES[0]]
 
 
+def test_unregistered_root_drops_partitions_keeps_documents(env):
+    root, rag, kb, instance = env
+    first = tick(instance, rag, None)
+    assert launch(instance, rag, first.run_requests[0]).success
+    kb.remove_root(root)  # the last root: its partitions still go, its documents stay
+    after = tick(instance, rag, first.cursor)
+    (delete,) = after.dynamic_partitions_requests
+    assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
+    assert not after.run_requests and instance.get_dynamic_partitions(CORPUS_FILES) == []
+    assert kb.show(RELS[0])["chunk_count"] > 0 and kb.show(RELS[1])["chunk_count"] > 0
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        assert isinstance(nightly_reconcile(ctx), SkipReason)  # nothing registered, nothing to do
+
+
 def test_many_new_files_become_one_run(env, tmp_path):
     root, rag, kb, instance = env
     src = root / RELS[0]

@@ -32,6 +32,11 @@ class RootStore:
 
     def register_root(self, path: Path, collection: str, source: str = "ingest") -> CorpusRoot:
         """Register (path, collection) if new and return it with its label (idempotent)."""
+        with self.db.connection() as conn:  # the common case (already registered) takes no lock
+            row = conn.execute("SELECT name FROM rag_corpus_roots WHERE path = %s AND collection = %s",
+                               (str(path), collection)).fetchone()
+        if row:
+            return CorpusRoot(path, collection, row[0])
         with self.db.connection() as conn, conn.transaction():
             # one writer at a time, so two processes never pick the same label
             conn.execute("LOCK TABLE rag_corpus_roots IN SHARE ROW EXCLUSIVE MODE")
