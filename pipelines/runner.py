@@ -170,10 +170,11 @@ def materialize_corpus(
     kb = kb or KnowledgeBase(Settings(**overrides))
     summary = PipelineRunSummary()
     try:
-        if not roots:
-            roots = kb.roots()
+        if not roots:  # every registered root whose folder is there (a missing one is left alone)
+            roots = [r for r in kb.roots() if r.path.is_dir()]
             if not roots:
-                raise ConfigError("no corpus roots: give folders, `rag roots add PATH`, or set pipeline.roots")
+                raise ConfigError("no corpus roots with an existing folder: give folders, `rag roots add PATH`, "
+                                  "or set pipeline.roots in rag.yaml")
         keys, ordered, summary.removed = register_partitions(instance, kb, roots, force)
         _code_server_env(kb.settings)
     finally:
