@@ -5,12 +5,12 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 
 from rag_lib.config import get_settings
 from rag_lib.errors import RagError
-from rag_lib.stages import plan_reconcile
 from rag_lib.watch import FileTarget
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
 from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key
 from pipelines.resources import RagResource
+from pipelines.stage_runner import plan_reconcile
 
 CRONS = get_settings().pipeline.schedules
 
@@ -41,7 +41,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     if not rag.partition_map().roots:
         return SkipReason("no corpus roots configured (pipeline.roots in rag.yaml)")
     on_disk, ordered = sync_partitions(context, rag)
-    plan = plan_reconcile(rag.kb().store, on_disk, rag.kb().pipeline.fingerprint)
+    plan = plan_reconcile(rag.kb(), on_disk, rag.kb().engine.fingerprint)
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current")
