@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.engine import Prepared, error_text, file_hash
+from rag_lib.engine import FileVectors, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, SourceFile
 
@@ -243,7 +243,10 @@ class StageRunner:
             pending[t.key] = (t, raw["file_hash"], [Chunk.from_dict(c) for d in payload["documents"] for c in d["chunks"]])
 
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
-        result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+        try:
+            result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+        except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
+            result = FileVectors(errors={key: exc for key in pending})
         self.embed_totals = {"cache_hits": result.cache_hits, "embedded": result.embedded}
         meta = {"model": cfg.model, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
         staged, saves, done = [], [], {}

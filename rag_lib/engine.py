@@ -162,8 +162,10 @@ class Engine:
 
     def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> FileVectors:
         """Embed the chunks of many files in large batches; a failing batch is retried file by file
-        so only the bad file gets an error (any exception, not only provider errors)."""
+        so only the bad file gets an error (any exception, not only provider errors). A provider
+        that fails for every file (an outage, not a bad file) raises its `EmbeddingError`, as before."""
         out = FileVectors()
+        streak = [0]  # consecutive single-file provider errors while nothing has succeeded yet
 
         def run(group: list[tuple[Hashable, list[Chunk]]]) -> None:
             try:
@@ -174,6 +176,10 @@ class Engine:
                     for item in group:
                         run([item])
                     return
+                if isinstance(exc, EmbeddingError) and not out.vectors:
+                    streak[0] += 1
+                    if streak[0] >= 2 or len(files) == 1:
+                        raise
                 log.error("embedding %s failed", group[0][0], exc_info=exc)
                 out.errors[group[0][0]] = exc
                 return
