@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.engine import FileVectors, Prepared, error_text, file_hash
+from rag_lib.engine import Engine, FileVectors, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, SourceFile
 
@@ -75,9 +76,13 @@ class StageRunner:
 
     def __init__(self, kb: KnowledgeBase, force: bool = False):
         self.kb = kb
-        self.engine = kb.engine
         self.force = force
         self.embed_totals: dict[str, int] = {}
+
+    @cached_property
+    def engine(self) -> Engine:
+        """The library's stage functions (loads the model: only when a stage runs, not to forget a file)."""
+        return self.kb.engine
 
     # ---- shared rules ------------------------------------------------------------------
 
