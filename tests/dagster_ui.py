@@ -280,17 +280,16 @@ class DagsterUI:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group we started (the server, its code server, run workers), then SIGKILL."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM the process group we started (the server, its code server, run workers), then SIGKILL
+    what is left of it: a code server or run worker may outlive its parent's graceful exit."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    time.sleep(1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
