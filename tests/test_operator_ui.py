@@ -174,8 +174,8 @@ def test_sensor_follows_new_changed_deleted_files(operator: Operator):
     key = operator.key_for(PROBE)
     first = ui.materializations("vector_table", key)
     assert first, f"no vector_table materialization for {key}"
-    run = ui.run(first[0]["runId"])
-    assert run["status"] == "SUCCESS" and run["repositoryOrigin"]["repositoryLocationName"] == LOCATION, run
+    run = ui.wait_run(first[0]["runId"], RUN_TIMEOUT)  # its checks run after vector_table
+    assert run["repositoryOrigin"]["repositoryLocationName"] == LOCATION, run
 
     probe.write_text(_probe_text("wombatprobe"))
     operator.wait_for("changed file re-materialized",
