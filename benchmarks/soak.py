@@ -61,6 +61,7 @@ HOSTILE = [  # (method, path, json body, extra headers): each must be refused or
     ("POST", "/api/rag/embed", {"path": "x" * 300 + ".md"}, {}),
     ("POST", "/api/rag/search", {"query": "q" * 5000}, {}),
     ("POST", "/api/rag/search", {"query": "x"}, {"X-API-Key": "wrong"}),
+    ("POST", "/api/rag/search", {"query": "x"}, {"Origin": "http://evil.example", "X-API-Key": "wrong"}),
 ]
 
 
@@ -147,19 +148,18 @@ class Traffic:
             kind, method, path, ok = "embed_text", "POST", "/api/rag/embed-text", {200}
             body = {"text": self.rng.choice(QUERIES) + f" {n}"}
         elif roll < 0.75:
-            kind, method, path, ok = "upload", "POST", "/api/rag/embed", {200}
+            kind, method, path, ok = "upload", "POST", "/api/rag/embed", {200, 503}
             name = f"notes/c{client_no}-{n}.md"
             body = {"name": name, "collection": "soak",
                     "content": f"# Soak note {n}\n\n## Idea\n\n{self.rng.choice(QUERIES)} noted by client {client_no}.\n"}
-            self.uploaded.append(name)
         elif roll < 0.82 and self.uploaded:
             kind, method, ok = "delete", "DELETE", {200, 404}
             path, body = f"/api/rag/sources/{self.uploaded.pop(self.rng.randrange(len(self.uploaded)))}?collection=soak", None
         elif roll < 0.87:
-            kind, method, path, ok = "reembed", "POST", "/api/rag/embed", {200}
+            kind, method, path, ok = "reembed", "POST", "/api/rag/embed", {200, 503}
             body = {"path": self.rng.choice(self.files)}
         else:
-            kind, ok = "hostile", {400, 401, 403, 404, 413, 421, 422}
+            kind, ok = "hostile", {400, 401, 403, 404, 413, 421, 422, 503}
             method, path, body, headers = self.rng.choice(HOSTILE)
             if path == "/api/rag/embed" and "content" in (body or {}):
                 ok = ok | {200}  # a loader may skip a bomb with its reason instead of the sandbox refusing it
@@ -167,6 +167,8 @@ class Traffic:
         try:
             r = await c.request(method, path, json=body, headers=headers)
             status = r.status_code
+            if kind == "upload" and status == 200:
+                self.uploaded.append(body["name"])  # only once stored: a delete never races its upload
             if kind == "hostile" and status == 200:
                 out = r.json()
                 if out.get("new") or out.get("changed"):
@@ -253,7 +255,7 @@ def main() -> None:
             with httpx.Client(base_url=base, timeout=120, headers={"X-API-Key": KEY}) as c:
                 for name in traffic.uploaded:  # remove what the clients left, then check integrity
                     c.delete(f"/api/rag/sources/{name}", params={"collection": "soak"})
-                left_in_soak = c.get("/api/rag/sources", params={"collection": "soak"}).json()["items"]
+                left_in_soak = c.get("/api/rag/sources", params={"collection": "soak", "limit": 1000}).json()["items"]
         finally:
             proc.terminate()
             try:

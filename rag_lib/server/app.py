@@ -57,7 +57,7 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "n
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 # codes of serving errors whose class is not in STATUS_OF
-_EXTRA_STATUS = {"document_conflict": 409, "invalid_character": 422, "document_rejected": 422}
+_EXTRA_STATUS = {"document_conflict": 409, "invalid_character": 422, "document_rejected": 422, "parser_busy": 503}
 
 ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500)}
 

@@ -30,6 +30,12 @@ class DocumentRejectedError(ValidationError):
     code = "document_rejected"
 
 
+class ParserBusyError(RagError):
+    """Every sandboxed parse slot stayed busy too long; retry later."""
+
+    code = "parser_busy"
+
+
 class DocumentConflictError(RagError):
     """An upload whose document path already belongs to another file or corpus root."""
 
@@ -53,7 +59,7 @@ def scrub_paths(text: str, roots: Iterable[Path | str] = ()) -> str:
 def client_message(exc: Exception, status: int, roots: Iterable[Path | str] = ()) -> str:
     """The one line a client sees: library messages for 4xx (paths scrubbed), nothing internal for 5xx."""
     if status == 503:
-        return UNAVAILABLE
+        return UNAVAILABLE if getattr(exc, "code", "") == "database_error" else scrub_paths(str(exc), roots)
     if status >= 500 and status != 501:
         return HIDDEN_5XX
     return scrub_paths(str(exc), roots)

@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from rag_lib.server.errors import DocumentRejectedError
+from rag_lib.server.errors import DocumentRejectedError, ParserBusyError
 
 log = logging.getLogger("rag_lib.server")
 
@@ -95,9 +95,8 @@ class Sandbox:
     def preflight(self, path: Path, root: Path, collection: str, max_bytes: int, sections_file: Path) -> Preflight:
         """Parse `path` in a worker; raise `DocumentRejectedError` if it crashes, times out or fails."""
         args = (str(path), str(root), collection, max_bytes, str(sections_file))
-        waited = self.slots.acquire(timeout=self.timeout)
-        if not waited:
-            raise DocumentRejectedError("the server is busy parsing other uploads; retry in a moment")
+        if not self.slots.acquire(timeout=3 * self.timeout):  # queue behind a few slow parses, not forever
+            raise ParserBusyError("the server is busy parsing other uploads; retry in a moment")
         try:
             return self._run(args)
         finally:

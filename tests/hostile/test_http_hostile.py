@@ -38,10 +38,11 @@ def alias_bomb(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fresh_db(pg_server: str, template: str) -> str:
+def fresh_db(pg_server: str) -> str:
+    """An empty database of its own (the cases need only the documents they ingest)."""
     name = "t_" + uuid.uuid4().hex[:12]
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
     return pg_server.replace("/postgres?", f"/{name}?", 1)
 
 
@@ -91,13 +92,13 @@ def db_state(url: str) -> dict[str, list[tuple]]:
 
 
 @pytest.fixture(scope="module")
-def keyed(pg_server: str, corpus_template: str, tmp_path_factory):
-    """A keyed server over a copy of the shared corpus, with a corpus root holding one good file."""
+def keyed(pg_server: str, tmp_path_factory):
+    """A keyed server over its own database, with a corpus root holding one good file."""
     tmp = tmp_path_factory.mktemp("hostile_http")
     root = tmp / "root"
     root.mkdir()
     (root / "good.md").write_text(GOOD)
-    url = fresh_db(pg_server, corpus_template)
+    url = fresh_db(pg_server)
     proc, base, log = start_server(url, tmp / ".rag", keys=True, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
     client = httpx.Client(base_url=base, timeout=120, headers={"X-API-Key": FULL})
     assert client.post("/api/rag/embed", json={"path": "good.md"}).json()["new"] == 1
@@ -419,10 +420,10 @@ def test_every_500_carries_its_request_id_and_no_detail(database_url: str, provi
 
 
 @pytest.fixture(scope="module")
-def loopback(pg_server: str, corpus_template: str, tmp_path_factory):
+def loopback(pg_server: str, tmp_path_factory):
     """A server without keys (loopback mode) on 127.0.0.1."""
     tmp = tmp_path_factory.mktemp("hostile_loopback")
-    url = fresh_db(pg_server, corpus_template)
+    url = fresh_db(pg_server)
     proc, base, log = start_server(url, tmp / ".rag", keys=False,
                                    RAG_SERVER__ALLOWED_ORIGINS=json.dumps(["https://desk.example"]))
     yield {"url": base, "proc": proc}
@@ -432,8 +433,9 @@ def loopback(pg_server: str, corpus_template: str, tmp_path_factory):
 def test_loopback_mode_refuses_foreign_host_and_origin(loopback):
     base = loopback["url"]
     port = base.rsplit(":", 1)[1]
-    q = {"query": "NVDA earnings", "top_k": 1}
-    with httpx.Client(base_url=base, timeout=60) as c:
+    q = {"query": "zirconium refiners", "top_k": 1}
+    with httpx.Client(base_url=base, timeout=120) as c:
+        assert c.post("/api/rag/embed", json={"name": "n.md", "content": GOOD}).json()["new"] == 1
         for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.nip.io:{port}", "a@127.0.0.1"):
             r = c.post("/api/rag/search", json=q, headers={"Host": host})
             assert r.status_code == 421 and error_code(r) == "host_not_allowed", host

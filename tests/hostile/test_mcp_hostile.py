@@ -90,8 +90,8 @@ async def hostile_calls(client: Client, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_mcp_stdio_hostile_inputs(corpus_db_url: str, tmp_path: Path):
-    params = StdioServerParameters(command=RAG, args=["mcp"], env=env_for(corpus_db_url, tmp_path))
+def test_mcp_stdio_hostile_inputs(database_url: str, tmp_path: Path):
+    params = StdioServerParameters(command=RAG, args=["mcp"], env=env_for(database_url, tmp_path))
 
     async def run() -> None:
         async with Client(params, read_timeout_seconds=180) as client:
@@ -107,7 +107,7 @@ def free_port(host: str) -> int:
 
 
 @pytest.mark.timeout(600)
-def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(corpus_db_url: str, tmp_path: Path):
+def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(database_url: str, tmp_path: Path):
     """`rag mcp --transport http` on 127.0.0.2 without keys: a foreign Host or Origin is refused (the
     SDK's default would protect only 127.0.0.1/localhost/::1), the real client works."""
     import httpx2
@@ -116,7 +116,7 @@ def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(corpus_d
     host = "127.0.0.2"
     port = free_port(host)
     proc = subprocess.Popen([RAG, "mcp", "--transport", "http", "--host", host, "--port", str(port)],
-                            env=env_for(corpus_db_url, tmp_path), stdout=subprocess.DEVNULL,
+                            env=env_for(database_url, tmp_path), stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "mcp.log", "w"))
     url = f"http://{host}:{port}/mcp"
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
