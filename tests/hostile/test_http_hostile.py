@@ -58,7 +58,7 @@ def start_server(db_url: str, home: Path, keys: bool, **extra: str) -> tuple[sub
     proc = subprocess.Popen([RAG, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
                             stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 480  # model load on a busy shared 2-core machine
     while True:
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
