@@ -100,7 +100,7 @@ def _has_nul(value: Any) -> bool:
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple | set):
             stack.extend(item)
     return False
 
