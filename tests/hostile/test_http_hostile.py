@@ -150,10 +150,12 @@ def assert_responsive(server: dict, probe: HealthProbe) -> None:
         lat = sorted(probe.latencies)
         assert statistics.median(lat) < 100 and lat[-1] < 2000, (statistics.median(lat), lat[-5:])
     after = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        assert httpx.get(server["url"] + "/health", timeout=5).status_code == 200
-        after.append((time.perf_counter() - t0) * 1000)
+    with httpx.Client(base_url=server["url"], timeout=5) as c:  # one client: time the server, not TLS/client setup
+        c.get("/health")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            assert c.get("/health").status_code == 200
+            after.append((time.perf_counter() - t0) * 1000)
     assert statistics.median(after) < 100, after
 
 
