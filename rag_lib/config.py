@@ -129,6 +129,14 @@ class ServerSettings(BaseModel):
     max_text_chars: int = 20000
     max_top_k: int = 100
     max_token_budget: int = 16000
+    # Loopback mode (no keys): besides loopback names and the bound address, these Host values /
+    # Origins are accepted (e.g. "myhost:8000", "http://localhost:3000"); everything else is refused.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Uploaded/ingested request content is parsed first in a throwaway worker process with these limits
+    parse_timeout_seconds: float = 10.0
+    parse_memory_mb: int = 1024
+    parse_workers: int = 2
 
 
 class CorpusRootSettings(BaseModel):

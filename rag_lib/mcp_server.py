@@ -5,7 +5,9 @@ streamable HTTP. Library errors come back as tool errors (`is_error`), never as 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -15,9 +17,12 @@ from pydantic import Field
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings, get_settings
-from rag_lib.errors import RagError
+from rag_lib.errors import ConfigError, DatabaseError, RagError
 from rag_lib.server import service
-from rag_lib.server.security import KeyRing, Scope, check_bind, key_from_headers
+from rag_lib.server.errors import _has_nul, client_message
+from rag_lib.server.security import HostPolicy, KeyRing, Scope, check_bind, key_from_headers
+
+_log = logging.getLogger("rag_lib.mcp")
 
 INSTRUCTIONS = (
     "Knowledge base of trading research: stock and earnings analyses, research notes, ticker profiles, "
@@ -33,16 +38,37 @@ ModeArg = Annotated[
     Field(description="semantic (meaning), lexical (exact words, tickers, ids) or hybrid (both; default)."),
 ]
 TopK = Annotated[int, Field(ge=1, le=100, description="How many results to return.")]
-OneOrMany = Annotated[str | list[str] | None, Field(description="One value or a list (any of).")]
-Collection = Annotated[str | None, Field(max_length=200, description="Collection name (default: the configured one).")]
+Value = Annotated[str, Field(min_length=1, max_length=200)]
+OneOrMany = Annotated[Value | Annotated[list[Value], Field(max_length=50)] | None,
+                      Field(description="One value or a list of up to 50 (any of).")]
+Collection = Annotated[str | None, Field(min_length=1, max_length=200,
+                                         description="Collection name (default: the configured one).")]
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Run a service call; a library error becomes a tool error the agent can read and act on."""
+    """Run a service call; a library error becomes a tool error the agent can read and act on (no
+    database text or server paths: those go to the log)."""
+    if _has_nul([args, kwargs]):
+        raise ToolError("invalid_character: a text argument holds a NUL character; remove it")
     try:
         return fn(*args, **kwargs)
     except RagError as exc:
-        raise ToolError(f"{exc.code}: {exc}") from exc
+        status = 503 if isinstance(exc, DatabaseError) else 500 if isinstance(exc, ConfigError) else 400
+        if status >= 500:
+            _log.error("tool failed", exc_info=exc, extra={"code": exc.code})
+        raise ToolError(f"{exc.code}: {client_message(exc, status, _hidden_roots(args))}") from exc
+    except Exception as exc:  # noqa: BLE001 - a tool call never takes the server down
+        _log.error("tool crashed", exc_info=exc, extra={"error_type": type(exc).__name__})
+        raise ToolError("internal_error: the tool failed; see the server log") from exc
+
+
+def _hidden_roots(args: tuple) -> list[Any]:
+    kb = next((a for a in args if isinstance(a, KnowledgeBase)), None)
+    if kb is None:
+        return []
+    cfg = kb.settings.server
+    roots = [*cfg.corpus_roots, cfg.upload_dir or (kb.settings.home / "uploads"), kb.settings.home]
+    return roots + [Path(r).resolve() for r in roots]
 
 
 def _json_safe(value: Any) -> Any:
@@ -81,7 +107,8 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         top_k: TopK = 10,
         doc_type: OneOrMany = None,
         ticker: OneOrMany = None,
-        section: Annotated[str | None, Field(description="Only this top-level section (YAML key / H2).")] = None,
+        section: Annotated[str | None, Field(min_length=1, max_length=200,
+                                             description="Only this top-level section (YAML key / H2).")] = None,
         date_from: Annotated[dt.date | None, Field(description="Documents dated on or after (YYYY-MM-DD).")] = None,
         date_to: Annotated[dt.date | None, Field(description="Documents dated on or before (YYYY-MM-DD).")] = None,
         min_similarity: Annotated[float, Field(ge=0, le=1, description="Drop results scoring below this.")] = 0.0,
@@ -122,16 +149,21 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
                                 filters=filters, collection=collection))
 
     @server.tool(annotations=readonly_hint)
-    def rag_status(collection: Collection = None) -> dict[str, Any]:
+    def rag_status(
+        collection: Collection = None,
+        limit: Annotated[int, Field(ge=1, le=1000, description="Skipped inputs per page.")] = 100,
+        offset: Annotated[int, Field(ge=0, le=10_000_000, description="Start of the skipped page.")] = 0,
+    ) -> dict[str, Any]:
         """What is indexed: document, chunk and token counts, documents per type, the active
-        embedding space, skipped inputs and recent failures."""
-        return _json_safe(_call(kb().status, collection))
+        embedding space, skipped inputs (one page; skipped_total counts all) and recent failures."""
+        return _json_safe(service.page_status(_call(kb().status, collection), limit, offset))
 
     @server.tool(annotations=readonly_hint)
     def rag_list(
         collection: Collection = None,
         limit: Annotated[int, Field(ge=1, le=1000, description="Page size.")] = 100,
-        offset: Annotated[int, Field(ge=0, description="Start of the page; use next_offset from the last page.")] = 0,
+        offset: Annotated[int, Field(ge=0, le=10_000_000,
+                                     description="Start of the page; use next_offset from the last page.")] = 0,
     ) -> dict[str, Any]:
         """List indexed documents (path, id, type, ticker, date, chunk count), one page at a time."""
         return _json_safe(_call(service.list_sources, kb(), collection=collection, limit=limit, offset=offset))
@@ -214,7 +246,11 @@ def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: st
     check_bind(host, keys)
     kb = factory()  # load once, before the first session
     server = create_mcp(lambda: kb, keys, read_only)
-    app = server.streamable_http_app(host=host, max_request_body_size=settings.server.max_body_bytes)
+    # loopback mode: explicit DNS-rebinding protection with our loopback rule (the SDK's own default
+    # covers only 127.0.0.1/localhost/::1, not e.g. 127.0.0.2)
+    security = None if keys.enabled else HostPolicy.from_settings(settings, host, port).transport_security()
+    app = server.streamable_http_app(host=host, max_request_body_size=settings.server.max_body_bytes,
+                                     transport_security=security)
     try:
         uvicorn.run(_KeyGate(app, keys), host=host, port=port, log_config=None, access_log=False,
                     log_level="warning", server_header=False)

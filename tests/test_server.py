@@ -120,7 +120,7 @@ def test_keys_required_and_compared(client: TestClient):
 def test_read_only_key_cannot_write(client: TestClient, roots, corpus_db_url: str):
     ro = {"X-API-Key": READ}
     assert client.post("/api/rag/search", json={"query": "risk"}, headers=ro).status_code == 200
-    assert client.post("/api/rag/embed-text", json={"text": "risk"}, headers=ro).status_code == 200
+    assert client.post("/api/rag/embed-text", json={"text": "risk"}, headers=ro).status_code == 403  # issue 15
     embed = client.post("/api/rag/embed", json={"name": "notes/x.md", "content": "# X\n\n## A\n\ntext\n"}, headers=ro)
     assert embed.status_code == 403 and embed.json()["error"]["code"] == "forbidden"
     delete = client.delete(f"/api/rag/sources/{NVDA}", headers=ro)

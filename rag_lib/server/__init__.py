@@ -21,7 +21,7 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
     keys = KeyRing.from_env(settings)
     check_bind(host, keys)
     setup_json_logging(log_level)
-    app = create_app(settings, keys=keys)
+    app = create_app(settings, keys=keys, bind=(host, port))
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, log_level=log_level.lower(),
                 server_header=False)
 

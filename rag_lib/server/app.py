@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path as FsPath
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -29,14 +30,17 @@ from rag_lib.errors import (
 )
 from rag_lib.server import schemas as s
 from rag_lib.server import service
+from rag_lib.server.errors import RequestGuard, client_message, send_error
 from rag_lib.server.logs import request_id_var
 from rag_lib.server.security import (
     AuthError,
     ForbiddenError,
+    HostPolicy,
     KeyRing,
     PathNotAllowedError,
     Scope,
     key_from_headers,
+    only_documented,
 )
 
 log = logging.getLogger("rag_lib.server")
@@ -51,6 +55,9 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "n
               413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_input", 429: "too_many_requests",
               500: "internal_error", 501: "not_implemented", 503: "unavailable"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+
+# codes of serving errors whose class is not in STATUS_OF
+_EXTRA_STATUS = {"document_conflict": 409, "invalid_character": 422, "document_rejected": 422, "parser_busy": 503}
 
 ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500)}
 
@@ -85,6 +92,7 @@ class RequestContext:
         async def send_wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                status["started"] = True
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
             await send(message)
@@ -113,6 +121,11 @@ class RequestContext:
             except _BodyTooLarge:
                 await error_response(413, "payload_too_large",
                                      f"request body is larger than {self.max_body} bytes")(scope, receive, send_wrapped)
+            except Exception as exc:  # noqa: BLE001 - logged with its request id; the client gets only the id
+                log.error("unexpected error", exc_info=exc, extra={"error_type": type(exc).__name__})
+                if status["code"] == 500 and not status.get("started"):
+                    await send_error(send_wrapped, 500, "internal_error",
+                                     "internal error; see the server log for this request id")
         finally:
             access_log.info(
                 "request", extra={
@@ -132,11 +145,16 @@ class _BodyTooLarge(StarletteHTTPException):
 
 
 def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None,
-               keys: KeyRing | None = None) -> FastAPI:
+               keys: KeyRing | None = None, bind: tuple[str, int] | None = None) -> FastAPI:
     """Build the app. `kb` (tests) is used as given and not closed; otherwise one is opened at start
-    and closed at shutdown. Keys come from the environment unless given."""
+    and closed at shutdown. Keys come from the environment unless given. Without keys only loopback
+    Host/Origin headers (and the bound address, `bind`) are served."""
     settings = settings or (kb.settings if kb else get_settings())
     keyring = keys if keys is not None else KeyRing.from_env(settings)
+    host_policy = None if keyring.enabled else HostPolicy.from_settings(settings, *(bind or (None, None)))
+    hidden_roots = [*settings.server.corpus_roots, settings.server.upload_dir or (settings.home / "uploads"),
+                    settings.home]
+    hidden_roots += [FsPath(r).resolve() for r in hidden_roots]
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -165,6 +183,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         lifespan=lifespan,
         responses=ERRORS,
     )
+    app.add_middleware(RequestGuard, policy=host_policy)  # inside RequestContext: ids and size limit first
     app.add_middleware(RequestContext, max_body_bytes=settings.server.max_body_bytes)
 
     def get_kb() -> KnowledgeBase:
@@ -189,10 +208,10 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
 
     @app.exception_handler(RagError)
     async def rag_error(request: Request, exc: RagError) -> JSONResponse:
-        status = next((code for cls, code in STATUS_OF if isinstance(exc, cls)), 500)
-        if status >= 500 and status != 501:
-            log.error("request failed", extra={"code": exc.code, "error_type": type(exc).__name__})
-        return error_response(status, exc.code, str(exc))
+        status = next((code for cls, code in STATUS_OF if isinstance(exc, cls)), _EXTRA_STATUS.get(exc.code, 500))
+        if status >= 500 and status != 501:  # the detail (database text, paths) goes to the log only
+            log.error("request failed", exc_info=exc, extra={"code": exc.code, "error_type": type(exc).__name__})
+        return error_response(status, exc.code, client_message(exc, status, hidden_roots))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -209,7 +228,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected error", extra={"error_type": type(exc).__name__})
+        log.error("unexpected error", exc_info=exc, extra={"error_type": type(exc).__name__})
         return error_response(500, "internal_error", "internal error; see the server log for this request id")
 
     # ---- routes --------------------------------------------------------------------------
@@ -255,15 +274,17 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         log.info("embedded", extra={"files": len(out["files"]), "chunks": out["chunks"], "failed": out["failed"]})
         return {**out, "request_id": request_id_var.get()}
 
-    @app.post("/api/rag/embed-text", response_model=s.EmbedTextResponse, dependencies=read, tags=["ingest"])
+    @app.post("/api/rag/embed-text", response_model=s.EmbedTextResponse, dependencies=write, tags=["ingest"])
     def embed_text(body: s.EmbedTextRequest, kb: KB) -> dict[str, Any]:
         """The vector of a text in the active embedding space (nothing is stored)."""
         return service.embed_text(kb, body.text)
 
     @app.get("/api/rag/status", response_model=s.StatusResponse, dependencies=read, tags=["sources"])
-    def status(kb: KB, collection: Collection = None) -> dict[str, Any]:
-        """Counts of documents, chunks, vectors; skipped inputs and recent failures."""
-        return kb.status(collection)
+    def status(kb: KB, collection: Collection = None,
+               limit: Annotated[int, Query(ge=1, le=1000, description="Skipped rows per page.")] = 100,
+               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
+        """Counts of documents, chunks, vectors; skipped inputs (paged) and recent failures."""
+        return service.page_status(kb.status(collection), limit, offset)
 
     @app.get("/api/rag/sources", response_model=s.SourcesPage, dependencies=read, tags=["sources"])
     def sources(kb: KB, collection: Collection = None,
@@ -275,7 +296,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     @app.get("/api/rag/sources/{ref:path}", response_model=s.SourceDetail, dependencies=read, tags=["sources"])
     def source(ref: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
         """One document with its sections (empty ones too) and chunk summaries."""
-        return kb.show(ref, collection)
+        return only_documented(s.SourceDetail, kb.show(ref, collection))
 
     @app.delete("/api/rag/sources/{ref:path}", response_model=s.DeleteResponse, dependencies=write,
                 tags=["sources"])

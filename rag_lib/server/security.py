@@ -129,6 +129,7 @@ def check_bind(host: str, keys: KeyRing) -> None:
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._\-/ ]+$")
+MAX_COMPONENT = 255  # bytes per path component on Linux filesystems (ENAMETOOLONG beyond)
 
 
 def safe_relative(name: str) -> PurePosixPath:
@@ -137,10 +138,13 @@ def safe_relative(name: str) -> PurePosixPath:
         raise ValidationError("name must be 1-512 characters")
     if "\\" in name or "\x00" in name or not _SAFE_NAME.match(name):
         raise PathNotAllowedError(f"name '{name[:80]}' may only use letters, digits, '.', '_', '-', ' ' and '/'")
-    rel = PurePosixPath(name)
-    if rel.is_absolute() or any(part in ("..", "") for part in rel.parts) or name.startswith("/"):
-        raise PathNotAllowedError(f"name '{name[:80]}' must be a relative path without '..'")
-    return rel
+    # split by hand: PurePosixPath drops '.' and empty parts, which would let 'a/./b' or '.' through
+    parts = name.split("/")
+    if name.startswith("/") or any(part.strip() in ("..", ".", "") for part in parts):
+        raise PathNotAllowedError(f"name '{name[:80]}' must be a relative file path without '.', '..' or empty parts")
+    if any(len(part.encode()) > MAX_COMPONENT for part in parts):
+        raise ValidationError(f"name '{name[:80]}...' has a part longer than {MAX_COMPONENT} bytes")
+    return PurePosixPath(name)
 
 
 def confine(path: str, roots: list[Path]) -> tuple[Path, Path]:
@@ -155,6 +159,8 @@ def confine(path: str, roots: list[Path]) -> tuple[Path, Path]:
     raw = Path(path)
     if ".." in raw.parts:
         raise PathNotAllowedError(f"path '{path[:200]}' must not contain '..'")
+    if any(len(part.encode()) > MAX_COMPONENT for part in raw.parts):
+        raise ValidationError(f"path '{path[:80]}...' has a part longer than {MAX_COMPONENT} bytes")
     missing = False
     for root in roots:
         base = Path(root).resolve()
@@ -163,13 +169,108 @@ def confine(path: str, roots: list[Path]) -> tuple[Path, Path]:
         lexical = Path(os.path.abspath(candidate))
         if not (lexical.is_relative_to(base) or lexical.is_relative_to(spelled)):
             continue
-        resolved = candidate.resolve()
+        try:
+            resolved = candidate.resolve()
+            is_file = resolved.is_file()
+        except RuntimeError as exc:  # Python 3.11 raises RuntimeError on a symlink loop
+            raise PathNotAllowedError(f"path '{path[:200]}' is a symlink loop") from exc
+        except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES...: the path cannot be followed
+            raise PathNotAllowedError(f"path '{path[:200]}' cannot be followed ({exc.strerror or 'invalid'})") from exc
         if not resolved.is_relative_to(base):
             raise PathNotAllowedError(f"path '{path[:200]}' leaves its corpus root through a symlink")
-        if not resolved.is_file():
+        if not is_file:
             missing = True
             continue
         return resolved, base
     if missing:
         raise ValidationError(f"path '{path[:200]}' is not a file inside a configured corpus root")
     raise PathNotAllowedError(f"path '{path[:200]}' is not inside a configured corpus root")
+
+
+# ---- loopback mode: Host and Origin (DNS rebinding) ----------------------------------------
+
+class HostNotAllowedError(RagError):
+    """A Host header naming neither loopback nor the bound address (DNS rebinding)."""
+
+    code = "host_not_allowed"
+
+
+class OriginNotAllowedError(RagError):
+    """A browser Origin other than a loopback page (cross-site request to a loopback server)."""
+
+    code = "origin_not_allowed"
+
+
+def _split_host(value: str) -> str:
+    """The host name of a Host header value (`name`, `name:port`, `[v6]:port`), lower-cased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """Which Host / Origin headers a loopback-mode server accepts: loopback names (any port),
+    the bound address, and what settings.server.allowed_hosts / allowed_origins add."""
+
+    bound: str = "127.0.0.1"
+    port: int | None = None
+    extra_hosts: tuple[str, ...] = ()
+    extra_origins: tuple[str, ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, bound: str | None = None, port: int | None = None) -> HostPolicy:
+        cfg = settings.server
+        return cls(bound or cfg.host, port if port is not None else cfg.port,
+                   tuple(h.lower() for h in cfg.allowed_hosts), tuple(o.lower().rstrip("/") for o in cfg.allowed_origins))
+
+    def host_allowed(self, host: str | None) -> bool:
+        if not host or any(c in host for c in "/@ \t"):
+            return False
+        if host.lower() in self.extra_hosts:
+            return True
+        name = _split_host(host)
+        return is_loopback(name) or name == self.bound.strip("[]").lower()
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        if origin is None:
+            return True  # not a browser, or a same-origin GET
+        origin = origin.strip().lower().rstrip("/")
+        if origin in self.extra_origins:
+            return True
+        scheme, sep, rest = origin.partition("://")
+        if not sep or scheme not in ("http", "https") or "/" in rest:
+            return False  # includes the opaque "null" origin of sandboxed pages and file:// pages
+        return self.host_allowed(rest)
+
+    def check(self, host: str | None, origin: str | None) -> None:
+        """Raise unless both headers are acceptable."""
+        if not self.host_allowed(host):
+            raise HostNotAllowedError(
+                f"Host '{(host or '')[:100]}' is not served here; use 127.0.0.1 or localhost, or add it to "
+                "settings.server.allowed_hosts")
+        if not self.origin_allowed(origin):
+            raise OriginNotAllowedError(
+                f"Origin '{(origin or '')[:100]}' may not call this server; add it to settings.server.allowed_origins")
+
+    def transport_security(self):
+        """The MCP SDK's DNS-rebinding settings expressing the same rule (exact and `:*` patterns)."""
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        bound = self.bound.strip("[]")
+        bound = f"[{bound}]" if ":" in bound else bound
+        if bound.lower() not in names:
+            names.append(bound)
+        hosts = [n for name in names for n in (name, f"{name}:*")] + list(self.extra_hosts)
+        origins = [f"{scheme}://{n}" for scheme in ("http", "https") for name in names for n in (name, f"{name}:*")]
+        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins + list(self.extra_origins))
+
+
+def only_documented(model: type, data: dict) -> dict:
+    """`data` restricted to the fields `model` (a pydantic model) documents: internal columns such as
+    absolute source paths and fingerprints never reach a client, even where a schema allows extras."""
+    fields = getattr(model, "model_fields", {})
+    return {k: v for k, v in data.items() if k in fields}

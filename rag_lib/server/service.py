@@ -16,6 +16,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.models import SearchFilters, SearchHit
+from rag_lib.server import uploads
 from rag_lib.server.security import confine, safe_relative
 
 log = get_logger(__name__)
@@ -158,8 +159,7 @@ def similar(kb: KnowledgeBase, ref: str, *, top_k: int = 10, collection: str | N
 
 def embed_path(kb: KnowledgeBase, path: str, *, collection: str | None = None, force: bool = False) -> dict[str, Any]:
     """Ingest one file that lies inside a configured corpus root (unit ids relative to that root)."""
-    file, root = confine(path, [Path(r) for r in kb.settings.server.corpus_roots])
-    return kb.ingest([file], collection, root=root, force=force).to_dict()
+    return uploads.ingest_path(kb, path, collection, force)  # sandboxed parse, confined identities
 
 
 def upload_dir(kb: KnowledgeBase, collection: str) -> Path:
@@ -170,25 +170,7 @@ def upload_dir(kb: KnowledgeBase, collection: str) -> Path:
 def embed_content(kb: KnowledgeBase, name: str, content: str, *, collection: str | None = None,
                   force: bool = False) -> dict[str, Any]:
     """Keep uploaded text under the upload folder as `name` and ingest it (its path is `name`)."""
-    rel = safe_relative(name)
-    data = content.encode("utf-8")
-    if len(data) > kb.settings.max_file_bytes:
-        raise ValidationError(f"content is {len(data)} bytes; the limit is {kb.settings.max_file_bytes}")
-    coll = collection or kb.settings.collection
-    root = upload_dir(kb, coll)
-    target = (root / rel).resolve()
-    if not target.is_relative_to(root):  # a symlinked folder inside the upload dir
-        raise ValidationError(f"name '{name}' leaves the upload folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)  # atomic: a concurrent ingest never reads half a file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return kb.ingest([target], coll, root=root, force=force).to_dict()
+    return uploads.ingest_upload(kb, name, content, collection, force)  # sandboxed, no takeover, cleaned up
 
 
 def embed_text(kb: KnowledgeBase, text: str) -> dict[str, Any]:
@@ -227,3 +209,17 @@ def warm_up(kb: KnowledgeBase) -> None:
     if hasattr(provider, "load"):
         provider.load()
     provider.embed(["warm-up"])
+    from rag_lib.server.isolation import warm_up as start_parse_workers
+
+    start_parse_workers()  # the sandbox for uploaded content (see isolation.py)
+
+
+def page_status(raw: dict[str, Any], limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    """`status` with its skipped rows paged: `skipped` holds one page, `skipped_total` counts them all."""
+    if not 1 <= limit <= 1000 or not 0 <= offset <= 10_000_000:
+        raise ValidationError("limit must be 1-1000 and offset 0-10000000")
+    skipped = list(raw.get("skipped") or [])
+    page = skipped[offset:offset + limit]
+    more = offset + limit < len(skipped)
+    return {**raw, "skipped": page, "skipped_total": len(skipped), "skipped_limit": limit, "skipped_offset": offset,
+            "skipped_next_offset": offset + limit if more else None}

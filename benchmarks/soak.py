@@ -1,0 +1,305 @@
+"""Soak benchmark (issue 15): mixed search / embed / delete / embed-text traffic from 16 clients
+against a real `rag serve` on 127.0.0.1 for N minutes, with hostile bodies mixed in (parser bombs,
+NUL bytes, bad names, huge numbers, foreign Origin). Prints ONE JSON line: requests, errors by
+status code, p95, the server's RSS at start and end, `/health` latency, and an integrity check (no
+orphans; the corpus collection equal to a clean ingest of the same files).
+
+    .venv/bin/python benchmarks/soak.py [--seconds 600] [--clients 16] [--files 40]
+
+Runs on a throwaway embedded PostgreSQL server (nothing else is touched)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+import psycopg  # noqa: E402
+
+RAG = str(Path(sys.executable).with_name("rag"))
+KEY = "soak-" + os.urandom(8).hex()
+QUERIES = ["NVDA data center revenue", "earnings guidance risk", "momentum breakout setup", "AMD thesis risks",
+           "options implied volatility", "sector rotation", "gap fill", "capex cycle semiconductors",
+           "bear case analysis", "position sizing stop loss", "MSFT cloud growth", "catalyst timeline"]
+
+
+def alias_bomb(levels: int) -> str:
+    names = "abcdefghij"
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{names[i]}: &{names[i]} [{','.join(['*' + names[i - 1]] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE = [  # (method, path, json body, extra headers): each must be refused or skipped, never a 5xx
+    ("POST", "/api/rag/embed", {"name": "bomb/nest.yaml", "content": "d: " + "[" * 50_000 + "]" * 50_000,
+                                "collection": "soak"}, {}),
+    ("POST", "/api/rag/embed", {"name": "bomb/alias.yaml", "content": alias_bomb(7), "collection": "soak"}, {}),
+    ("POST", "/api/rag/embed", {"name": "bomb/spaces.yaml", "content": "n: a" + " " * 60_000 + "b\n",
+                                "collection": "soak"}, {}),
+    ("POST", "/api/rag/embed", {"name": "bomb/front.md", "content": "---\nt: " + "[" * 40_000 + "\n---\n# x\n",
+                                "collection": "soak"}, {}),
+    ("POST", "/api/rag/embed", {"name": "..", "content": "# x\n", "collection": "soak"}, {}),
+    ("POST", "/api/rag/embed", {"name": "bomb/ids.jsonl", "collection": "soak", "content":
+                                json.dumps({"_id": "../../etc/passwd", "text": "x"}) + "\n"}, {}),
+    ("POST", "/api/rag/search", {"query": "nvda\u0000"}, {}),
+    ("POST", "/api/rag/search", {"query": "x", "top_k": 10**30}, {}),
+    ("GET", "/api/rag/sources?offset=" + "9" * 31, None, {}),
+    ("POST", "/api/rag/embed", {"path": "x" * 300 + ".md"}, {}),
+    ("POST", "/api/rag/search", {"query": "q" * 5000}, {}),
+    ("POST", "/api/rag/search", {"query": "x"}, {"X-API-Key": "wrong"}),
+    ("POST", "/api/rag/search", {"query": "x"}, {"Origin": "http://evil.example", "X-API-Key": "wrong"}),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def pick_files(count: int, dest: Path) -> list[str]:
+    """Copy `count` shared-corpus files (YAML and markdown, spread over the folders) to `dest`."""
+    corpus = SHARED / "corpus"
+    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".md")
+                   and "README" not in p.name)
+    chosen = files[:: max(1, len(files) // count)][:count]
+    for src in chosen:
+        target = dest / src.relative_to(corpus)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return [p.relative_to(corpus).as_posix() for p in chosen]
+
+
+def db_counts(url: str, collection: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        one = lambda sql: conn.execute(sql, {"c": collection}).fetchone()[0]  # noqa: E731
+        return {
+            "documents": one("SELECT count(*) FROM rag_documents WHERE collection = %(c)s"),
+            "sections": one("SELECT count(*) FROM rag_sections WHERE collection = %(c)s"),
+            "chunks": one("SELECT count(*) FROM rag_chunks WHERE collection = %(c)s"),
+            "vectors": one("SELECT count(*) FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                           " WHERE c.collection = %(c)s"),
+            "chunk_ids": one("SELECT md5(coalesce(string_agg(chunk_id, ',' ORDER BY chunk_id), ''))"
+                             " FROM rag_chunks WHERE collection = %(c)s"),
+        }
+
+
+def orphans(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        one = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
+        return {
+            "sections_without_document": one(
+                "SELECT count(*) FROM rag_sections s WHERE NOT EXISTS (SELECT 1 FROM rag_documents d"
+                " WHERE d.collection = s.collection AND d.path = s.path)"),
+            "chunks_without_document": one(
+                "SELECT count(*) FROM rag_chunks c WHERE NOT EXISTS (SELECT 1 FROM rag_documents d"
+                " WHERE d.collection = c.collection AND d.path = c.path)"),
+            "vectors_without_chunk": one(
+                "SELECT count(*) FROM rag_chunk_vectors v WHERE NOT EXISTS (SELECT 1 FROM rag_chunks c"
+                " WHERE c.chunk_id = v.chunk_id)"),
+            "chunks_without_vector": one(
+                "SELECT count(*) FROM rag_chunks c WHERE NOT EXISTS (SELECT 1 FROM rag_chunk_vectors v"
+                " WHERE v.chunk_id = c.chunk_id)"),
+        }
+
+
+class Traffic:
+    def __init__(self, base: str, files: list[str], seed: int):
+        self.base = base
+        self.files = files
+        self.rng = random.Random(seed)
+        self.latencies: list[float] = []
+        self.by_status: Counter[int] = Counter()
+        self.unexpected: Counter[str] = Counter()  # status a request of its kind should never get
+        self.kinds: Counter[str] = Counter()
+        self.health_ms: list[float] = []
+        self.uploaded: list[str] = []
+
+    async def one(self, c: httpx.AsyncClient, client_no: int, n: int) -> None:
+        roll = self.rng.random()
+        headers: dict[str, str] = {}
+        if roll < 0.55:
+            kind, method, path = "search", "POST", "/api/rag/search"
+            body: dict | None = {"query": self.rng.choice(QUERIES), "top_k": 5,
+                                 "mode": self.rng.choice(["hybrid", "semantic", "lexical"])}
+            ok = {200}
+        elif roll < 0.65:
+            kind, method, path, ok = "embed_text", "POST", "/api/rag/embed-text", {200}
+            body = {"text": self.rng.choice(QUERIES) + f" {n}"}
+        elif roll < 0.75:
+            kind, method, path, ok = "upload", "POST", "/api/rag/embed", {200, 503}
+            name = f"notes/c{client_no}-{n}.md"
+            body = {"name": name, "collection": "soak",
+                    "content": f"# Soak note {n}\n\n## Idea\n\n{self.rng.choice(QUERIES)} noted by client {client_no}.\n"}
+        elif roll < 0.82 and self.uploaded:
+            kind, method, ok = "delete", "DELETE", {200, 404}
+            path, body = f"/api/rag/sources/{self.uploaded.pop(self.rng.randrange(len(self.uploaded)))}?collection=soak", None
+        elif roll < 0.87:
+            kind, method, path, ok = "reembed", "POST", "/api/rag/embed", {200, 503}
+            body = {"path": self.rng.choice(self.files)}
+        else:
+            kind, ok = "hostile", {400, 401, 403, 404, 413, 421, 422, 503}
+            method, path, body, headers = self.rng.choice(HOSTILE)
+            if path == "/api/rag/embed" and "content" in (body or {}):
+                ok = ok | {200}  # a loader may skip a bomb with its reason instead of the sandbox refusing it
+        t0 = time.perf_counter()
+        try:
+            r = await c.request(method, path, json=body, headers=headers)
+            status = r.status_code
+            if kind == "upload" and status == 200:
+                self.uploaded.append(body["name"])  # only once stored: a delete never races its upload
+            if kind == "hostile" and status == 200:
+                out = r.json()
+                if out.get("new") or out.get("changed"):
+                    status = -1  # a bomb was published: count as unexpected
+        except httpx.HTTPError as exc:
+            status = 0
+            self.unexpected[f"{kind}:{type(exc).__name__}"] += 1
+        self.latencies.append((time.perf_counter() - t0) * 1000)
+        self.kinds[kind] += 1
+        self.by_status[status] += 1
+        if status not in ok:
+            self.unexpected[f"{kind}:{status}"] += 1
+
+    async def client(self, client_no: int, until: float) -> None:
+        async with httpx.AsyncClient(base_url=self.base, timeout=120, headers={"X-API-Key": KEY}) as c:
+            n = 0
+            while time.monotonic() < until:
+                n += 1
+                await self.one(c, client_no, n)
+
+    async def health(self, until: float) -> None:
+        async with httpx.AsyncClient(base_url=self.base, timeout=30) as c:
+            while time.monotonic() < until:
+                t0 = time.perf_counter()
+                try:
+                    r = await c.get("/health")
+                    if r.status_code != 200:
+                        self.unexpected[f"health:{r.status_code}"] += 1
+                except httpx.HTTPError as exc:
+                    self.unexpected[f"health:{type(exc).__name__}"] += 1
+                self.health_ms.append((time.perf_counter() - t0) * 1000)
+                await asyncio.sleep(0.25)
+
+    async def run(self, seconds: float, clients: int) -> None:
+        until = time.monotonic() + seconds
+        await asyncio.gather(self.health(until), *(self.client(i, until) for i in range(clients)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--files", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=15)
+    args = ap.parse_args()
+
+    with scratch_server("rag-soak-") as (admin, work):
+        root = work / "corpus"
+        files = pick_files(args.files, root)
+        url = create_database(admin, "soak")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+        env.update(RAG_DATABASE_URL=url, RAG_HOME=str(work / "home"), HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false", RAG_API_KEYS=KEY,
+                   RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
+        port = free_port()
+        log = open(work / "server.log", "w")
+        proc = subprocess.Popen([RAG, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"server did not start: {(work / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+            with httpx.Client(base_url=base, timeout=600, headers={"X-API-Key": KEY}) as c:
+                for rel in files:  # the corpus through the API, once, before the clock starts
+                    r = c.post("/api/rag/embed", json={"path": rel})
+                    r.raise_for_status()
+                for q in QUERIES:  # warm every path once
+                    c.post("/api/rag/search", json={"query": q, "top_k": 5})
+            rss_start = rss_mb(proc.pid)
+            traffic = Traffic(base, files, args.seed)
+            started = time.monotonic()
+            asyncio.run(traffic.run(args.seconds, args.clients))
+            elapsed = time.monotonic() - started
+            rss_end = rss_mb(proc.pid)
+            alive = proc.poll() is None
+            with httpx.Client(base_url=base, timeout=120, headers={"X-API-Key": KEY}) as c:
+                for name in traffic.uploaded:  # remove what the clients left, then check integrity
+                    c.delete(f"/api/rag/sources/{name}", params={"collection": "soak"})
+                left_in_soak = c.get("/api/rag/sources", params={"collection": "soak", "limit": 1000}).json()["items"]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+        served = db_counts(url, "default")
+        clean_url = create_database(admin, "soak_clean")
+        env_clean = {**env, "RAG_DATABASE_URL": clean_url}
+        done = subprocess.run([RAG, "ingest", str(root), "--json"], env=env_clean, capture_output=True, text=True)
+        clean = db_counts(clean_url, "default")
+        lost = orphans(url)
+
+    lat = traffic.latencies
+    errors = {str(k): v for k, v in sorted(traffic.by_status.items()) if k < 200 or k >= 300}
+    out = {
+        "benchmark": "soak",
+        "seconds": round(elapsed, 1),
+        "clients": args.clients,
+        "requests": len(lat),
+        "requests_per_s": round(len(lat) / elapsed, 1) if elapsed else 0,
+        "by_kind": dict(traffic.kinds),
+        "errors_by_status": errors,
+        "unexpected": dict(traffic.unexpected),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
+        "p95_ms": round(float(np.percentile(lat, 95)), 1) if lat else None,
+        "health_p95_ms": round(float(np.percentile(traffic.health_ms, 95)), 1) if traffic.health_ms else None,
+        "health_max_ms": round(max(traffic.health_ms), 1) if traffic.health_ms else None,
+        "rss_mb_start": rss_start,
+        "rss_mb_end": rss_end,
+        "server_alive": alive,
+        "integrity": {
+            "orphans": lost,
+            "no_orphans": not any(lost.values()),
+            "soak_collection_left": len(left_in_soak),
+            "served": served,
+            "clean_ingest": clean,
+            "equal_to_clean_ingest": served == clean and done.returncode == 0,
+        },
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
