@@ -20,7 +20,11 @@ def command_plugins() -> list:
 
 def load_plugins(app: typer.Typer) -> None:
     """Register every plugin's commands; a plugin that fails to load is logged, not fatal."""
+    import sys
+
     for ep in command_plugins():
+        if ep.module in sys.modules and not hasattr(sys.modules[ep.module], ep.attr):
+            continue  # the plugin module is importing rag_lib.cli right now (imported directly, not via `rag`)
         try:
             ep.load()(app)
         except Exception:  # a broken plugin must not take `rag search` down with it
