@@ -34,13 +34,13 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
     ref = ref.strip()
     if not ref:
         raise ValidationError("node is empty; pass a ticker, a document path or id, or an entity name")
-    candidates = [ref, ticker_key(ref) if ref.replace(".", "").replace("-", "").isalnum() and len(ref) <= 10 else ref,
-                  doc_key(ref), normalise_name(ref)]
+    # an entity named like the ref wins over the document whose id it is (the walk is about the entity)
+    candidates = [ref, normalise_name(ref), ticker_key(ref) if len(ref) <= 10 else ref, doc_key(ref)]
     with store.db.connection() as conn:
         row = conn.execute("SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path LIMIT 1",
                            (collection, ref)).fetchone()
     if row:
-        candidates.insert(1, doc_key(row[0]))
+        candidates.append(doc_key(row[0]))
     node = store.graph_find_node(collection, candidates)
     if node is None:
         raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'; try a ticker, a document path, "

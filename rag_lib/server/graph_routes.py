@@ -1,7 +1,6 @@
 """HTTP routes of the knowledge graph: `GET /api/rag/graph/{node}` (neighbourhood, path or ticker
 context) and `POST /api/rag/hybrid-context` (passages + graph facts routed by the query's class)."""
 
-from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable

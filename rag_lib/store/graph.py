@@ -260,6 +260,7 @@ class GraphStore:
             cur = conn.execute(
                 """SELECT src, predicate, dst, path, section FROM rag_graph_edges
                    WHERE (%(c)s::text IS NULL OR collection = %(c)s) AND section = '_graph'
+                     AND predicate <> 'has_entity'
                    ORDER BY path, id LIMIT %(l)s""", {"c": collection, "l": limit})
             return _dicts(cur)
 
