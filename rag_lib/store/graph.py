@@ -10,8 +10,8 @@ import psycopg
 
 from rag_lib.models import Document, DocumentGraph
 
-MAX_FANOUT = 200  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
-MAX_ROWS = 5000  # rows one walk may produce
+MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
+MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
 
 
 class GraphStore:
