@@ -313,3 +313,15 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, ca
             assert res.is_error and "not_found" in " ".join(getattr(c, "text", "") for c in res.content)
 
     anyio.run(run)
+
+
+def test_documents_without_parsed_body_reread_their_source_for_the_graph(corpus_copy):
+    """Stage runs (Dagster) publish documents rebuilt from metadata: the graph still has the triples."""
+    import dataclasses
+
+    root = corpus_copy(TRADE, LEARNING)
+    doc = _doc(root, TRADE)
+    bare = dataclasses.replace(doc, body=None)
+    assert ("trd-2025-001", "traded", "ticker:NVDA") in document_graph(bare).triples()
+    (root / TRADE).write_text((root / TRADE).read_text() + "\n# edited\n")  # content no longer what was chunked
+    assert not any(e.section == "_graph" for e in document_graph(bare).edges)

@@ -4,6 +4,7 @@ and known tickers named in the text. Pure: no database, no model."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from rag_lib.documents import SUPPORTED_SUFFIXES, iter_corpus_files
+import yaml
+
+from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, iter_corpus_files, parse_yaml
 from rag_lib.models import Document, DocumentGraph, GraphEdge, GraphNode, Section
 
 GRAPH_SECTION = "_graph"
@@ -222,8 +225,24 @@ def extract_graph(
     return b.done()
 
 
+def _with_body(doc: Document) -> Document:
+    """Stage runs carry documents without their parsed body: read it again from the source file,
+    only if the file still has the content that was chunked (else the graph keeps metadata facts)."""
+    if doc.body is not None or doc.format != "yaml" or not doc.source_path:
+        return doc
+    try:
+        raw = Path(doc.source_path).read_bytes()
+        if content_hash(raw) != doc.content_hash:
+            return doc
+        body = parse_yaml(raw.decode("utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return doc  # the file changed or went: the graph keeps the metadata facts
+    return dataclasses.replace(doc, body=body) if isinstance(body, dict) else doc
+
+
 def document_graph(doc: Document, sections: Iterable[Section] = ()) -> DocumentGraph:
     """`extract_graph` with the corpus facts read from the document's own corpus root."""
+    doc = _with_body(doc)
     root = corpus_root(doc)
     index = corpus_index(root) if root else CorpusIndex(frozenset(), frozenset())
     return extract_graph(doc, sections, index.paths, index.tickers)
