@@ -247,6 +247,63 @@ class KnowledgeBase:
         positions = store.chunk_positions([h.chunk_id for h in result.hits])
         return assemble(query, mode, result.hits, provider.tokenizer().count, token_budget, positions)
 
+    # ---- knowledge graph -----------------------------------------------------------------
+
+    def ticker_context(self, ticker: str, *, depth: int = 2, collection: str | None = None) -> dict[str, Any]:
+        """What the knowledge graph relates to a ticker: biases, strategies, catalysts, sectors, signals,
+        trades, outcomes, learnings, documents and peer tickers (with what they share)."""
+        from rag_lib.graph.queries import ticker_context
+
+        return ticker_context(self.store, self._collection(collection), ticker, depth)
+
+    def neighbors(self, node: str, *, depth: int = 1, predicates: list[str] | None = None,
+                  collection: str | None = None) -> dict[str, Any]:
+        """Nodes and edges within `depth` (1-3) steps of a node (ticker, document path/id, entity name)."""
+        from rag_lib.graph.queries import neighbors
+
+        return neighbors(self.store, self._collection(collection), node, depth, predicates)
+
+    def graph_path(self, a: str, b: str, *, max_depth: int = 4, collection: str | None = None) -> dict[str, Any]:
+        """A shortest chain of graph edges between two nodes (`found` False when none within `max_depth`)."""
+        from rag_lib.graph.queries import graph_path
+
+        return graph_path(self.store, self._collection(collection), a, b, max_depth)
+
+    def hybrid_context(self, query: str, ticker: str | None = None, token_budget: int = 4000, *,
+                       collection: str | None = None) -> Any:
+        """Passages and graph facts for `query`, routed by its class, within `token_budget` tokens
+        (a `rag_lib.graph.hybrid.HybridContext`)."""
+        from rag_lib.graph.hybrid import hybrid_context
+
+        return hybrid_context(self, query, ticker, token_budget, collection)
+
+    def build_analysis_context(self, ticker: str, analysis_type: str = "stock-analysis", token_budget: int = 4000,
+                               *, collection: str | None = None) -> Any:
+        """Context before a new analysis of `ticker`: past and peer analyses, learnings, graph facts."""
+        from rag_lib.graph.hybrid import build_analysis_context
+
+        return build_analysis_context(self, ticker, analysis_type, token_budget, collection)
+
+    def get_similar_analyses(self, ticker: str, analysis_type: str | None = None, top_k: int = 5, *,
+                             collection: str | None = None) -> list:
+        """Past analyses of `ticker` (one `SearchHit` per document, best first)."""
+        from rag_lib.graph.hybrid import get_similar_analyses
+
+        return get_similar_analyses(self, ticker, analysis_type, top_k, collection)
+
+    def graph_export(self, fmt: str = "cypher", collection: str | None = None) -> str:
+        """The collection's graph as Cypher statements (Neo4j) or GraphML (Gephi, yEd, NetworkX)."""
+        from rag_lib.graph.export import export_graph
+
+        nodes, edges = self.store.graph_export_rows(self._collection(collection))
+        return export_graph(nodes, edges, fmt)
+
+    def graph_checks(self, collection: str | None = None) -> list[Any]:
+        """Graph quality checks: dangling links (warn), orphan nodes and stale edges (error), counts."""
+        from rag_lib.graph.checks import graph_checks
+
+        return graph_checks(self.store, collection)
+
     def status(self, collection: str | None = None) -> dict[str, Any]:
         counts = self.store.status_counts(collection)
         space = self.store.active_space()

@@ -18,6 +18,7 @@ from rag_lib.documents import load_file
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError
 from rag_lib.flatten import flatten, load_mapping
+from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
@@ -218,7 +219,7 @@ class Engine:
             )
         self.store.publish_document(
             prepared.doc, prepared.sections, prepared.chunks, vectors, self.provider.space,
-            cfg.dimensions, self.fingerprint,
+            cfg.dimensions, self.fingerprint, graph=document_graph(prepared.doc, prepared.sections),
         )
 
     def ensure_space(self) -> None:

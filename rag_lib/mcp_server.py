@@ -20,6 +20,7 @@ from rag_lib.config import Settings, get_settings
 from rag_lib.errors import ConfigError, DatabaseError, RagError
 from rag_lib.server import service
 from rag_lib.server.errors import _has_nul, client_message
+from rag_lib.server.graph_tools import register_graph_tools
 from rag_lib.server.security import HostPolicy, KeyRing, Scope, check_bind, key_from_headers
 
 _log = logging.getLogger("rag_lib.mcp")
@@ -167,6 +168,8 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
     ) -> dict[str, Any]:
         """List indexed documents (path, id, type, ticker, date, chunk count), one page at a time."""
         return _json_safe(_call(service.list_sources, kb(), collection=collection, limit=limit, offset=offset))
+
+    register_graph_tools(server, kb)  # rag_hybrid_context, rag_graph (rag_lib/server/graph_tools.py)
 
     if not read_only:
 

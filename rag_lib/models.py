@@ -211,3 +211,37 @@ class IngestReport:
             "seconds": round(self.seconds, 3),
             "files": [asdict(o) for o in self.outcomes],
         }
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A knowledge-graph node: `key` is unique per collection (`doc:<path>`, `ticker:NVDA`, an entity name)."""
+
+    key: str
+    kind: str  # doc | ticker | doc_type | date | an entity type from `_graph` (bias, strategy, ...) | entity
+    label: str
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    """A fact `src --predicate--> dst` found in document `path`, section `section` (its provenance)."""
+
+    src: str
+    predicate: str
+    dst: str
+    section: str
+    role: str | None = None  # the `_links` key (analysis, strategy, ...) for links_to edges
+
+
+@dataclass
+class DocumentGraph:
+    """The nodes and edges one document contributes; `dangling` lists `_links` not found in the corpus."""
+
+    collection: str
+    path: str
+    nodes: list[GraphNode] = field(default_factory=list)
+    edges: list[GraphEdge] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)
+
+    def triples(self) -> set[tuple[str, str, str]]:
+        return {(e.src, e.predicate, e.dst) for e in self.edges}

@@ -14,7 +14,7 @@ from mcp import Client, StdioServerParameters
 
 RAG = str(Path(sys.executable).with_name("rag"))
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
-TOOLS = {"rag_search", "rag_similar", "rag_context", "rag_embed", "rag_status", "rag_list"}
+TOOLS = {"rag_search", "rag_similar", "rag_context", "rag_embed", "rag_status", "rag_list", "rag_hybrid_context", "rag_graph"}
 
 
 def params(db_url: str, tmp_path: Path, *extra: str) -> StdioServerParameters:

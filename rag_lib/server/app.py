@@ -31,6 +31,7 @@ from rag_lib.errors import (
 from rag_lib.server import schemas as s
 from rag_lib.server import service
 from rag_lib.server.errors import RequestGuard, client_message, send_error
+from rag_lib.server.graph_routes import graph_router
 from rag_lib.server.logs import request_id_var
 from rag_lib.server.security import (
     AuthError,
@@ -306,4 +307,5 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         log.info("deleted", extra={"documents": len(deleted)})
         return {"deleted": deleted, "collection": collection or kb.settings.collection}
 
+    app.include_router(graph_router(get_kb, read))  # knowledge graph: /api/rag/graph, /api/rag/hybrid-context
     return app

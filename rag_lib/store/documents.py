@@ -11,7 +11,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from rag_lib.errors import DatabaseError, DimensionMismatchError, NotFoundError
-from rag_lib.models import Chunk, Document, Section, Skipped
+from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 
 
 def _lock_key(collection: str, path: str) -> str:
@@ -38,8 +38,10 @@ class DocumentStore:
         space: str,
         dimensions: int,
         fingerprint: str,
+        graph: DocumentGraph | None = None,
     ) -> None:
-        """Replace a document's rows atomically: readers see the old version or the new, never half."""
+        """Replace a document's rows atomically: readers see the old version or the new, never half.
+        Its graph edges are replaced in the same transaction (`graph=None`: the document has none)."""
         if len(chunks) != len(vectors):
             raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors for {doc.path}")
         if len(chunks) and vectors.shape[1] != dimensions:
@@ -48,18 +50,19 @@ class DocumentStore:
                 "nothing was written"
             )
         try:
-            self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint)
+            self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint, graph)
         except psycopg.Error as exc:
             raise DatabaseError(
                 f"{doc.path}: publishing failed ({exc.__class__.__name__}: {str(exc).strip()}); "
                 "the previous version stays live"
             ) from exc
 
-    def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint) -> None:
+    def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint, graph=None) -> None:
         with self.db.connection() as conn, conn.transaction():
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)
             )
+            old_nodes = self._graph_keys(conn, doc.collection, [doc.path])
             conn.execute("DELETE FROM rag_documents WHERE collection = %s AND path = %s", (doc.collection, doc.path))
             conn.execute(
                 """INSERT INTO rag_documents (collection, path, doc_id, doc_type, title, ticker, doc_date, version,
@@ -97,6 +100,9 @@ class DocumentStore:
                 with cur.copy("COPY rag_chunk_vectors (chunk_id, space, dimensions, embedding) FROM STDIN") as copy:
                     for c, vec in zip(chunks, vectors):
                         copy.write_row((c.chunk_id, space, dimensions, vec))
+            if graph is not None:
+                self._graph_write(conn, doc, graph)
+            self._graph_drop_orphans(conn, doc.collection, old_nodes)
             conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (doc.collection, doc.path))
 
     def record_skip(self, skipped: Skipped) -> None:
@@ -133,9 +139,11 @@ class DocumentStore:
             paths = [r[0] for r in rows]
             for path in paths:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(collection, path),))
+            old_nodes = self._graph_keys(conn, collection, paths)
             conn.execute(
                 "DELETE FROM rag_documents WHERE collection = %s AND path = ANY(%s)", (collection, paths)
             )
+            self._graph_drop_orphans(conn, collection, old_nodes)
             conn.execute(
                 "DELETE FROM rag_stage_outputs WHERE collection = %s AND path = ANY(%s)", (collection, paths)
             )
@@ -190,7 +198,7 @@ class DocumentStore:
         with self.db.connection() as conn, conn.transaction():
             conn.execute(
                 "TRUNCATE rag_documents, rag_sections, rag_chunks, rag_chunk_vectors, rag_skipped,"
-                " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds"
+                 " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds, rag_graph_edges, rag_graph_nodes"
             )
 
 

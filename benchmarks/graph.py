@@ -1,0 +1,90 @@
+"""Graph walk latency: p50/p95 of depth-2 neighbourhoods (the `neighbors` recursive CTE) on a
+generated graph of ~100k edges (2,000 documents; entities with a realistic skew: a few hubs, many
+rare). Prints one JSON line. Target: p95 <= 20 ms."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._bench_db import create_database, scratch_server  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.store import Store, apply_migrations  # noqa: E402
+
+import psycopg  # noqa: E402
+
+DOCS, EDGES_PER_DOC, ENTITIES, TICKERS, QUERIES = 2000, 64, 20000, 500, 300
+
+
+def build(url: str, rng: random.Random) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        apply_migrations(conn)
+        with conn.cursor() as cur:
+            with cur.copy("COPY rag_documents (collection, path, doc_id, doc_type, format, content_hash, fingerprint)"
+                          " FROM STDIN") as cp:
+                for d in range(DOCS):
+                    cp.write_row(("b", f"d{d}.yaml", f"D{d}", "stock-analysis", "yaml", "h", "f"))
+            keys = [f"doc:d{d}.yaml" for d in range(DOCS)] + [f"ticker:T{t}" for t in range(TICKERS)] + \
+                   [f"e{e}" for e in range(ENTITIES)]
+            with cur.copy("COPY rag_graph_nodes (collection, key, kind, label) FROM STDIN") as cp:
+                for k in keys:
+                    cp.write_row(("b", k, k.split(":")[0] if ":" in k else "entity", k))
+            seen, n = set(), 0
+            with cur.copy("COPY rag_graph_edges (collection, path, section, src, predicate, dst, doc_hash)"
+                          " FROM STDIN") as cp:
+                for d in range(DOCS):
+                    me = f"doc:d{d}.yaml"
+                    for _ in range(EDGES_PER_DOC):
+                        r = rng.random()
+                        if r < 0.1:
+                            src, pred, dst = me, "mentions", f"ticker:T{int(rng.paretovariate(1.2)) % TICKERS}"
+                        elif r < 0.2:
+                            src, pred, dst = me, "links_to", f"doc:d{rng.randrange(DOCS)}.yaml"
+                        elif r < 0.5:
+                            src, pred, dst = me, "has_entity", f"e{int(rng.paretovariate(0.8)) % ENTITIES}"
+                        else:
+                            src = f"e{rng.randrange(ENTITIES)}"
+                            pred, dst = rng.choice(["in_sector", "uses_signal_from", "catalyst_type", "analyzes"]), \
+                                f"e{rng.randrange(ENTITIES)}"
+                        if src == dst or (d, src, pred, dst) in seen:
+                            continue
+                        seen.add((d, src, pred, dst))
+                        cp.write_row(("b", f"d{d}.yaml", "_graph", src, pred, dst, "h"))
+                        n += 1
+        conn.execute("ANALYZE rag_graph_edges; ANALYZE rag_graph_nodes")
+    return n
+
+
+def main() -> None:
+    rng = random.Random(16)
+    with scratch_server("rag-graph-bench-") as (admin, work):
+        url = create_database(admin, "graph_bench")
+        edges = build(url, rng)
+        store = Store(Settings(database_url=url, home=work / "home"))
+        starts = [f"doc:d{rng.randrange(DOCS)}.yaml" for _ in range(QUERIES // 3)] + \
+                 [f"ticker:T{rng.randrange(50)}" for _ in range(QUERIES // 3)] + \
+                 [f"e{rng.randrange(ENTITIES)}" for _ in range(QUERIES // 3)]
+        for s in starts[:20]:  # warm the pool and caches
+            store.graph_walk("b", s, 2)
+        times, sizes = [], []
+        for s in starts:
+            t0 = time.perf_counter()
+            rows = store.graph_walk("b", s, 2)
+            times.append((time.perf_counter() - t0) * 1000)
+            sizes.append(len(rows))
+        store.close()
+    q = statistics.quantiles(times, n=100)
+    print(json.dumps({"benchmark": "graph_neighbors_depth2", "edges": edges, "documents": DOCS, "queries": len(times),
+                      "p50_ms": round(q[49], 2), "p95_ms": round(q[94], 2), "max_ms": round(max(times), 2),
+                      "mean_rows": round(statistics.mean(sizes), 1), "max_rows": max(sizes),
+                      "target_p95_ms": 20, "ok": q[94] <= 20}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Knowledge graph: extraction from documents (`extract`), queries (`queries`), hybrid context (`hybrid`)."""

@@ -1,0 +1,280 @@
+"""SQL for the knowledge graph: writing a document's edges inside its publish transaction, removing
+nodes left without edges, bounded walks (recursive CTEs) and the data-quality queries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+
+from rag_lib.models import Document, DocumentGraph
+
+MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
+MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
+
+
+class GraphStore:
+    """Mixin: needs `self.db` (Connections). `_graph_*` helpers run on the caller's connection."""
+
+    # ---- writing (inside DocumentStore's transactions) -----------------------------------
+
+    @staticmethod
+    def _graph_keys(conn: psycopg.Connection, collection: str, paths: Sequence[str]) -> list[str]:
+        rows = conn.execute(
+            "SELECT src, dst FROM rag_graph_edges WHERE collection = %s AND path = ANY(%s)", (collection, list(paths))
+        ).fetchall()
+        return sorted({k for row in rows for k in row})
+
+    @staticmethod
+    def _graph_write(conn: psycopg.Connection, doc: Document, graph: DocumentGraph) -> None:
+        """Insert the document's nodes (kept if present; a typed kind replaces `entity`) and edges."""
+        if graph.collection != doc.collection or graph.path != doc.path:
+            raise ValueError(f"graph of {graph.collection}/{graph.path} published with document {doc.path}")
+        with conn.cursor() as cur:
+            cur.executemany(
+                """INSERT INTO rag_graph_nodes (collection, key, kind, label) VALUES (%s, %s, %s, %s)
+                   ON CONFLICT (collection, key) DO UPDATE SET kind = EXCLUDED.kind
+                   WHERE rag_graph_nodes.kind = 'entity' AND EXCLUDED.kind <> 'entity'""",
+                [(doc.collection, n.key, n.kind, n.label) for n in graph.nodes],
+            )
+            cur.executemany(
+                """INSERT INTO rag_graph_edges (collection, path, section, src, predicate, dst, role, doc_hash)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                [(doc.collection, doc.path, e.section, e.src, e.predicate, e.dst, e.role, doc.content_hash)
+                 for e in graph.edges],
+            )
+
+    @staticmethod
+    def _graph_drop_orphans(conn: psycopg.Connection, collection: str, keys: Iterable[str]) -> int:
+        """Delete those of `keys` no edge references any more."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        return conn.execute(
+            """DELETE FROM rag_graph_nodes n WHERE n.collection = %(c)s AND n.key = ANY(%(k)s)
+                 AND NOT EXISTS (SELECT 1 FROM rag_graph_edges e WHERE e.collection = n.collection AND e.src = n.key)
+                 AND NOT EXISTS (SELECT 1 FROM rag_graph_edges e WHERE e.collection = n.collection AND e.dst = n.key)""",
+            {"c": collection, "k": keys},
+        ).rowcount
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def graph_nodes(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT key, kind, label FROM rag_graph_nodes WHERE collection = %s AND key = ANY(%s)",
+                (collection, list(keys)),
+            ).fetchall()
+        return {k: {"key": k, "kind": kind, "label": label} for k, kind, label in rows}
+
+    def graph_find_node(self, collection: str, candidates: Sequence[str]) -> dict[str, Any] | None:
+        """The first of `candidates` (keys, in preference order) that exists, else a node whose label matches."""
+        with self.db.connection() as conn:
+            row = conn.execute(
+                """SELECT key, kind, label FROM rag_graph_nodes
+                   WHERE collection = %s AND key = ANY(%s) ORDER BY array_position(%s, key) LIMIT 1""",
+                (collection, list(candidates), list(candidates)),
+            ).fetchone()
+            if row is None and candidates:
+                row = conn.execute(
+                    "SELECT key, kind, label FROM rag_graph_nodes WHERE collection = %s AND lower(label) = lower(%s)"
+                    " ORDER BY key LIMIT 1", (collection, candidates[-1]),
+                ).fetchone()
+        return {"key": row[0], "kind": row[1], "label": row[2]} if row else None
+
+    def graph_walk(
+        self,
+        collection: str,
+        start: str,
+        depth: int,
+        predicates: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+        max_rows: int = MAX_ROWS,
+        fanout: int = MAX_FANOUT,
+    ) -> list[dict[str, Any]]:
+        """Edges reached from `start` within `depth` steps (either direction), each with the depth at
+        which it was first reached; cycle-safe (a walk never revisits a node) and capped."""
+        sql = """
+        WITH RECURSIVE walk(node, depth, trail, edge_id) AS (
+            SELECT %(start)s::text, 0, ARRAY[%(start)s::text], NULL::bigint
+          UNION ALL
+            SELECT nxt.other, w.depth + 1, w.trail || nxt.other, nxt.id
+            FROM walk w
+            CROSS JOIN LATERAL (
+                SELECT * FROM (
+                    SELECT e.id, e.dst AS other FROM rag_graph_edges e
+                    WHERE e.collection = %(c)s AND e.src = w.node
+                      AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
+                      AND NOT (e.predicate = ANY(%(excl)s))
+                    UNION ALL
+                    SELECT e.id, e.src FROM rag_graph_edges e
+                    WHERE e.collection = %(c)s AND e.dst = w.node
+                      AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
+                      AND NOT (e.predicate = ANY(%(excl)s))
+                ) s LIMIT %(fanout)s
+            ) nxt
+            WHERE w.depth < %(depth)s AND NOT nxt.other = ANY(w.trail)
+        ),
+        capped AS (SELECT edge_id, depth FROM walk WHERE edge_id IS NOT NULL LIMIT %(rows)s)
+        SELECT e.src, e.predicate, e.dst, e.path, e.section, e.role, min(c.depth) AS depth
+        FROM capped c JOIN rag_graph_edges e ON e.id = c.edge_id
+        GROUP BY e.id ORDER BY depth, e.predicate, e.src, e.dst
+        """
+        params = {"start": start, "c": collection, "preds": list(predicates) if predicates else None,
+                  "excl": list(exclude), "depth": depth, "fanout": fanout, "rows": max_rows}
+        with self.db.connection() as conn:
+            cur = conn.execute(sql, params)
+            return _dicts(cur)
+
+    def graph_path(self, collection: str, a: str, b: str, max_depth: int = 4,
+                   exclude: Sequence[str] = (), fanout: int = 50) -> list[dict[str, Any]]:
+        """Edges of a shortest path from `a` to `b` (either direction per edge), [] if none within `max_depth`."""
+        sql = """
+        WITH RECURSIVE walk(node, depth, trail, edges) AS (
+            SELECT %(a)s::text, 0, ARRAY[%(a)s::text], ARRAY[]::bigint[]
+          UNION ALL
+            SELECT nxt.other, w.depth + 1, w.trail || nxt.other, w.edges || nxt.id
+            FROM walk w
+            CROSS JOIN LATERAL (
+                SELECT * FROM (
+                    SELECT e.id, e.dst AS other FROM rag_graph_edges e
+                    WHERE e.collection = %(c)s AND e.src = w.node AND NOT (e.predicate = ANY(%(excl)s))
+                    UNION ALL
+                    SELECT e.id, e.src FROM rag_graph_edges e
+                    WHERE e.collection = %(c)s AND e.dst = w.node AND NOT (e.predicate = ANY(%(excl)s))
+                ) s LIMIT %(fanout)s
+            ) nxt
+            WHERE w.depth < %(depth)s AND w.node <> %(b)s AND NOT nxt.other = ANY(w.trail)
+        )
+        SELECT edges FROM walk WHERE node = %(b)s LIMIT 1
+        """
+        if a == b:
+            return []
+        with self.db.connection() as conn:
+            row = conn.execute(sql, {"a": a, "b": b, "c": collection, "depth": max_depth, "fanout": fanout,
+                                     "excl": list(exclude)}).fetchone()
+            if not row:
+                return []
+            ids = row[0]
+            cur = conn.execute(
+                "SELECT id, src, predicate, dst, path, section, role FROM rag_graph_edges WHERE id = ANY(%s)", (ids,)
+            )
+            by_id = {r["id"]: r for r in _dicts(cur)}
+        out = []
+        for i in ids:
+            r = by_id[i]
+            r.pop("id")
+            out.append(r)
+        return out
+
+    def graph_edges_of(self, collection: str, keys: Sequence[str], predicates: Sequence[str] | None = None,
+                       limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+        """Edges touching any of `keys` (one step), optionally only some predicates."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT src, predicate, dst, path, section, role FROM rag_graph_edges
+                   WHERE collection = %(c)s AND (src = ANY(%(k)s) OR dst = ANY(%(k)s))
+                     AND (%(p)s::text[] IS NULL OR predicate = ANY(%(p)s))
+                   ORDER BY predicate, src, dst LIMIT %(l)s""",
+                {"c": collection, "k": list(keys), "p": list(predicates) if predicates else None, "l": limit},
+            )
+            return _dicts(cur)
+
+    def graph_related_paths(self, collection: str, paths: Sequence[str], exclude: Sequence[str],
+                            limit: int = 50) -> list[tuple[str, int]]:
+        """Documents linked to, or sharing a graph node with, `paths`, with how many connections each has."""
+        keys = [f"doc:{p}" for p in paths]
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                """WITH seed AS (SELECT unnest(%(k)s::text[]) AS key),
+                   direct AS (
+                       SELECT e.dst AS other FROM rag_graph_edges e JOIN seed ON e.src = seed.key
+                        WHERE e.collection = %(c)s AND e.predicate = 'links_to'
+                       UNION ALL
+                       SELECT e.src FROM rag_graph_edges e JOIN seed ON e.dst = seed.key
+                        WHERE e.collection = %(c)s AND e.predicate = 'links_to'),
+                   shared AS (
+                       SELECT e2.src AS other FROM rag_graph_edges e1 JOIN seed ON e1.src = seed.key
+                       JOIN rag_graph_edges e2 ON e2.collection = e1.collection AND e2.dst = e1.dst
+                        AND e2.src LIKE 'doc:%%' AND e2.src <> e1.src
+                        WHERE e1.collection = %(c)s AND NOT (e1.predicate = ANY(%(x)s))
+                          AND NOT (e2.predicate = ANY(%(x)s)) AND e1.predicate <> 'links_to')
+                   -- a direct link counts twice a shared entity
+                   SELECT substr(other, 5) AS path, count(*) AS n FROM (
+                       SELECT other FROM direct UNION ALL SELECT other FROM direct
+                       UNION ALL SELECT other FROM shared) x
+                   WHERE other LIKE 'doc:%%' AND NOT (other = ANY(%(k)s))
+                     AND EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = %(c)s AND d.path = substr(other, 5))
+                   GROUP BY other ORDER BY n DESC, other LIMIT %(l)s""",
+                {"k": keys, "c": collection, "x": list(exclude), "l": limit},
+            ).fetchall()
+        return [(p, int(n)) for p, n in rows]
+
+    # ---- checks and export ---------------------------------------------------------------
+
+    def graph_counts(self, collection: str | None = None) -> dict[str, Any]:
+        with self.db.connection() as conn:
+            kinds = conn.execute(
+                "SELECT kind, count(*) FROM rag_graph_nodes WHERE %(c)s::text IS NULL OR collection = %(c)s"
+                " GROUP BY kind ORDER BY kind", {"c": collection}).fetchall()
+            preds = conn.execute(
+                "SELECT predicate, count(*) FROM rag_graph_edges WHERE %(c)s::text IS NULL OR collection = %(c)s"
+                " GROUP BY predicate ORDER BY predicate", {"c": collection}).fetchall()
+        return {"nodes": {k: int(n) for k, n in kinds}, "edges": {p: int(n) for p, n in preds}}
+
+    def graph_orphan_nodes(self, collection: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT n.collection, n.key, n.kind FROM rag_graph_nodes n
+                   WHERE (%(c)s::text IS NULL OR n.collection = %(c)s)
+                     AND NOT EXISTS (SELECT 1 FROM rag_graph_edges e WHERE e.collection = n.collection AND e.src = n.key)
+                     AND NOT EXISTS (SELECT 1 FROM rag_graph_edges e WHERE e.collection = n.collection AND e.dst = n.key)
+                   ORDER BY 1, 2 LIMIT %(l)s""", {"c": collection, "l": limit})
+            return _dicts(cur)
+
+    def graph_stale_edges(self, collection: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Edges written from another version of their document than the one now live."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT e.collection, e.path, e.src, e.predicate, e.dst FROM rag_graph_edges e
+                   JOIN rag_documents d ON d.collection = e.collection AND d.path = e.path
+                   WHERE (%(c)s::text IS NULL OR e.collection = %(c)s) AND e.doc_hash <> d.content_hash
+                   ORDER BY 1, 2 LIMIT %(l)s""", {"c": collection, "l": limit})
+            return _dicts(cur)
+
+    def graph_dangling_links(self, collection: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """`_links` whose target is not a live document."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT e.collection, e.path, e.role, substr(e.dst, 5) AS target FROM rag_graph_edges e
+                   WHERE (%(c)s::text IS NULL OR e.collection = %(c)s) AND e.predicate = 'links_to'
+                     AND e.dst LIKE 'doc:%%'
+                     AND NOT EXISTS (SELECT 1 FROM rag_documents d
+                                     WHERE d.collection = e.collection AND 'doc:' || d.path = e.dst)
+                   ORDER BY 1, 2, 4 LIMIT %(l)s""", {"c": collection, "l": limit})
+            return _dicts(cur)
+
+    def graph_sample(self, collection: str | None = None, limit: int = 10) -> list[dict[str, Any]]:
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT src, predicate, dst, path, section FROM rag_graph_edges
+                   WHERE (%(c)s::text IS NULL OR collection = %(c)s) AND section = '_graph'
+                     AND predicate <> 'has_entity'
+                   ORDER BY path, id LIMIT %(l)s""", {"c": collection, "l": limit})
+            return _dicts(cur)
+
+    def graph_export_rows(self, collection: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(nodes, edges) of a collection, for export."""
+        with self.db.connection() as conn:
+            nodes = _dicts(conn.execute(
+                "SELECT key, kind, label FROM rag_graph_nodes WHERE collection = %s ORDER BY key", (collection,)))
+            edges = _dicts(conn.execute(
+                "SELECT src, predicate, dst, path, section, role FROM rag_graph_edges WHERE collection = %s"
+                " ORDER BY id", (collection,)))
+        return nodes, edges
+
+
+def _dicts(cur) -> list[dict[str, Any]]:
+    cols = [d.name for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]

@@ -1,0 +1,327 @@
+"""Knowledge graph: extraction from known corpus files, storage reconciliation with the document's
+chunks (replace/delete leave no orphans or stale edges), graph queries, checks and surfaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rag_lib.documents import load_file
+from rag_lib.flatten import flatten, load_mapping
+from rag_lib.graph.extract import document_graph, extract_graph, scan_corpus
+
+K = "tradegent/knowledge"
+TRADE = f"{K}/trades/2025/01/NVDA_20250115T1000.yaml"
+EARNINGS = f"{K}/analysis/earnings/NVDA_20250120T0900.yaml"
+STRATEGY = f"{K}/strategies/earnings-momentum.yaml"
+PROFILE = f"{K}/analysis/ticker-profiles/2025/01/NVDA_20250110T1000.yaml"
+LEARNING = f"{K}/learnings/biases/loss-aversion-pre-earnings.yaml"
+SCANNER = f"{K}/scanners/daily/premarket-gap.yaml"
+MOMENTUM_SCANNER = f"{K}/scanners/daily/earnings-momentum.yaml"
+
+
+def _doc(root: Path, rel: str):
+    (doc,) = load_file(root / rel, root, "default", 10_000_000)
+    return doc
+
+
+def test_trade_journal_graph_has_its_exact_triples_and_links(corpus_copy):
+    root = corpus_copy(TRADE, EARNINGS, STRATEGY, PROFILE, LEARNING, f"{K}/analysis/stock/AMD_20250122T0935.yaml")
+    doc = _doc(root, TRADE)
+    graph = document_graph(doc, flatten(doc, load_mapping(Path("rag_lib/sections.yaml"))))
+    me = f"doc:{TRADE}"
+    triples = {(e.src, e.predicate, e.dst) for e in graph.edges if e.section == "_graph" and e.predicate != "has_entity"}
+    assert triples == {
+        ("trd-2025-001", "traded", "ticker:NVDA"),
+        ("trd-2025-001", "catalyst_type", "earnings"),
+        ("trd-2025-001", "resulted_in", "win"),
+        ("trd-2025-001", "exhibited_bias", "loss-aversion"),
+        ("trd-2025-001", "based_on", "ea-nvda-q4-2024"),
+    }
+    links = {(e.role, e.dst) for e in graph.edges if e.predicate == "links_to"}
+    assert links == {
+        ("analysis", f"doc:{EARNINGS}"), ("strategy", f"doc:{STRATEGY}"),
+        ("ticker", f"doc:{PROFILE}"), ("learnings", f"doc:{LEARNING}"),
+    }
+    assert all(e.src == me and e.section == "_links" for e in graph.edges if e.predicate == "links_to")
+    assert graph.dangling == []
+    facts = {(e.predicate, e.dst) for e in graph.edges if e.section == "_meta"}
+    assert {("about_ticker", "ticker:NVDA"), ("has_type", "doc_type:trade-journal"), ("dated", "date:2025-01-15"),
+            ("describes", "trd-2025-001")} <= facts
+    kinds = {n.key: n.kind for n in graph.nodes}
+    assert kinds["trd-2025-001"] == "trade" and kinds["loss-aversion"] == "bias" and kinds["earnings"] == "catalyst"
+    assert kinds["ticker:NVDA"] == "ticker" and kinds[me] == "doc"
+    # every edge endpoint is a node of the graph
+    assert {k for e in graph.edges for k in (e.src, e.dst)} <= set(kinds)
+
+
+def test_unresolved_links_are_kept_dangling_and_text_mentions_known_tickers(corpus_copy):
+    root = corpus_copy(SCANNER, MOMENTUM_SCANNER)
+    doc = _doc(root, SCANNER)
+    graph = extract_graph(doc, [], scan_corpus(root).paths, set())
+    assert graph.dangling == ["reference/templates/watchlist.yaml"]
+    links = {(e.role, e.dst) for e in graph.edges if e.predicate == "links_to"}
+    assert links == {("related_scanners", f"doc:{MOMENTUM_SCANNER}"),
+                     ("output_template", "doc:reference/templates/watchlist.yaml")}
+    assert ("doc:" + SCANNER, "scans_for", "gap-plays") in graph.triples()  # `this` is the document
+    from rag_lib.models import Section
+    graph = extract_graph(doc, [Section("notes", "Notes", 1, "Watch $AMD and NVDA; not AI or THE.")],
+                          set(), {"AMD", "NVDA", "MSFT"})
+    mentions = {(e.dst, e.section) for e in graph.edges if e.predicate == "mentions"}
+    assert mentions == {("ticker:AMD", "notes"), ("ticker:NVDA", "notes")}
+
+
+def _edges(kb, path: str) -> set[tuple[str, str, str]]:
+    with kb.store.db.connection() as conn:
+        rows = conn.execute("SELECT src, predicate, dst FROM rag_graph_edges WHERE collection = 'default' AND path = %s",
+                            (path,)).fetchall()
+    return {tuple(r) for r in rows}
+
+
+def _node_keys(kb) -> set[str]:
+    with kb.store.db.connection() as conn:
+        return {r[0] for r in conn.execute("SELECT key FROM rag_graph_nodes WHERE collection = 'default'")}
+
+
+def test_ingest_writes_graph_and_replace_delete_leave_no_orphans_or_stale_edges(kb, corpus_copy):
+    root = corpus_copy(TRADE, EARNINGS, LEARNING)
+    report = kb.ingest([root])
+    assert report.count("failed") == 0
+    trade = _edges(kb, TRADE)
+    assert ("trd-2025-001", "exhibited_bias", "loss-aversion") in trade
+    assert (f"doc:{TRADE}", "links_to", f"doc:{EARNINGS}") in trade
+    # the learning derives from the trade: both documents reach the same entity node
+    assert ("lrn-loss-aversion-pre-earnings", "derived_from", "trd-2025-001") in _edges(kb, LEARNING)
+    assert "win" in _node_keys(kb)
+
+    # replace: the trade no longer records an outcome, its edge and the now-unused node go
+    path = root / TRADE
+    body = yaml.safe_load(path.read_text())
+    body["_graph"]["relations"].remove(["TRD-2025-001", "resulted_in", "win"])
+    body["_graph"]["entities"].remove(["outcome", "win"])
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    assert kb.ingest([root]).count("changed") == 1
+    assert not any(p == "resulted_in" for _, p, _ in _edges(kb, TRADE))
+    assert "win" not in _node_keys(kb)
+    assert kb.store.graph_orphan_nodes("default") == [] and kb.store.graph_stale_edges("default") == []
+
+    # delete: the trade's edges go; nodes still used by the learning stay
+    kb.delete_document(TRADE)
+    assert _edges(kb, TRADE) == set()
+    keys = _node_keys(kb)
+    assert "trd-2025-001" in keys  # the learning still derives from it
+    assert "earnings" not in keys or any("earnings" in (s, d) for p in (EARNINGS, LEARNING)
+                                         for s, _, d in _edges(kb, p))
+    assert kb.store.graph_orphan_nodes("default") == []
+    kb.delete_document(LEARNING)
+    kb.delete_document(EARNINGS)
+    assert _node_keys(kb) == set()
+
+
+AMD = f"{K}/analysis/stock/AMD_20250122T0935.yaml"
+MSFT = f"{K}/analysis/stock/MSFT_20260220T1805.yaml"
+META = f"{K}/analysis/stock/META_20260220T2115.yaml"
+SMALL = (TRADE, EARNINGS, LEARNING, STRATEGY, PROFILE, AMD, MSFT, META)
+
+
+def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy):
+    from rag_lib.errors import NotFoundError, ValidationError
+    from rag_lib.graph.extract import normalise_name
+
+    assert kb.ingest([corpus_copy(*SMALL)]).count("failed") == 0
+    ctx = kb.ticker_context("nvda")
+    assert ctx["ticker"] == "NVDA"
+    assert "loss-aversion" in {normalise_name(b) for b in ctx["biases"]}
+    assert "TRD-2025-001" in ctx["trades"] and "win" in ctx["outcomes"]
+    assert any("loss-aversion" in normalise_name(x) for x in ctx["learnings"])
+    assert {"Semiconductors", "Technology"} <= set(ctx["sectors"])
+    assert EARNINGS in {d["path"] for d in ctx["documents"]}
+    # AMD's analysis links to the NVDA earnings analysis: a peer through a linked document
+    peers = {p["ticker"]: p["via"] for p in kb.ticker_context("NVDA", depth=3)["peers"]}
+    assert "AMD" in peers
+
+    near = kb.neighbors("loss_aversion", depth=1)
+    assert near["node"]["key"] == "loss-aversion" and near["node"]["kind"] == "bias"
+    facts = {(e["src"], e["predicate"], e["dst"], e["path"]) for e in near["edges"]}
+    assert ("trd-2025-001", "exhibited_bias", "loss-aversion", TRADE) in facts
+    assert ("lrn-loss-aversion-pre-earnings", "addresses", "loss-aversion", LEARNING) in facts
+    two = kb.neighbors("loss-aversion", depth=2)
+    assert len(two["edges"]) > len(near["edges"]) and max(n["depth"] for n in two["nodes"]) == 2
+    only = kb.neighbors("TRD-2025-001", depth=2, predicates=["traded"])
+    assert {e["predicate"] for e in only["edges"]} == {"traded"}
+    with pytest.raises(ValidationError):
+        kb.neighbors("NVDA", depth=4)
+    with pytest.raises(NotFoundError):
+        kb.neighbors("no-such-thing-at-all")
+
+    path = kb.graph_path("AMD", "loss-aversion")
+    assert path["found"] and 1 <= len(path["edges"]) <= 4
+    chain = {path["from"]["key"]}
+    for e in path["edges"]:  # each edge continues the chain (either direction)
+        assert e["src"] in chain or e["dst"] in chain
+        chain |= {e["src"], e["dst"]}
+    assert "loss-aversion" in chain
+
+    rel = kb.hybrid_context("How does NVDA relate to AMD?", token_budget=1500)
+    assert (rel.kind, rel.route) == ("relationship", "graph-first")
+    assert rel.graph and rel.graph[0]["ticker"] == "NVDA" and "## Knowledge graph" in rel.markdown
+    assert {c.ticker for c in rel.passages.citations} & {"NVDA", "AMD"}
+
+    cmp_ = kb.hybrid_context("compare MSFT vs META", token_budget=1500)
+    assert (cmp_.kind, cmp_.route) == ("comparison", "per-ticker")
+    assert {"MSFT", "META"} <= {c.ticker for c in cmp_.passages.citations}
+
+    trend = kb.hybrid_context("NVDA earnings trend over time", token_budget=1500)
+    assert (trend.kind, trend.route) == ("trend", "time-filtered")
+    assert trend.passages.citations
+    assert all(c.ticker == "NVDA" for c in trend.passages.citations if c.doc_type != "learning")
+
+    plain = kb.hybrid_context("where is the stop loss", ticker="NVDA", token_budget=2000)
+    assert plain.route == "hybrid" and plain.tickers == ["NVDA"]
+    assert "learning" in {c.doc_type for c in plain.passages.citations}  # learnings always added
+    count = kb.provider.tokenizer().count
+    for budget in (80, 300, 900):
+        small = kb.hybrid_context("How does NVDA relate to AMD?", token_budget=budget)
+        assert small.tokens <= budget and count(small.markdown) <= budget
+
+    analysis = kb.build_analysis_context("NVDA", "earnings-analysis", token_budget=1200)
+    assert analysis.tokens <= 1200 and analysis.passages.citations and analysis.graph
+    similar = kb.get_similar_analyses("NVDA")
+    assert similar and all(h.ticker == "NVDA" and h.doc_type in ("earnings-analysis", "ticker-profile",
+                                                                 "stock-analysis", "research") for h in similar)
+    assert len({h.path for h in similar}) == len(similar)
+
+
+def test_graph_checks_fail_on_planted_dangling_link_orphan_and_stale_edge(kb, corpus_copy):
+    root = corpus_copy(TRADE, EARNINGS, STRATEGY, PROFILE, LEARNING)
+    assert kb.ingest([root]).count("failed") == 0
+    dangling, orphans, stale, summary = kb.graph_checks()
+    # the learning links to learnings/biases/timing-conservatism.yaml, which the corpus does not have
+    assert not dangling.passed and dangling.severity == "warn"
+    assert f"{LEARNING} → learnings/biases/timing-conservatism.yaml" in dangling.metadata["links"]
+    assert orphans.passed and stale.passed
+    assert summary.metadata["edges_by_predicate"]["links_to"] >= 4 and summary.metadata["nodes_by_kind"]["bias"] == 1
+    sample = summary.markdown["sample"]
+    assert sample.count("\n") >= 4 and "has_entity" not in sample and "has_type" not in sample
+    assert "| links_to |" in summary.markdown["predicates"]
+
+    with kb.store.db.connection() as conn:
+        conn.execute("INSERT INTO rag_graph_nodes (collection, key, kind, label) VALUES ('default', 'planted', 'bias', 'x')")
+        conn.execute("UPDATE rag_graph_edges SET doc_hash = 'old' WHERE path = %s AND predicate = 'traded'", (TRADE,))
+    _, orphans, stale, _ = kb.graph_checks()
+    assert not orphans.passed and orphans.severity == "error" and orphans.metadata["nodes"] == ["planted"]
+    assert not stale.passed and stale.severity == "error"
+    assert stale.metadata["edges"] == [f"{TRADE}: trd-2025-001 traded ticker:NVDA"]
+
+    # re-publishing the trade replaces its stale edges
+    kb.ingest([root], force=True)
+    assert kb.graph_checks()[2].passed
+
+
+def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, capsys, tmp_path):
+    import json
+    import sys
+
+    import anyio
+    from fastapi.testclient import TestClient
+    from mcp import Client
+
+    import rag_lib.api
+    from rag_lib.cli import main
+    from rag_lib.config import get_settings
+    from rag_lib.mcp_server import create_mcp
+    from rag_lib.server import create_app
+    from rag_lib.server.security import KeyRing
+
+    assert kb.ingest([corpus_copy(TRADE, EARNINGS, LEARNING, AMD)]).count("failed") == 0
+
+    # CLI, in process against the same database
+    monkeypatch.setenv("RAG_DATABASE_URL", kb.settings.database_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag-cli"))
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: kb.provider)
+    get_settings.cache_clear()
+
+    def rag(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["rag", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    from rag_lib.cli.app import STATE
+    STATE["kb"] = None
+    code, out, _ = rag("graph", "loss-aversion", "--depth", "2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["node"]["key"] == "loss-aversion" and any(e["predicate"] == "exhibited_bias" for e in data["edges"])
+    code, out, _ = rag("graph", "NVDA", "--to", "AMD", "--json")
+    assert code == 0 and json.loads(out)["found"]
+    code, out, err = rag("graph", "nothing-like-this")
+    assert code == 1 and "no graph node 'nothing-like-this'" in err
+    code, out, _ = rag("graph", "export", "--format", "graphml", "--output", str(tmp_path / "g.graphml"))
+    assert code == 0
+    import xml.etree.ElementTree as ET
+    tree = ET.parse(tmp_path / "g.graphml")
+    ns = {"g": "http://graphml.graphdrawing.org/xmlns"}
+    assert len(tree.findall(".//g:edge", ns)) == sum(kb.store.graph_counts("default")["edges"].values())
+    code, out, _ = rag("graph", "export", "--format", "cypher")
+    assert code == 0 and "MERGE (n:RagNode {key: \"loss-aversion\"}) SET n:Bias" in out
+    assert ":EXHIBITED_BIAS {path: \"" + TRADE in out
+    code, out, _ = rag("context", "How does NVDA relate to AMD?", "--budget", "400", "--json")
+    assert code == 0
+    ctx = json.loads(out)
+    assert ctx["route"] == "graph-first" and ctx["tokens"] <= 400 and ctx["hits"]
+    STATE["kb"].close() if STATE["kb"] else None
+    STATE["kb"] = None
+    get_settings.cache_clear()
+
+    # HTTP
+    app = create_app(kb.settings, kb=kb, keys=KeyRing())
+    with TestClient(app) as client:
+        r = client.get("/api/rag/graph/TRD-2025-001", params={"depth": 1})
+        assert r.status_code == 200, r.text
+        assert ("trd-2025-001", "traded", "ticker:NVDA") in {(e["src"], e["predicate"], e["dst"]) for e in r.json()["edges"]}
+        r = client.get(f"/api/rag/graph/{TRADE}", params={"depth": 1})
+        assert r.status_code == 200 and r.json()["node"]["kind"] == "doc"
+        r = client.get("/api/rag/graph/NVDA", params={"context": True})
+        assert r.status_code == 200 and "TRD-2025-001" in r.json()["trades"]
+        assert client.get("/api/rag/graph/NVDA", params={"depth": 9}).status_code == 422
+        assert client.get("/api/rag/graph/nothing-here").json()["error"]["code"] == "not_found"
+        r = client.post("/api/rag/hybrid-context", json={"query": "compare NVDA vs AMD", "token_budget": 500})
+        assert r.status_code == 200, r.text
+        assert r.json()["route"] == "per-ticker" and r.json()["tokens"] <= 500
+
+    # MCP, in process through the SDK client
+    async def run() -> None:
+        async with Client(create_mcp(lambda: kb)) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"rag_hybrid_context", "rag_graph"} <= names
+            res = await client.call_tool("rag_graph", {"node": "loss-aversion", "depth": 1})
+            assert not res.is_error
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert any(e["predicate"] == "addresses" for e in body["edges"])
+            res = await client.call_tool("rag_hybrid_context", {"query": "How does NVDA relate to AMD?",
+                                                                 "token_budget": 300})
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert not res.is_error and body["route"] == "graph-first" and body["tokens"] <= 300
+            res = await client.call_tool("rag_graph", {"node": "no-such-node"})
+            assert res.is_error and "not_found" in " ".join(getattr(c, "text", "") for c in res.content)
+
+    anyio.run(run)
+
+
+def test_documents_without_parsed_body_reread_their_source_for_the_graph(corpus_copy):
+    """Stage runs (Dagster) publish documents rebuilt from metadata: the graph still has the triples."""
+    import dataclasses
+
+    root = corpus_copy(TRADE, LEARNING)
+    doc = _doc(root, TRADE)
+    bare = dataclasses.replace(doc, body=None)
+    assert ("trd-2025-001", "traded", "ticker:NVDA") in document_graph(bare).triples()
+    (root / TRADE).write_text((root / TRADE).read_text() + "\n# edited\n")  # content no longer what was chunked
+    assert not any(e.section == "_graph" for e in document_graph(bare).edges)
