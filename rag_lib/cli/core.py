@@ -105,7 +105,7 @@ def search(
     """Search the knowledge base (one result per section unless --chunks)."""
     result = kb().search(
         query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section=section,
-        date_from=_date(date_from, "--from/--since"), date_to=_date(date_to, "--to"), top_k=top_k,
+        date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
         min_similarity=min_similarity, path=path, group=not chunks, rerank=rerank,
     )
     if as_json:
