@@ -54,6 +54,9 @@ class KnowledgeBase:
         return Engine(self.settings, self.store, self.provider)
 
     def close(self) -> None:
+        recorder = self.__dict__.pop("metrics", None)
+        if recorder is not None:
+            recorder.close()  # write queued records while the store is still open
         if "store" in self.__dict__:
             self.store.close()
             del self.__dict__["store"]
@@ -82,12 +85,15 @@ class KnowledgeBase:
     ) -> IngestReport:
         """Ingest files/folders incrementally; see `rag_lib.ingest`. The roots ingested are
         registered (see `register_ingested_roots`), so the Dagster code location watches them."""
+        from rag_lib.metrics import bound
+
         self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
-        report = run_ingest(
-            self.pipeline, paths, self._collection(collection),
-            prune=prune, force=force, root=Path(root) if root else None, progress=progress,
-        )
+        with bound(self.metrics):
+            report = run_ingest(
+                self.pipeline, paths, self._collection(collection),
+                prune=prune, force=force, root=Path(root) if root else None, progress=progress,
+            )
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report
 
@@ -102,7 +108,10 @@ class KnowledgeBase:
         """The vector of one text in the configured space."""
         if not text or not text.strip():
             raise ValidationError("text is empty")
-        return self.provider.embed([text])[0]
+        from rag_lib.metrics import bound
+
+        with bound(self.metrics):
+            return self.provider.embed([text])[0]
 
     def delete_document(self, ref: str, collection: str | None = None) -> list[str]:
         """Delete a document by path or id; returns the deleted paths."""
@@ -183,18 +192,190 @@ class KnowledgeBase:
         min_similarity: float = 0.0,
         path: str | None = None,
         group: bool = True,
+        rerank: bool | None = None,
     ) -> SearchResult:
-        """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk)."""
+        """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk).
+        `rerank` (default: settings) reorders the head with the reranker; hits keep the fused `score`
+        beside `rerank_score`. Every search is recorded in the metrics (see `metrics_summary`)."""
+        from rag_lib.metrics import bound, search_metric
+
         filters = SearchFilters(
-            collection=self._collection(collection), doc_type=doc_type, ticker=ticker, section=section,
+            collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
             path=path, date_from=date_from, date_to=date_to,
         )
         store, provider = self.search_context()
-        return search_mod.search(
-            store, provider, query, mode=mode, filters=filters,
-            top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
-            group=group, reranker=self.reranker, expander=self.expander,
-        )
+        reranked = self.rerank_enabled(rerank)
+        with bound(self.metrics):
+            result = search_mod.search(
+                store, provider, query, mode=mode, filters=filters,
+                top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
+                group=group, reranker=self.reranker if reranked else None, expander=self.expander,
+            )
+        if self.metrics is not None:
+            self.metrics.record(search_metric(result, filters.collection, reranked))
+        return result
+
+    def rerank_enabled(self, rerank: bool | None = None) -> bool:
+        """Whether a search reranks: the argument, else `search.rerank` / `$RAG_RERANKING`, else
+        whether a real (not no-op) reranker is configured."""
+        from rag_lib.search.rerank import NoopReranker
+
+        if rerank is not None:
+            return rerank
+        if self.settings.search.rerank is not None:
+            return self.settings.search.rerank
+        return self.reranker is not None and not isinstance(self.reranker, NoopReranker)
+
+    @cached_property
+    def metrics(self) -> Any:
+        """The background metrics recorder (None when `search_metrics.enabled` is off)."""
+        from rag_lib.metrics import MetricsRecorder
+
+        cfg = self.settings.search_metrics
+        if not cfg.enabled:
+            return None
+
+        def write(searches: list, embeds: list) -> None:
+            if "store" in self.__dict__:  # never reopen a closed store just for metrics
+                self.store.insert_metrics(searches, embeds)
+
+        return MetricsRecorder(write, cfg.jsonl_path)
+
+    def metrics_summary(self, since: Any = None) -> dict[str, Any]:
+        """p50/p95 latency per mode, zero-result rate, query-class and strategy mix, embedding failure
+        rate and fallback share since `since` (a datetime, date, ISO string or "7d"/"24h"; None: all)."""
+        if self.metrics is not None:
+            self.metrics.flush()
+        return self.store.metrics_summary(_since(since))
+
+    def evaluate(self, queries: Any, qrels: Any, *, mode: str = "hybrid", unit: str = "section",
+                 collection: str | None = None, judge: bool = False, top_k: int = 5,
+                 references: Any = None) -> dict[str, Any]:
+        """nDCG@10 / Recall@10,100 / MRR@10 of retrieval on a judged set (`queries` {id: text} or a
+        queries.jsonl path, `qrels` {id: {unit: grade}} or a qrels .tsv path); with `judge`, also the
+        RAGAS metrics (context precision, context recall, faithfulness) from the configured chat model
+        on the top `top_k` chunks (context recall needs `references` {id: answer} or a `reference` field)."""
+        from rag_lib import eval as ev
+
+        query_map = ev.load_queries(queries) if isinstance(queries, (str, Path)) else dict(queries)
+        judged = ev.load_qrels(qrels) if isinstance(qrels, (str, Path)) else {
+            q: {u: int(g) for u, g in units.items()} for q, units in qrels.items()}
+        report = ev.evaluate_kb(self, query_map, judged, mode=mode, unit=unit, collection=collection)
+        out = report.summary()
+        if judge:
+            if references is None and isinstance(queries, (str, Path)):
+                references = ev.load_references(queries)
+            out["ragas"] = ev.judge_kb(self, {q: query_map[q] for q in judged if q in query_map},
+                                       mode=mode, collection=collection, top_k=top_k, references=references)
+        return out
+
+    def reset(self) -> list[str]:
+        """Drop every table and recreate the schema (all data is lost); returns the migrations applied."""
+        self.__dict__.pop("pipeline", None)
+        applied = self.store.recreate_schema()
+        self.store.__dict__.pop("_term_statistics", None)
+        self.store.__dict__.pop("_ticker_cache", None)
+        return applied
+
+    def validate_database(self) -> dict[str, Any]:
+        """Orphans, chunks without a vector in the active space, stale hashes and duplicates;
+        `problems` counts them all (0: healthy)."""
+        space = self.store.active_space()
+        checks = self.store.serving_orphans(space["space"] if space else "")
+        checks["active_space"] = space["space"] if space else None
+        names = ("chunks_without_vector", "vectors_without_chunk", "chunks_with_stale_hash",
+                 "chunks_without_document", "duplicate_chunks")
+        checks["problems"] = sum(checks[n]["count"] for n in names)
+        return checks
+
+    def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
+        """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version
+        `version` with today's settings; their source files must still exist."""
+        from rag_lib.chunking import CHUNKER_VERSION
+
+        old = self.settings.model_copy(update={"embedding": self.settings.embedding.model_copy(
+            update={"embed_version": str(version)})})
+        rows = self.store.documents_with_fingerprint(old.pipeline_fingerprint(CHUNKER_VERSION))
+        return {"version": str(version), **self._reingest(rows, progress)}
+
+    def reembed_all(self, progress: ProgressFn | None = None) -> dict[str, Any]:
+        """Re-ingest every document from its source file with today's settings (after model or
+        chunking changes); unchanged chunks come from the embedding cache."""
+        return {"version": None, **self._reingest(self.store.document_sources(), progress)}
+
+    def _reingest(self, rows: list[dict[str, Any]], progress: ProgressFn | None) -> dict[str, Any]:
+        missing = [r["path"] for r in rows if not r["source_path"] or not Path(r["source_path"]).is_file()]
+        reports = []
+        by_root: dict[tuple[str, str], list[str]] = {}
+        for r in rows:
+            if r["path"] in missing:
+                continue
+            src = str(r["source_path"])
+            # the document path is relative to its corpus root: keep it (and so its unit ids) unchanged
+            root = src[: -len(r["path"])] if src.endswith("/" + r["path"]) else str(Path(src).parent)
+            by_root.setdefault((r["collection"], root), []).append(src)
+        for (coll, root), files in by_root.items():
+            reports.append(self.ingest(files, coll, force=True, root=root, progress=progress))
+        return {
+            "current_version": self.settings.embedding.embed_version, "documents": len(rows),
+            "reembedded": sum(r.count("new") + r.count("changed") + r.count("unchanged") for r in reports),
+            "failed": sum(r.count("failed") for r in reports), "missing_sources": missing,
+            "chunks": sum(r.chunks for r in reports), "embedded": sum(r.embedded for r in reports),
+        }
+
+    def init(self) -> dict[str, Any]:
+        """Start the database, apply migrations, register the configured space and load the model."""
+        cfg = self.settings.embedding
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
+        self.provider.embed(["warm-up"])
+        return {"database": self.store.db.url, "space": self.provider.space}
+
+    def reindex(self) -> dict[str, Any]:
+        """Rebuild the active space's HNSW index (records build time and parameters)."""
+        space = self.store.active_space()
+        if space is None:
+            raise NotFoundError("nothing is indexed yet; run `rag ingest` first")
+        return self.store.ensure_hnsw_index(space["space"], space["dimensions"], rebuild=True)
+
+    def cache_stats(self) -> dict[str, Any]:
+        return self.store.cache_stats()
+
+    def cache_prune(self, older_than_days: float = 30.0, include_referenced: bool = False,
+                    model: str | None = None) -> int:
+        return self.store.cache_prune(older_than_days, include_referenced, model)
+
+    def reembed_status(self) -> dict[str, Any]:
+        from rag_lib import reembed as rm
+
+        return rm.status(self.store)
+
+    def reembed_drop_old(self) -> dict[str, int]:
+        from rag_lib import reembed as rm
+
+        return rm.drop_old(self.store)
+
+    def reembed_abort(self) -> str | None:
+        from rag_lib import reembed as rm
+
+        return rm.abort(self.store)
+
+    def reembed_to(self, spec: str, *, switch: bool = True, skip_quality: bool = False, progress: Any = None) -> Any:
+        """Fill space `MODEL[:DIMS]` beside the active one and (with `switch`) switch when the gates pass."""
+        from rag_lib import reembed as rm
+
+        with self._bound_metrics():
+            return rm.reembed(self.settings, self.store, spec, switch=switch, skip_quality=skip_quality,
+                              progress=progress)
+
+    def reembed_rollback(self, progress: Any = None) -> Any:
+        from rag_lib import reembed as rm
+
+        return rm.rollback(self.settings, self.store, progress=progress)
+
+    def _bound_metrics(self) -> Any:
+        from rag_lib.metrics import bound
+
+        return bound(self.metrics)
 
     @cached_property
     def reranker(self) -> Any:
@@ -309,6 +490,9 @@ class KnowledgeBase:
         space = self.store.active_space()
         counts["active_space"] = space
         counts["configured_space"] = f"{self.settings.embedding.model}:{self.settings.embedding.dimensions}"
+        stats = self.store.index_stats()
+        counts["index_size_mb"] = stats["index_size_mb"]
+        counts["index"] = stats
         return counts
 
     def list_documents(self, collection: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict]:
@@ -393,6 +577,46 @@ class KnowledgeBase:
         if name not in checks:
             raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")
         return checks[name]()
+
+
+def _doc_types(doc_type: str | list[str] | None) -> str | list[str] | None:
+    """Filter values in any spelling (`research`, `research-analysis`, `stock_analysis`) as stored;
+    documents stored before `research` became `research-analysis` still match."""
+    from rag_lib.documents import normalise_type
+
+    if not doc_type:
+        return doc_type
+    out: list[str] = []
+    for value in [doc_type] if isinstance(doc_type, str) else doc_type:
+        for name in (value, normalise_type(value)):
+            if name and name not in out:
+                out.append(name)
+        if normalise_type(value) == "research-analysis" and "research" not in out:
+            out.append("research")
+    return out
+
+
+def _since(value: Any) -> Any:
+    """None, a datetime/date, an ISO date(-time) string, or a span like `7d`, `24h`, `30m`."""
+    import datetime as dt
+    import re
+
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, dt.date):
+        return dt.datetime.combine(value, dt.time(), dt.timezone.utc)
+    text = str(value).strip()
+    span = re.fullmatch(r"(\d+)\s*([dhm])", text)
+    if span:
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[span.group(2)]
+        return dt.datetime.now(dt.timezone.utc) - dt.timedelta(**{unit: int(span.group(1))})
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError(f"since must be a date like 2026-01-01, a date-time, or a span like 7d / 24h, "
+                              f"got '{value}'") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
 
 _default: KnowledgeBase | None = None
 _default_lock = threading.Lock()

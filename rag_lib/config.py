@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -113,6 +115,31 @@ class SearchSettings(BaseModel):
     expansion_model: str | None = None  # OpenAI-compatible chat model for query expansion (off when unset)
     expansion_base_url: str | None = None
     expansion_api_key_env: str = "OPENAI_API_KEY"
+    # second-stage reranking: None = on when a reranker is configured (rerank_provider / rerank_model_path)
+    rerank: bool | None = None
+    # none | local (CrossEncoder at rerank_model_path) | http (OpenAI-compatible / TEI `/rerank`)
+    rerank_provider: str | None = None
+    rerank_base_url: str | None = None  # http: e.g. http://tei:8080 (POST {base_url}/rerank)
+    rerank_model: str | None = None  # http: the model name sent with the request
+    rerank_api_key_env: str = "RERANK_API_KEY"
+    rerank_timeout: float = 10.0
+    rerank_max_retries: int = 4
+
+
+class SearchMetricsSettings(BaseModel):
+    """Per-search and per-embedding-call metrics (table `rag_search_metrics`, optional JSONL copy)."""
+
+    enabled: bool = True
+    jsonl_path: Path | None = None  # also append one JSON line per search here (seed: RAG_METRICS=path)
+
+
+class EvalSettings(BaseModel):
+    """LLM judge for the RAGAS metrics (context precision/recall, faithfulness); off without a model."""
+
+    judge_model: str | None = None
+    judge_base_url: str | None = None
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    judge_timeout: float = 30.0
 
 
 class ServerSettings(BaseModel):
@@ -186,6 +213,8 @@ class Settings(BaseSettings):
     search: SearchSettings = Field(default_factory=SearchSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
+    search_metrics: SearchMetricsSettings = Field(default_factory=SearchMetricsSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -197,7 +226,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         config_file = Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, SeedEnvSource(settings_cls)]
         if config_file.is_file():
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
@@ -211,6 +240,123 @@ class Settings(BaseSettings):
         from rag_lib.versions import fingerprint, stage_versions
 
         return fingerprint(stage_versions(self, chunker_version))
+
+
+# ---- the seeds' environment variables (design docs in shared/seeds) as aliases ------------------
+
+_log = logging.getLogger("rag_lib.config")
+_LOGGED_CONFLICTS: set[str] = set()
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+# seed EMBED_PROVIDER value -> (our provider, default base_url)
+SEED_PROVIDERS = {
+    "local": ("local", None),
+    "openai": ("openai", None),
+    "ollama": ("openai_compatible", "http://localhost:11434/v1"),
+    "openrouter": ("openai_compatible", "https://openrouter.ai/api/v1"),
+    "openai_compatible": ("openai_compatible", None),
+}
+
+
+def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
+    node = out
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        node = node.setdefault(name, {})
+    node[leaf] = value
+
+
+def _v1(url: str) -> str:
+    """Ollama-style base URLs (`http://host:11434`) gain the `/v1` the OpenAI client needs."""
+    from urllib.parse import urlparse
+
+    return url.rstrip("/") + "/v1" if urlparse(url).path in ("", "/") else url
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    from rag_lib.errors import ConfigError
+
+    raise ConfigError(f"${name} must be true or false, got '{value}'")
+
+
+def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Nested settings from the seeds' variables (EMBED_*, LLM_*, CHUNK_*, RAG_RERANKING,
+    RAG_ADAPTIVE, RAG_METRICS, PG_*). Today's `RAG_*` names win; a conflict is logged once."""
+    env = os.environ if env is None else env
+    out: dict[str, Any] = {}
+    # (seed variable, dotted setting, today's variable, converter)
+    simple: list[tuple[str, str, str, Any]] = [
+        ("EMBED_MODEL", "embedding.model", "RAG_EMBEDDING__MODEL", str),
+        ("EMBED_DIMENSIONS", "embedding.dimensions", "RAG_EMBEDDING__DIMENSIONS", int),
+        ("CHUNK_MAX_TOKENS", "chunking.max_tokens", "RAG_CHUNKING__MAX_TOKENS", int),
+        ("CHUNK_OVERLAP", "chunking.overlap_tokens", "RAG_CHUNKING__OVERLAP_TOKENS", int),
+        ("RAG_RERANKING", "search.rerank", "RAG_SEARCH__RERANK", lambda v: _flag("RAG_RERANKING", v)),
+        ("RAG_ADAPTIVE", "search.routing", "RAG_SEARCH__ROUTING", lambda v: _flag("RAG_ADAPTIVE", v)),
+    ]
+    provider = env.get("EMBED_PROVIDER")
+    if provider:
+        ours, url = SEED_PROVIDERS.get(provider.strip().lower(), (provider.strip().lower(), None))
+        simple.append(("EMBED_PROVIDER", "embedding.provider", "RAG_EMBEDDING__PROVIDER", lambda v, o=ours: o))
+        if url and not env.get("LLM_BASE_URL"):
+            _set(out, "embedding.base_url", url)
+    if env.get("LLM_BASE_URL"):
+        simple.append(("LLM_BASE_URL", "embedding.base_url", "RAG_EMBEDDING__BASE_URL", _v1))
+        simple.append(("LLM_BASE_URL", "eval.judge_base_url", "RAG_EVAL__JUDGE_BASE_URL", _v1))
+    if env.get("LLM_API_KEY") and (provider or "").strip().lower() != "openai":
+        # the key's *name* is what settings hold; the seeds put non-OpenAI keys in LLM_API_KEY
+        simple.append(("LLM_API_KEY", "embedding.api_key_env", "RAG_EMBEDDING__API_KEY_ENV", lambda v: "LLM_API_KEY"))
+        simple.append(("LLM_API_KEY", "eval.judge_api_key_env", "RAG_EVAL__JUDGE_API_KEY_ENV", lambda v: "LLM_API_KEY"))
+    metrics = env.get("RAG_METRICS")
+    if metrics is not None:
+        low = metrics.strip().lower()
+        if low in _TRUE or low in _FALSE:
+            simple.append(("RAG_METRICS", "search_metrics.enabled", "RAG_SEARCH_METRICS__ENABLED", lambda v: low in _TRUE))
+        else:  # a file name: metrics on, and a JSONL copy there
+            simple.append(("RAG_METRICS", "search_metrics.jsonl_path", "RAG_SEARCH_METRICS__JSONL_PATH", Path))
+    for seed, dotted, ours, convert in simple:
+        value = env.get(seed)
+        if value is None or value == "":
+            continue
+        if ours in env:
+            if env[ours] != value and seed not in _LOGGED_CONFLICTS:
+                _LOGGED_CONFLICTS.add(seed)
+                _log.warning("both $%s=%s and $%s=%s are set; using $%s", ours, env[ours], seed, value, ours)
+            continue
+        try:
+            _set(out, dotted, convert(value))
+        except ValueError as exc:
+            from rag_lib.errors import ConfigError
+
+            raise ConfigError(f"${seed}: cannot read '{value}' ({exc})") from exc
+    pg = {k: env[k] for k in ("PG_HOST", "PG_PORT", "PG_USER", "PG_PASS", "PG_DB") if env.get(k)}
+    if pg:
+        if "RAG_DATABASE_URL" in env:
+            if "PG_HOST" not in _LOGGED_CONFLICTS:
+                _LOGGED_CONFLICTS.add("PG_HOST")
+                _log.warning("both $RAG_DATABASE_URL and $PG_* are set; using $RAG_DATABASE_URL")
+        else:
+            from urllib.parse import quote
+
+            auth = quote(pg.get("PG_USER", "postgres"), safe="")
+            if "PG_PASS" in pg:
+                auth += ":" + quote(pg["PG_PASS"], safe="")
+            out["database_url"] = (f"postgresql://{auth}@{pg.get('PG_HOST', 'localhost')}:{pg.get('PG_PORT', '5433')}"
+                                   f"/{pg.get('PG_DB', 'postgres')}")
+    return out
+
+
+class SeedEnvSource(PydanticBaseSettingsSource):
+    """Settings source for the seeds' variables; ranked below `RAG_*` variables, above rag.yaml."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return seed_env_values()
 
 
 @lru_cache(maxsize=1)

@@ -29,8 +29,8 @@ FILE_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T\d{4}")
 TYPE_ALIASES = {
     "stock-analysis": "stock-analysis",
     "earnings-analysis": "earnings-analysis",
-    "research": "research",
-    "research-analysis": "research",
+    "research": "research-analysis",  # the seeds' name for the type (issue 17)
+    "research-analysis": "research-analysis",
     "ticker": "ticker-profile",
     "ticker-profile": "ticker-profile",
     "trade-journal": "trade-journal",
@@ -51,7 +51,7 @@ PATH_HINTS = [
     ("earnings", "earnings-analysis"),
     ("ticker-profiles", "ticker-profile"),
     ("stock", "stock-analysis"),
-    ("research", "research"),
+    ("research", "research-analysis"),
     ("trades", "trade-journal"),
     ("strategies", "strategy"),
     ("learnings", "learning"),
@@ -66,7 +66,7 @@ SHAPE_HINTS = [
     ({"execution", "thesis"}, "trade-journal"),
     ({"phase1_catalyst"}, "stock-analysis"),
     ({"scanner_config"}, "scanner-config"),
-    ({"key_finding"}, "research"),
+    ({"key_finding"}, "research-analysis"),
 ]
 
 IDENTITY_FIELDS = ("id", "created", "ticker", "date", "analysis_date", "symbol")
@@ -175,7 +175,7 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
     if not isinstance(ticker, str) or not TICKER.match(ticker.strip().upper()):
         ticker = None
         match = re.match(r"^([A-Z]{1,5})_\d{8}T\d{4}", Path(rel_path).name)
-        if match and doc_type not in ("research", "unknown"):
+        if match and doc_type not in ("research-analysis", "unknown"):
             ticker = match.group(1)
     date = None
     for value in (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -187,3 +188,147 @@ def evaluate_kb(kb: Any, queries: Mapping[str, str], qrels: Qrels, *, mode: str 
         return result.hits
 
     return evaluate(run, queries, qrels, unit=unit, mode=mode, progress=progress)
+
+
+# ---- RAGAS metrics judged by an OpenAI-compatible chat model ---------------------------------------
+
+JUDGE_RELEVANCE = (
+    "TASK: context relevance. You judge retrieval for a trading-research knowledge base. For each numbered "
+    "context, decide whether it is useful for answering the question. Reply with one line per context, "
+    "exactly `N: yes` or `N: no`, nothing else."
+)
+JUDGE_ANSWER = (
+    "TASK: answer. Answer the question using only the numbered contexts, in at most five short sentences, "
+    "one per line. If the contexts do not contain the answer, say so in one line."
+)
+JUDGE_SUPPORT = (
+    "TASK: statement support. For each numbered statement, decide whether the contexts support it. Reply "
+    "with one line per statement, exactly `N: yes` or `N: no`, nothing else."
+)
+_VERDICT = re.compile(r"^\s*\[?(\d+)\]?\s*[:.)\-]\s*(yes|no)\b", re.I | re.M)
+
+
+def load_references(path: str | Path) -> dict[str, str]:
+    """Reference answers from queries.jsonl (`reference`, `answer` or `metadata.answer`), for context recall."""
+    out: dict[str, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+        ref = record.get("reference") or record.get("answer") or meta.get("reference") or meta.get("answer")
+        if ref:
+            out[str(record["_id"])] = str(ref)
+    return out
+
+
+def average_precision(verdicts: Sequence[bool]) -> float:
+    """RAGAS context precision: mean of precision@k over the ranks k that hold a relevant context."""
+    hits, total = 0, 0.0
+    for k, relevant in enumerate(verdicts, 1):
+        if relevant:
+            hits += 1
+            total += hits / k
+    return total / hits if hits else 0.0
+
+
+def parse_verdicts(text: str, n: int) -> list[bool]:
+    """`N: yes|no` lines → n booleans (a missing or unreadable line counts as no)."""
+    found = {int(m.group(1)): m.group(2).lower() == "yes" for m in _VERDICT.finditer(text or "")}
+    return [found.get(i, False) for i in range(1, n + 1)]
+
+
+def _sentences(text: str) -> list[str]:
+    parts = [p.strip(" -*•\t") for p in re.split(r"(?<=[.!?])\s+|\n+", text or "")]
+    return [p for p in parts if len(p) > 2]
+
+
+def _numbered(items: Sequence[str], prefix: str = "") -> str:
+    return "\n".join(f"{prefix}{i}: {t}" for i, t in enumerate(items, 1))
+
+
+class ChatJudge:
+    """The judge model behind the RAGAS metrics (any OpenAI-compatible chat-completions server)."""
+
+    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+                 max_context_chars: int = 1500):
+        from openai import OpenAI
+
+        self.model = model
+        self.max_context_chars = max_context_chars
+        self.client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
+        self.calls = 0
+
+    def ask(self, system: str, user: str) -> str:
+        from rag_lib.errors import RagError
+
+        self.calls += 1
+        try:
+            reply = self.client.chat.completions.create(
+                model=self.model, temperature=0,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+        except Exception as exc:  # the judge's failure is the eval's failure: say which server
+            raise RagError(f"judge model {self.model} failed: {type(exc).__name__}: {exc}") from exc
+        return reply.choices[0].message.content or ""
+
+    def score(self, question: str, contexts: Sequence[str], reference: str | None = None) -> dict[str, Any]:
+        """Context precision, faithfulness of a generated answer, and (with a reference) context recall."""
+        ctx = [c[: self.max_context_chars] for c in contexts]
+        block = _numbered(ctx, "context ")
+        out: dict[str, Any] = {"contexts": len(ctx)}
+        if not ctx:
+            return {**out, "context_precision": 0.0, "faithfulness": 0.0,
+                    "context_recall": 0.0 if reference else None, "answer": ""}
+        relevant = parse_verdicts(self.ask(JUDGE_RELEVANCE, f"Question: {question}\n\n{_numbered(ctx)}"), len(ctx))
+        out["context_precision"] = average_precision(relevant)
+        answer = self.ask(JUDGE_ANSWER, f"Question: {question}\n\n{block}")
+        claims = _sentences(answer)
+        supported = parse_verdicts(self.ask(JUDGE_SUPPORT, f"Contexts:\n{block}\n\nStatements:\n{_numbered(claims)}"),
+                                   len(claims)) if claims else []
+        out["faithfulness"] = sum(supported) / len(claims) if claims else 0.0
+        out["answer"] = answer
+        if reference:
+            facts = _sentences(reference)
+            covered = parse_verdicts(self.ask(JUDGE_SUPPORT, f"Contexts:\n{block}\n\nStatements:\n{_numbered(facts)}"),
+                                     len(facts)) if facts else []
+            out["context_recall"] = sum(covered) / len(facts) if facts else 0.0
+        else:
+            out["context_recall"] = None
+        return out
+
+
+def judge_from_settings(settings: Any) -> ChatJudge:
+    """The configured judge (`eval.judge_model`, `eval.judge_base_url`, or the seeds' LLM_BASE_URL)."""
+    import os
+
+    from rag_lib.errors import ConfigError
+
+    cfg = settings.eval
+    if not cfg.judge_model:
+        raise ConfigError("the RAGAS metrics need a chat model: set eval.judge_model (RAG_EVAL__JUDGE_MODEL) "
+                          "and eval.judge_base_url (or LLM_BASE_URL) for an OpenAI-compatible server")
+    return ChatJudge(cfg.judge_model, cfg.judge_base_url, os.environ.get(cfg.judge_api_key_env), cfg.judge_timeout)
+
+
+def judge_kb(kb: Any, queries: Mapping[str, str], *, mode: str = "hybrid", collection: str | None = None,
+             top_k: int = 5, references: Mapping[str, str] | None = None, judge: ChatJudge | None = None,
+             progress: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Mean RAGAS metrics over `queries`, judged on each query's top `top_k` retrieved chunks."""
+    judge = judge or judge_from_settings(kb.settings)
+    references = references or {}
+    per_query: dict[str, dict[str, Any]] = {}
+    for qid, text in queries.items():
+        hits = kb.search(text, mode=mode, collection=collection, top_k=top_k).hits
+        scored = judge.score(text, [h.text for h in hits], references.get(qid))
+        scored.pop("answer", None)
+        per_query[qid] = scored
+        if progress:
+            progress()
+
+    def mean(name: str) -> float | None:
+        values = [q[name] for q in per_query.values() if q.get(name) is not None]
+        return round(statistics.fmean(values), 4) if values else None
+
+    return {"model": judge.model, "queries": len(per_query), "context_precision": mean("context_precision"),
+            "context_recall": mean("context_recall"), "faithfulness": mean("faithfulness"),
+            "judge_calls": judge.calls, "per_query": per_query}

@@ -144,6 +144,7 @@ class SearchHit:
     doc_date: dt.date | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     excerpt: str | None = None
+    rerank_score: float | None = None  # second-stage score when reranked (`score` stays the fused one)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -245,3 +246,40 @@ class DocumentGraph:
 
     def triples(self) -> set[tuple[str, str, str]]:
         return {(e.src, e.predicate, e.dst) for e in self.edges}
+
+
+@dataclass
+class SearchMetric:
+    """What one search did and cost (a row of `rag_search_metrics`, a line of the JSONL log)."""
+
+    query: str
+    mode: str
+    strategy: str
+    results: int
+    latency_ms: float
+    query_class: str | None = None
+    top_score: float | None = None
+    reranked: bool = False
+    collection: str | None = None
+    stages_ms: dict[str, float] = field(default_factory=dict)
+    at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["at"] = self.at.isoformat()
+        return out
+
+
+@dataclass
+class EmbedMetric:
+    """One embedding call: who answered, how long it took, retries, and whether a fallback served it."""
+
+    provider: str
+    model: str | None
+    inputs: int
+    latency_ms: float
+    retries: int = 0
+    fallback: bool = False
+    ok: bool = True
+    error: str | None = None
+    at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))

@@ -24,7 +24,8 @@ def test_real_spellings_normalise_to_one_type():
     assert normalise_type("stock_analysis") == "stock-analysis"
     assert normalise_type("Stock-Analysis") == "stock-analysis"
     assert normalise_type("ticker") == "ticker-profile"
-    assert normalise_type("research-analysis") == "research"
+    assert normalise_type("research-analysis") == "research-analysis"
+    assert normalise_type("research") == "research-analysis"
 
 
 def test_metadata_comes_from_meta_not_the_file_name():
@@ -46,7 +47,7 @@ def test_underscore_type_and_missing_meta_fall_back_sensibly():
     no_meta = load_one(SHARED_CORPUS / "tradegent/knowledge/reference/FUTURE-IMPROVEMENTS.yaml", SHARED_CORPUS)
     assert no_meta.doc_type == "reference"  # from the folder, as there is no _meta
     fixture = load_one(SHARED_CORPUS / "tradegent/fixtures/sample_research.yaml", SHARED_CORPUS)
-    assert fixture.doc_type == "research"  # `_meta.doc_type: research-analysis`
+    assert fixture.doc_type == "research-analysis"  # `_meta.doc_type: research-analysis`
 
 
 def test_markdown_document_metadata():

@@ -16,7 +16,7 @@ app.add_typer(cache_app, name="cache")
 @cache_app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
     """Entries per model and dimensions, how many live chunks use them, and the size on disk."""
-    data = kb().store.cache_stats()
+    data = kb().cache_stats()
     if as_json:
         print_json(data)
         return
@@ -38,7 +38,7 @@ def prune(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Delete entries not used for --older-than days (entries of live chunks are kept by default)."""
-    deleted = kb().store.cache_prune(older_than, include_live, model)
+    deleted = kb().cache_prune(older_than, include_live, model)
     if as_json:
         print_json({"deleted": deleted})
     else:

@@ -30,12 +30,8 @@ def _date(value: Optional[str], name: str) -> Optional[dt.date]:
 @app.command()
 def init() -> None:
     """Start the database, apply migrations and load the embedding model once."""
-    base = kb()
-    store = base.store
-    provider = base.provider
-    store.ensure_space(provider.space, base.settings.embedding.model, base.settings.embedding.dimensions, provider.name)
-    provider.embed(["warm-up"])
-    console.print(f"ready: database {store.db.url}, model {provider.space}")
+    info = kb().init()
+    console.print(f"ready: database {info['database']}, model {info['space']}")
 
 
 def print_ingest_report(report: IngestReport) -> None:
@@ -94,22 +90,23 @@ def search(
     query: str = typer.Argument(..., help="What to look for."),
     mode: str = typer.Option("semantic", "--mode", "-m", help="semantic | lexical | hybrid"),
     collection: Optional[str] = CollectionOpt,
-    doc_type: Optional[list[str]] = typer.Option(None, "--doc-type", "-t", help="Only these document types."),
+    doc_type: Optional[list[str]] = typer.Option(None, "--doc-type", "--type", "-t", help="Only these document types."),
     ticker: Optional[list[str]] = typer.Option(None, "--ticker", help="Only these tickers."),
     section: Optional[str] = typer.Option(None, "--section", help="Only this top-level section."),
-    date_from: Optional[str] = typer.Option(None, "--from", help="Documents dated on or after (YYYY-MM-DD)."),
+    date_from: Optional[str] = typer.Option(None, "--from", "--since", help="Documents dated on or after (YYYY-MM-DD)."),
     date_to: Optional[str] = typer.Option(None, "--to", help="Documents dated on or before (YYYY-MM-DD)."),
     top_k: int = typer.Option(10, "--top-k", "-k", min=1, max=1000),
     min_similarity: float = typer.Option(0.0, "--min-similarity", min=0.0, max=1.0),
     path: Optional[str] = typer.Option(None, "--path", help="Only documents whose path starts with this."),
     chunks: bool = typer.Option(False, "--chunks", help="Every matching chunk, not one result per section."),
+    rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="Rerank the head (default: settings)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Search the knowledge base (one result per section unless --chunks)."""
     result = kb().search(
         query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section=section,
         date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
-        min_similarity=min_similarity, path=path, group=not chunks,
+        min_similarity=min_similarity, path=path, group=not chunks, rerank=rerank,
     )
     if as_json:
         print_json(result.to_dict())
@@ -124,7 +121,8 @@ def search(
     table.add_column("text", overflow="fold")
     for n, hit in enumerate(result.hits, 1):
         excerpt = (hit.excerpt or hit.text).replace("\n", " ")
-        table.add_row(str(n), f"{hit.score:.3f}", hit.unit_id, excerpt[:200])
+        score = f"{hit.score:.3f}" if hit.rerank_score is None else f"{hit.score:.3f} / {hit.rerank_score:.3f}"
+        table.add_row(str(n), score, hit.unit_id, excerpt[:200])
     console.print(table)
 
 
@@ -140,6 +138,13 @@ def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -
         f"[bold]{data['documents']}[/] documents, [bold]{data['chunks']}[/] chunks, {data['tokens']} tokens; "
         f"active space {space}; last ingest {data['last_ingest'] or 'never'}"
     )
+    index = data.get("index") or {}
+    if index:
+        console.print(f"index size {index['index_size_mb']:.1f} MB (tables and indexes {index['total_size_mb']:.1f} MB), "
+                      f"{index['vector_rows']} vector rows, ef_search {index['ef_search']}")
+        for h in index["hnsw"]:
+            console.print(f"  HNSW {h['index']}: {h['size_mb']:.1f} MB, m {h['m']}, ef_construction "
+                          f"{h['ef_construction']}, {h['rows_indexed']} rows at build")
     if data["by_type"]:
         table = Table(title="documents by type")
         table.add_column("type")
@@ -218,11 +223,36 @@ def delete(ref: str = typer.Argument(..., help="Document id or path."), collecti
         console.print(f"deleted {path}")
 
 
+def _validate_database(as_json: bool) -> None:
+    report = kb().validate_database()
+    if as_json:
+        print_json(report)
+    else:
+        table = Table(title=f"database check (active space {report['active_space'] or 'none'}, "
+                            f"{report['chunks']} chunks, {report['vectors']} vectors)")
+        for col in ("check", "count", "examples"):
+            table.add_column(col, overflow="fold")
+        for name in ("chunks_without_vector", "vectors_without_chunk", "chunks_with_stale_hash",
+                     "chunks_without_document", "duplicate_chunks"):
+            item = report[name]
+            table.add_row(name.replace("_", " "), f"[red]{item['count']}[/]" if item["count"] else "0",
+                          ", ".join(item["ids"][:5]))
+        console.print(table)
+        console.print("no problems" if not report["problems"] else f"[red]{report['problems']} problems[/]")
+    if report["problems"]:
+        raise typer.Exit(1)
+
+
 @app.command()
-def validate(paths: list[Path] = typer.Argument(..., help="Files or folders to check."),
+def validate(paths: list[Path] = typer.Argument(None, help="Files or folders to check (none: check the database)."),
              root: Optional[Path] = typer.Option(None, "--root"), as_json: bool = JsonOpt) -> None:
-    """Dry run: parse, flatten and chunk without writing; exit 1 when any input has problems."""
+    """Dry run over files (parse, flatten, chunk without writing), or without paths a check of the
+    database (orphans, missing embeddings, stale hashes); exit 1 on problems."""
     from rag_lib.validate import validate_paths
+
+    if not paths:
+        _validate_database(as_json)
+        return
 
     report = validate_paths(kb().settings, paths, root)
     if as_json:
@@ -244,11 +274,7 @@ def validate(paths: list[Path] = typer.Argument(..., help="Files or folders to c
 @app.command()
 def reindex(as_json: bool = JsonOpt) -> None:
     """Rebuild the active space's HNSW index (records build time and parameters)."""
-    base = kb()
-    space = base.store.active_space()
-    if space is None:
-        fail("nothing is indexed yet; run `rag ingest` first")
-    info = base.store.ensure_hnsw_index(space["space"], space["dimensions"], rebuild=True)
+    info = kb().reindex()
     if as_json:
         print_json(info)
     else:
@@ -256,9 +282,37 @@ def reindex(as_json: bool = JsonOpt) -> None:
 
 
 @app.command()
-def reset(yes: bool = typer.Option(False, "--yes", help="Confirm: delete every document, chunk and vector.")) -> None:
-    """Delete all indexed data (the schema stays)."""
+def reset(yes: bool = typer.Option(False, "--yes", help="Confirm: drop every table and recreate the schema.")) -> None:
+    """Drop and recreate every table (all documents, vectors, cache entries and metrics are lost)."""
     if not yes:
-        fail("reset deletes everything; rerun with --yes to confirm", 2)
-    kb().store.reset()
-    console.print("all documents, chunks, vectors, skips and cache entries deleted")
+        fail("reset drops every table and all data; rerun with --yes to confirm", 2)
+    applied = kb().reset()
+    console.print(f"dropped and recreated the schema ({len(applied)} migrations applied)")
+
+
+@app.command("metrics")
+def metrics(
+    since: Optional[str] = typer.Option(None, "--since", help="From this date/time (2026-01-01) or span (7d, 24h)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Search latency p50/p95 per mode, zero-result rate, query-class mix, embed failures and fallback share."""
+    data = kb().metrics_summary(since)
+    if as_json:
+        print_json(data)
+        return
+    console.print(f"[bold]{data['searches']}[/] searches since {data['since'] or 'the start'}; zero-result rate "
+                  f"{data['zero_result_rate']:.1%}, reranked {data['rerank_share']:.1%}")
+    table = Table(title="latency per mode")
+    for col in ("mode", "searches", "p50 ms", "p95 ms", "zero results"):
+        table.add_column(col, justify="right" if col != "mode" else "left")
+    for mode, row in data["by_mode"].items():
+        table.add_row(mode, str(row["searches"]), f"{row['p50_ms']:.1f}", f"{row['p95_ms']:.1f}",
+                      f"{row['zero_result_rate']:.1%}")
+    console.print(table)
+    if data["query_classes"]:
+        console.print("query classes: " + ", ".join(f"{k} {v}" for k, v in data["query_classes"].items()))
+        console.print("strategies: " + ", ".join(f"{k} {v}" for k, v in data["strategies"].items()))
+    e = data["embedding"]
+    console.print(f"embedding calls {e['calls']}: failure rate {e['failure_rate']:.1%}, fallback share "
+                  f"{e['fallback_share']:.1%}, {e['retries']} retries"
+                  + (f", p50 {e['p50_ms']:.1f} ms, p95 {e['p95_ms']:.1f} ms" if e["calls"] else ""))

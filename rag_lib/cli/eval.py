@@ -19,10 +19,13 @@ def eval_command(
     collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection)."),
     unit: str = typer.Option("section", "--unit", help="section (<path>#<section>) | document (document id)"),
     mode: str = typer.Option("hybrid", "--mode", "-m", help="semantic | lexical | hybrid"),
+    judge: bool = typer.Option(False, "--judge", help="Also the RAGAS metrics, judged by eval.judge_model."),
+    judge_top_k: int = typer.Option(5, "--judge-top-k", min=1, max=50, help="Chunks per query the judge reads."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """nDCG@10, Recall@10/100, MRR@10 and per-query latency of retrieval on a judged query set."""
-    from rag_lib.eval import UNITS, evaluate_kb, load_qrels, load_queries
+    """nDCG@10, Recall@10/100, MRR@10 and per-query latency of retrieval on a judged query set; with
+    --judge also context precision, context recall and faithfulness (RAGAS) from a chat model."""
+    from rag_lib.eval import UNITS, evaluate_kb, judge_kb, load_qrels, load_queries, load_references
     from rag_lib.search import MODES
 
     if unit not in UNITS:
@@ -39,8 +42,13 @@ def eval_command(
                              progress=lambda: bar.update(task, advance=1))
     if report.queries == 0:
         fail("no judged query has text in the queries file; check that the ids match", 1)
+    ragas = None
+    if judge:
+        asked = {q: query_map[q] for q in judged if q in query_map}
+        ragas = judge_kb(base, asked, mode=mode, collection=collection, top_k=judge_top_k,
+                         references=load_references(queries))
     if as_json:
-        print_json(report.summary())
+        print_json({**report.summary(), **({"ragas": ragas} if ragas else {})})
         return
     table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")
     table.add_column("metric")
@@ -49,6 +57,10 @@ def eval_command(
         table.add_row(name, f"{value:.4f}")
     table.add_row("latency p50 (ms)", f"{report.latency_ms['p50']:.1f}")
     table.add_row("latency p95 (ms)", f"{report.latency_ms['p95']:.1f}")
+    if ragas:
+        for name in ("context_precision", "context_recall", "faithfulness"):
+            value = ragas[name]
+            table.add_row(f"{name} (judge {ragas['model']})", "n/a (no references)" if value is None else f"{value:.4f}")
     console.print(table)
     if report.missing_queries:
         console.print(f"[yellow]{len(report.missing_queries)} judged query ids have no text: "

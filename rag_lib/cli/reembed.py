@@ -1,10 +1,10 @@
 """`rag reembed`: fill a new embedding space beside the active one and switch without downtime
 (`--to`), inspect (`--status`), go back (`--rollback`), free space (`--drop-old`), abandon a build
-(`--abort`); `--all` / `--version V` hand the work to the Dagster re-embed job."""
+(`--abort`); `--version V` re-embeds the documents embedded under embed_version V and `--all` every
+document, in the library (no orchestrator needed)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Optional
 
 import typer
@@ -43,32 +43,32 @@ def _progress():
     return bar, (lambda done, total: bar.update(task, completed=done, total=total))
 
 
-def _run_dagster_job(all_: bool, version: Optional[str], paths: list[str], collection: Optional[str],
-                     as_json: bool) -> None:
-    """`--all` / `--version V`: the Dagster re-embed job (pipelines.jobs.run_reembed_job)."""
-    try:
-        from pipelines.jobs import run_reembed_job
-    except ImportError:
-        run_reembed_job = None
-    if run_reembed_job is None:
-        try:  # the Dagster CLI module's runner, until pipelines.jobs exposes run_reembed_job
-            from rag_lib.cli.dagster import _run
-        except ImportError as exc:
-            fail(f"`rag reembed --all/--version` runs the Dagster re-embed job, which is not available here ({exc}); "
-                 "use `rag reembed --to MODEL[:DIMS]` instead")
-            return
-        _run(paths, collection, all_, "reembed", version, as_json)
-        return
-    params = inspect.signature(run_reembed_job).parameters
-    extra = {k: v for k, v in (("paths", paths), ("collection", collection)) if k in params}
-    result = run_reembed_job(all=all_, version=version, **extra)
-    if result is not None:
-        print_json(result.to_dict() if hasattr(result, "to_dict") else result)
+def _reembed_documents(base, version: Optional[str], paths: list[str], collection: Optional[str],
+                       as_json: bool) -> None:
+    """`--version V`: documents published under embed_version V; `--all`: every document (or PATHS)."""
+    if version is not None:
+        data = base.reembed_version(version)
+    elif paths:
+        data = base.ingest(paths, collection, force=True).to_dict()
+    else:
+        data = base.reembed_all()
+    if as_json:
+        print_json(data)
+    elif "current_version" in data:
+        console.print(f"{data['documents']} documents embedded with version {data['version'] or 'any'}: {data['reembedded']} "
+                      f"re-embedded under version {data['current_version']} ({data['chunks']} chunks, "
+                      f"{data['embedded']} embedded), {data['failed']} failed")
+        for path in data["missing_sources"]:
+            console.print(f"[yellow]source file gone, not re-embedded: {path}[/]")
+    else:
+        console.print(f"{data['chunks']} chunks re-published, {data['embedded']} embedded")
+    if data.get("failed") or data.get("missing_sources"):
+        raise typer.Exit(1)
 
 
 @app.command()
 def reembed(
-    paths: list[str] = typer.Argument(None, help="With --all/--version: corpus folders (default pipeline.roots)."),
+    paths: list[str] = typer.Argument(None, help="With --all: corpus folders (default: every document's own file)."),
     to: Optional[str] = typer.Option(None, "--to", help="Target space MODEL[:DIMS], e.g. text-embedding-3-large:1024."),
     show_status: bool = typer.Option(False, "--status", help="Spaces, coverage and what a rollback returns to."),
     do_rollback: bool = typer.Option(False, "--rollback", help="Switch back to the previous space."),
@@ -76,40 +76,36 @@ def reembed(
     abort: bool = typer.Option(False, "--abort", help="Abandon the space being built."),
     no_switch: bool = typer.Option(False, "--no-switch", help="Fill and check only; switch later."),
     skip_quality: bool = typer.Option(False, "--skip-quality", help="Switch without the eval-set nDCG@10 gate."),
-    all_: bool = typer.Option(False, "--all", help="Run the Dagster re-embed job over every file."),
-    version: Optional[str] = typer.Option(None, "--version", help="Run the Dagster re-embed job for embed_version V."),
-    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="With --all/--version: collection for PATHS."),
+    all_: bool = typer.Option(False, "--all", help="Re-chunk and re-embed every document (after model/chunking changes)."),
+    version: Optional[str] = typer.Option(None, "--version", help="Re-embed the documents embedded with embed_version V."),
+    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="With --all: collection for PATHS."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Re-embed into a new vector space while search keeps serving the active one."""
-    from rag_lib import reembed as rm
-
     chosen = [bool(to), show_status, do_rollback, drop_old, abort, all_ or version is not None]
     if sum(chosen) != 1:
         fail("choose exactly one of --to, --status, --rollback, --drop-old, --abort, --all/--version", 2)
-    if all_ or version is not None:
-        _run_dagster_job(all_, version, paths or [], collection, as_json)
-        return
     base = kb()
-    store = base.store
+    if version is not None or all_:
+        _reembed_documents(base, version, paths or [], collection, as_json)
+        return
     if show_status:
-        data = rm.status(store)
+        data = base.reembed_status()
         print_json(data) if as_json else _print_status(data)
         return
     if drop_old:
-        dropped = rm.drop_old(store)
+        dropped = base.reembed_drop_old()
         print_json(dropped) if as_json else console.print(
             "dropped " + (", ".join(f"{k} ({v} vectors)" for k, v in dropped.items()) or "nothing"))
         return
     if abort:
-        gone = rm.abort(store)
+        gone = base.reembed_abort()
         print_json({"aborted": gone}) if as_json else console.print(f"aborted {gone or 'nothing (no build in progress)'}")
         return
     bar, progress = _progress()
     with bar:
-        report = (rm.rollback(base.settings, store, progress=progress) if do_rollback
-                  else rm.reembed(base.settings, store, to, switch=not no_switch, skip_quality=skip_quality,
-                                  progress=progress))
+        report = (base.reembed_rollback(progress=progress) if do_rollback
+                  else base.reembed_to(to, switch=not no_switch, skip_quality=skip_quality, progress=progress))
     _print_report(report, as_json)
     if report.switched and not as_json:
         console.print(

@@ -24,6 +24,9 @@ from __future__ import annotations
 from rag_lib.config import ProviderSettings, Settings
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.errors import ConfigError
+from rag_lib.log import get_logger
+
+log = get_logger("embedding")
 
 PROVIDERS = ("local", "openai", "openai_compatible")
 OPENAI_DEFAULT_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
@@ -58,7 +61,24 @@ def get_provider(settings: Settings) -> EmbeddingProvider:
         return primary
     from rag_lib.embedding.chain import FallbackProvider
 
-    return FallbackProvider([primary, *(build_provider(_named(settings, n)) for n in cfg.fallback)])
+    entries = [ProviderSettings(**cfg.model_dump(include=set(ProviderSettings.model_fields))),
+               *(_named(settings, n) for n in cfg.fallback)]
+    usable = [e for e in entries if not missing_key(e)]
+    if not usable:
+        names = ", ".join(f"{e.name or e.space} (${e.api_key_env})" for e in entries)
+        raise ConfigError(f"every embedding provider in the chain lacks its API key: {names}; set one of them")
+    for e in entries:
+        if missing_key(e):
+            log.warning("embedding provider %s skipped: its API key $%s is not set", e.name or e.space, e.api_key_env)
+    members = [primary if e is entries[0] else build_provider(e) for e in usable]
+    return members[0] if len(members) == 1 else FallbackProvider(members)
+
+
+def missing_key(cfg: ProviderSettings) -> bool:
+    """An `openai` provider needs a key; self-hosted compatible servers often do not."""
+    import os
+
+    return cfg.provider == "openai" and not os.environ.get(cfg.api_key_env)
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:

@@ -7,6 +7,7 @@ import numpy as np
 
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.embedding.usage import Usage
+from rag_lib.metrics import embed_call
 from rag_lib.errors import ConfigError, EmbeddingError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer
@@ -59,9 +60,19 @@ class FallbackProvider(EmbeddingProvider):
         return self.embed_counted(texts)[0]
 
     def embed_counted(self, texts: list[str]) -> tuple[np.ndarray, list[Usage]]:
+        with embed_call(self.label, self.model, len(texts)) as call:
+            try:
+                return self._embed_counted(texts, call)
+            finally:
+                call.retries = sum(u.retries for u in call.usages) if hasattr(call, "usages") else 0
+
+    def _embed_counted(self, texts: list[str], call) -> tuple[np.ndarray, list[Usage]]:
         usages: list[Usage] = []
+        call.usages = usages
         errors: list[str] = []
-        for member in self.members:
+        for position, member in enumerate(self.members):
+            call.provider = getattr(member, "label", member.name)
+            call.fallback = position > 0
             try:
                 vectors, used = member.embed_counted(texts)
             except EmbeddingError as exc:

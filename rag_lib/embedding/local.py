@@ -11,6 +11,7 @@ import numpy as np
 
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.embedding.onnx_query import OnnxQueryEncoder, load_query_encoder
+from rag_lib.metrics import embed_call
 from rag_lib.errors import ConfigError, DimensionMismatchError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer, get_tokenizer
@@ -91,6 +92,10 @@ class LocalProvider(EmbeddingProvider):
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
+        with embed_call("local", self.model, len(texts)):
+            return self._embed(texts)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
         if len(texts) == 1 and self._query_encoder is not None:
             with self._lock:
                 self.calls += 1

@@ -20,6 +20,7 @@ from rag_lib.embedding.budget import LimitedTokenizer, TokenBudget
 from rag_lib.embedding.ratelimit import RateLimiter
 from rag_lib.embedding.retry import backoff_delay, parse_retry_after
 from rag_lib.embedding.usage import Usage
+from rag_lib.metrics import embed_call
 from rag_lib.errors import ConfigError, DimensionMismatchError, EmbeddingError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer, get_tokenizer
@@ -99,6 +100,13 @@ class OpenAIProvider(EmbeddingProvider):
         usage = Usage(self.name, self.model, self.dimensions)
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32), [usage]
+        with embed_call(self.label, self.model, len(texts)) as call:
+            try:
+                return self._embed_counted(texts, usage)
+            finally:
+                call.retries = usage.retries
+
+    def _embed_counted(self, texts: list[str], usage: Usage) -> tuple[np.ndarray, list[Usage]]:
         try:
             self.budget.check(texts)
             batches = self._batches(texts)

@@ -36,7 +36,7 @@ DOC_TYPE_HINTS: dict[str, tuple[str, ...]] = {
     "strategy": ("strategy", "strategies"),
     "learning": ("lesson", "lessons", "learning", "learnings", "bias", "biases", "mistake", "mistakes"),
     "scanner-config": ("scanner", "scanners", "scan config"),
-    "research": ("research", "macro"),
+    "research-analysis": ("research", "macro"),
     "watchlist": ("watchlist", "watch list"),
     "post-trade-review": ("post-trade review", "trade review"),
 }

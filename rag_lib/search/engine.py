@@ -193,8 +193,8 @@ def search(
         head = ranked[: opts.rerank_depth]
         scores = reranker.rerank(query, [h.text for h in head])
         for hit, score in zip(head, scores):
-            hit.score = float(score)
-        ranked = sorted(head, key=lambda h: -h.score) + ranked[opts.rerank_depth:]
+            hit.rerank_score = float(score)  # the fused `score` stays beside it
+        ranked = sorted(head, key=lambda h: -(h.rerank_score or 0.0)) + ranked[opts.rerank_depth:]
         timings["rerank"] = round((time.perf_counter() - t_r) * 1000, 2)
     if group:
         ranked = group_by_unit(ranked)

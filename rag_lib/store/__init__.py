@@ -8,7 +8,9 @@ from rag_lib.store.connection import Connections, apply_migrations, migration_fi
 from rag_lib.store.documents import DocumentStore
 from rag_lib.store.graph import GraphStore
 from rag_lib.store.lexical import LexicalStore
+from rag_lib.store.metrics import MetricsStore
 from rag_lib.store.roots import RootStore
+from rag_lib.store.schema import SchemaStore
 from rag_lib.store.similar import SimilarStore
 from rag_lib.store.stages import StageStore
 from rag_lib.store.spaces import SpaceStore
@@ -18,7 +20,7 @@ from rag_lib.store.vectors import VectorStore
 
 
 class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, StageStore, CheckStore,
-            LexicalStore, SimilarStore, RootStore, GraphStore):
+            LexicalStore, SimilarStore, RootStore, GraphStore, MetricsStore, SchemaStore):
     """Database access for one process: open once, share, `close()` at the end."""
 
     def __init__(self, settings: Settings):

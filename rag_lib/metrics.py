@@ -1,0 +1,179 @@
+"""Search and embedding metrics, recorded without slowing searches down: callers enqueue a record
+(a few microseconds) and one background thread writes batches to the database (and the JSONL log
+when `search_metrics.jsonl_path` / `$RAG_METRICS` names a file). `flush()` waits; `close()` drains.
+
+Embedding calls are recorded by the providers into whichever recorder the calling code bound with
+`bound(recorder)` (a context variable: the knowledge base binds itself around searches and ingests)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rag_lib.log import get_logger
+from rag_lib.models import EmbedMetric, SearchMetric, SearchResult
+
+log = get_logger("metrics")
+
+_SINK: contextvars.ContextVar[MetricsRecorder | None] = contextvars.ContextVar("rag_metrics_sink", default=None)
+_IN_EMBED: contextvars.ContextVar[bool] = contextvars.ContextVar("rag_metrics_in_embed", default=False)
+BATCH = 500  # records per write
+IDLE_SECONDS = 0.5  # the writer wakes at least this often
+
+
+class MetricsRecorder:
+    """Queue + one daemon writer thread. `write(searches, embeds)` persists one batch."""
+
+    def __init__(self, write: Callable[[list[SearchMetric], list[EmbedMetric]], None],
+                 jsonl_path: Path | None = None):
+        self._write = write
+        self.jsonl_path = Path(jsonl_path) if jsonl_path else None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._closed = False
+        self.dropped = 0  # records lost to write errors (logged)
+        self._thread = threading.Thread(target=self._run, name="rag-metrics", daemon=True)
+        self._thread.start()
+
+    def record(self, item: SearchMetric | EmbedMetric) -> None:
+        """Enqueue one record; never blocks on I/O."""
+        if self._closed:
+            return
+        with self._lock:
+            self._pending += 1
+        self._queue.put(item)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                continue
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._persist(batch)
+            with self._lock:
+                self._pending -= len(batch)
+                self._done.notify_all()
+            if stop:
+                return
+
+    def _persist(self, batch: list[Any]) -> None:
+        searches = [m for m in batch if isinstance(m, SearchMetric)]
+        embeds = [m for m in batch if isinstance(m, EmbedMetric)]
+        try:
+            self._write(searches, embeds)
+        except Exception:  # noqa: BLE001 - metrics must never break searching; the loss is logged
+            self.dropped += len(batch)
+            log.warning("could not write %d metric records", len(batch), exc_info=True)
+        if self.jsonl_path and searches:
+            try:
+                self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.jsonl_path.open("a", encoding="utf-8") as fh:
+                    fh.writelines(json.dumps(m.to_dict(), default=str) + "\n" for m in searches)
+            except OSError as exc:
+                log.warning("could not append metrics to %s: %s", self.jsonl_path, exc)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued record is written; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._done.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued and stop the writer."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+
+def search_metric(result: SearchResult, collection: str | None, reranked: bool) -> SearchMetric:
+    """The record of one finished search."""
+    plan = result.plan or {}
+    kind = plan.get("kind")
+    strategy = result.mode
+    if kind in ("comparison", "relationship") and len(plan.get("tickers") or []) > 1:
+        strategy += "+per-ticker"
+    if "expand" in result.timings_ms:
+        strategy += "+expanded"
+    if reranked:
+        strategy += "+rerank"
+    hits = result.hits
+    return SearchMetric(
+        query=result.query[:500], mode=result.mode, strategy=strategy, results=len(hits),
+        latency_ms=float(result.timings_ms.get("total", 0.0)), query_class=kind,
+        top_score=max((h.score for h in hits), default=None), reranked=reranked, collection=collection,
+        stages_ms={k: v for k, v in result.timings_ms.items() if k != "total"},
+    )
+
+
+@contextlib.contextmanager
+def bound(recorder: MetricsRecorder | None) -> Iterator[None]:
+    """Embedding calls made inside go to `recorder`."""
+    token = _SINK.set(recorder)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
+class EmbedCall:
+    """Filled in by the provider while it works: who answered, retries, fallback."""
+
+    def __init__(self, provider: str, model: str | None, inputs: int):
+        self.provider = provider
+        self.model = model
+        self.inputs = inputs
+        self.retries = 0
+        self.fallback = False
+
+
+@contextlib.contextmanager
+def embed_call(provider: str, model: str | None, inputs: int) -> Iterator[EmbedCall]:
+    """Time one embedding call and record it (outermost call only: a chain records once, not per member)."""
+    call = EmbedCall(provider, model, inputs)
+    sink = _SINK.get()
+    if sink is None or _IN_EMBED.get():
+        yield call
+        return
+    token = _IN_EMBED.set(True)
+    t0 = time.perf_counter()
+    error: str | None = None
+    try:
+        yield call
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        raise
+    finally:
+        _IN_EMBED.reset(token)
+        sink.record(EmbedMetric(provider=call.provider, model=call.model, inputs=inputs,
+                                latency_ms=round((time.perf_counter() - t0) * 1000, 3), retries=call.retries,
+                                fallback=call.fallback, ok=error is None, error=error))

@@ -1,0 +1,197 @@
+"""The seeds' CLI (shared/seeds 000 §5.1, 004): `rag search --type/--since`, `rag validate` of the
+database, `rag reembed --version V`, `rag reset`, `rag status` index stats, `rag metrics`, and the
+search metrics every search records (table and `RAG_METRICS` JSONL)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import psycopg
+import pytest
+
+import rag_lib.api
+from rag_lib.cli import main
+from rag_lib.config import get_settings
+
+NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
+NFLX = "tradegent/knowledge/analysis/earnings/NFLX_20250118T0800.yaml"
+MSFT = "tradegent/knowledge/analysis/stock/MSFT_20260220T1805.yaml"
+RESEARCH = "tradegent/knowledge/analysis/research/AI_CAPEX_20250110T0800.yaml"
+
+
+@pytest.fixture
+def rag(monkeypatch, database_url, provider, tmp_path, capsys):
+    """Run `rag ARGS…` in-process against a fresh database; returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    monkeypatch.delenv("RAG_METRICS", raising=False)
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
+    get_settings.cache_clear()
+
+    def run(*args: str) -> tuple[int, str, str]:
+        get_settings.cache_clear()  # a test may change the environment between commands
+        monkeypatch.setattr(sys, "argv", ["rag", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def ingested(rag, corpus_copy):
+    root = corpus_copy(NVDA, NFLX, MSFT, RESEARCH)
+    code, out, err = rag("ingest", str(root), "--json")
+    assert code == 0, err
+    assert json.loads(out)["new"] == 4
+    return root
+
+
+def _results(rag, *args: str) -> list[dict]:
+    code, out, err = rag("search", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)["results"]
+
+
+def test_search_type_and_since_as_the_seeds_write_them(rag, ingested):
+    # seed 000 §5.1: rag search "QUERY" --type earnings-analysis / --since 2026-01-01 / --ticker / --section
+    hits = _results(rag, "earnings guidance and risks", "--type", "earnings-analysis")
+    assert hits and {h["doc_type"] for h in hits} == {"earnings-analysis"}
+    assert _results(rag, "earnings guidance and risks", "--doc-type", "earnings-analysis") == hits  # today's name
+    hits = _results(rag, "cloud growth", "--since", "2026-01-01")
+    assert hits and all(h["doc_date"] >= "2026-01-01" for h in hits)
+    assert {h["path"] for h in hits} == {MSFT}
+    assert _results(rag, "cloud growth", "--from", "2026-01-01") == hits
+    assert {h["ticker"] for h in _results(rag, "earnings", "--ticker", "NVDA")} == {"NVDA"}
+    assert rag("search", "what could go wrong", "--section", "risks")[0] == 0
+
+
+def test_research_analysis_is_the_type_name(rag, ingested):
+    hits = _results(rag, "AI capital expenditure", "--type", "research-analysis")
+    assert hits and {h["doc_type"] for h in hits} == {"research-analysis"}
+    assert _results(rag, "AI capital expenditure", "--type", "research") == hits
+    code, out, _ = rag("status", "--json")
+    assert json.loads(out)["by_type"]["research-analysis"] == 1
+
+
+def test_status_shows_index_stats(rag, ingested):
+    assert rag("reindex")[0] == 0
+    code, out, _ = rag("status", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["index_size_mb"] > 0
+    hnsw = data["index"]["hnsw"]
+    assert hnsw and hnsw[0]["m"] == 16 and hnsw[0]["ef_construction"] == 256 and hnsw[0]["rows_indexed"] > 0
+    code, out, _ = rag("status")
+    assert "index size" in out and "HNSW" in out
+
+
+def test_validate_without_path_checks_the_database(rag, ingested, database_url):
+    code, out, _ = rag("validate", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["problems"] == 0 and report["chunks"] > 0
+    with psycopg.connect(database_url, autocommit=True) as conn:  # an embedding goes missing
+        chunk = conn.execute("DELETE FROM rag_chunk_vectors WHERE chunk_id = "
+                             "(SELECT min(chunk_id) FROM rag_chunk_vectors) RETURNING chunk_id").fetchone()[0]
+        conn.execute("UPDATE rag_chunks SET doc_hash = 'stale' WHERE chunk_id = "
+                     "(SELECT max(chunk_id) FROM rag_chunks)")
+    code, out, _ = rag("validate", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["problems"] == 2
+    assert report["chunks_without_vector"]["ids"] == [chunk]
+    assert report["chunks_with_stale_hash"]["count"] == 1
+    code, out, _ = rag("validate")
+    assert code == 1 and "2 problems" in out
+
+
+def test_reembed_version_reembeds_documents_of_that_version(rag, ingested, monkeypatch):
+    # seed 000: rag reembed --version 1.0.0  ("re-embed docs embedded with older version")
+    monkeypatch.setenv("RAG_EMBEDDING__EMBED_VERSION", "2")
+    code, out, err = rag("reembed", "--version", "1", "--json")
+    data = json.loads(out)
+    assert code == 0, err
+    assert data["documents"] == 4 and data["reembedded"] == 4 and data["failed"] == 0
+    assert data["embedded"] == data["chunks"] > 0  # version 2 misses version 1's cache: really re-embedded
+    code, out, _ = rag("reembed", "--version", "1", "--json")
+    assert json.loads(out)["documents"] == 0  # nothing is left on version 1
+    code, out, _ = rag("reembed", "--version", "2", "--json")
+    assert json.loads(out)["documents"] == 4
+    code, out, _ = rag("reembed", "--all", "--json")
+    assert json.loads(out)["reembedded"] == 4
+
+
+def test_reembed_cli_does_not_use_the_orchestrator():
+    import ast
+    from pathlib import Path
+
+    source = Path(rag_lib.api.__file__).parent / "cli" / "reembed.py"
+    imported = {n.module for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ImportFrom)}
+    assert not any(m and (m.startswith("pipelines") or m == "rag_lib.cli.dagster") for m in imported)
+
+
+def test_cli_uses_the_facade_only():
+    from pathlib import Path
+
+    for path in (Path(rag_lib.api.__file__).parent / "cli").glob("*.py"):
+        if path.name == "dagster.py":  # moving to pipelines/ (h14ops)
+            continue
+        text = path.read_text()
+        assert not re.search(r"(kb\(\)|base|STATE\[\"kb\"\])\.(store|provider)\b", text), path.name
+
+
+def test_reset_drops_and_recreates(rag, ingested, database_url):
+    code, _, err = rag("reset")
+    assert code == 2 and "--yes" in err
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE INDEX rag_test_marker ON rag_chunks (ordinal)")  # gone only if the table is dropped
+    code, out, _ = rag("reset", "--yes")
+    assert code == 0 and "recreated" in out
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('rag_test_marker')").fetchone()[0] is None
+        from rag_lib.store import migration_files
+
+        assert conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0] == len(migration_files())
+    code, out, _ = rag("status", "--json")
+    assert json.loads(out)["documents"] == 0
+
+
+def test_every_search_is_recorded_and_summarised(rag, ingested, tmp_path, monkeypatch):
+    log = tmp_path / "logs" / "rag_metrics.jsonl"
+    monkeypatch.setenv("RAG_METRICS", str(log))  # seed 004: logs/rag_metrics.jsonl
+    _results(rag, "NVDA earnings guidance", "--mode", "hybrid")
+    _results(rag, "compare NVDA and NFLX earnings", "--mode", "hybrid")
+    _results(rag, "zzqqxx unmatched gibberish", "--mode", "lexical")
+    _results(rag, "cloud growth", "--since", "2026-01-01")
+    code, out, _ = rag("metrics", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["searches"] == 4
+    assert set(data["by_mode"]) == {"hybrid", "lexical", "semantic"}
+    assert data["by_mode"]["hybrid"]["searches"] == 2 and data["by_mode"]["hybrid"]["p95_ms"] > 0
+    assert data["zero_result_rate"] == 0.25 and data["by_mode"]["lexical"]["zero_result_rate"] == 1.0
+    assert data["query_classes"].get("comparison") == 1
+    assert any("per-ticker" in s for s in data["strategies"])
+    emb = data["embedding"]
+    assert emb["calls"] >= 4 and emb["failure_rate"] == 0.0 and emb["fallback_share"] == 0.0  # ingest + 3 embeds
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["query"] for x in lines][0] == "NVDA earnings guidance" and len(lines) == 4
+    assert {"query_class", "mode", "strategy", "results", "top_score", "latency_ms", "stages_ms"} <= set(lines[0])
+    code, out, _ = rag("metrics", "--since", "2999-01-01", "--json")
+    assert json.loads(out)["searches"] == 0
+    code, out, _ = rag("metrics", "--since", "7d")
+    assert code == 0 and "4 searches" in out and "p95" in out
+    code, _, err = rag("metrics", "--since", "last tuesday")
+    assert code == 1 and "since must be" in err
+
+
+def test_metrics_can_be_switched_off(rag, ingested, monkeypatch):
+    monkeypatch.setenv("RAG_METRICS", "false")
+    _results(rag, "NVDA earnings guidance")
+    monkeypatch.delenv("RAG_METRICS")
+    code, out, _ = rag("metrics", "--json")
+    assert json.loads(out)["searches"] == 0

@@ -1,0 +1,126 @@
+"""The seeds' environment variables (shared/seeds 000, 001, 004) as aliases of today's settings;
+fallback members without their API key are skipped; `research-analysis` is the type's name."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from rag_lib import config
+from rag_lib.config import Settings
+from rag_lib.embedding import get_provider
+from rag_lib.embedding.chain import FallbackProvider
+from rag_lib.errors import ConfigError
+
+SEED_VARS = ("EMBED_PROVIDER", "EMBED_MODEL", "EMBED_DIMENSIONS", "LLM_BASE_URL", "LLM_API_KEY", "CHUNK_MAX_TOKENS",
+             "CHUNK_OVERLAP", "RAG_RERANKING", "RAG_ADAPTIVE", "RAG_METRICS", "PG_HOST", "PG_PORT", "PG_USER",
+             "PG_PASS", "PG_DB", "RAG_CHUNKING__OVERLAP_TOKENS", "RAG_DATABASE_URL", "RAG_EMBEDDING__MODEL")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in SEED_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(config, "_LOGGED_CONFLICTS", set())
+
+
+def test_seed_004_chunking_and_feature_flags(monkeypatch):
+    # seed 004: `CHUNK_MAX_TOKENS=768 CHUNK_OVERLAP=150 python -c ...`, `export RAG_RERANKING=false`
+    monkeypatch.setenv("CHUNK_MAX_TOKENS", "768")
+    monkeypatch.setenv("CHUNK_OVERLAP", "150")
+    monkeypatch.setenv("RAG_RERANKING", "false")
+    monkeypatch.setenv("RAG_ADAPTIVE", "false")
+    s = Settings()
+    assert (s.chunking.max_tokens, s.chunking.overlap_tokens) == (768, 150)
+    assert s.search.rerank is False
+    assert s.search.routing is False
+
+
+def test_rag_metrics_flag_or_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAG_METRICS", "false")
+    assert Settings().search_metrics.enabled is False
+    monkeypatch.setenv("RAG_METRICS", str(tmp_path / "logs/rag_metrics.jsonl"))
+    s = Settings()
+    assert s.search_metrics.enabled and s.search_metrics.jsonl_path == tmp_path / "logs/rag_metrics.jsonl"
+
+
+def test_seed_000_embedding_variables(monkeypatch):
+    # seed 000's fallback chain: ollama at ${LLM_BASE_URL:-http://localhost:11434}, ${EMBED_MODEL}, ${EMBED_DIMENSIONS}
+    monkeypatch.setenv("EMBED_PROVIDER", "ollama")
+    monkeypatch.setenv("EMBED_MODEL", "nomic-embed-text")
+    monkeypatch.setenv("EMBED_DIMENSIONS", "1536")
+    monkeypatch.setenv("LLM_BASE_URL", "http://localhost:11434")
+    s = Settings()
+    e = s.embedding
+    assert (e.provider, e.model, e.dimensions, e.base_url) == ("openai_compatible", "nomic-embed-text", 1536,
+                                                             "http://localhost:11434/v1")
+    monkeypatch.setenv("EMBED_PROVIDER", "openrouter")
+    monkeypatch.delenv("LLM_BASE_URL")
+    monkeypatch.setenv("LLM_API_KEY", "sk-or-test")
+    e = Settings().embedding
+    assert e.base_url == "https://openrouter.ai/api/v1" and e.api_key_env == "LLM_API_KEY"
+    monkeypatch.setenv("EMBED_PROVIDER", "openai")  # seed 001: `EMBED_PROVIDER=openai`, key in OPENAI_API_KEY
+    e = Settings().embedding
+    assert e.provider == "openai" and e.api_key_env == "OPENAI_API_KEY"
+
+
+def test_seed_001_postgres_variables(monkeypatch):
+    monkeypatch.setenv("PG_HOST", "localhost")
+    monkeypatch.setenv("PG_PORT", "5433")
+    monkeypatch.setenv("PG_USER", "lightrag")
+    monkeypatch.setenv("PG_PASS", "p@ss/word")
+    monkeypatch.setenv("PG_DB", "lightrag")
+    assert Settings().database_url == "postgresql://lightrag:p%40ss%2Fword@localhost:5433/lightrag"
+
+
+def test_todays_names_win_and_a_conflict_is_logged_once(monkeypatch, caplog):
+    monkeypatch.setenv("CHUNK_OVERLAP", "150")
+    monkeypatch.setenv("RAG_CHUNKING__OVERLAP_TOKENS", "40")
+    monkeypatch.setenv("EMBED_MODEL", "nomic-embed-text")
+    monkeypatch.setenv("RAG_EMBEDDING__MODEL", "nomic-embed-text")  # same value: no conflict
+    monkeypatch.setenv("PG_HOST", "elsewhere")
+    monkeypatch.setenv("RAG_DATABASE_URL", "postgresql://u@here:5432/db")
+    with caplog.at_level(logging.WARNING, logger="rag_lib.config"):
+        first = Settings()
+        Settings()
+    assert first.chunking.overlap_tokens == 40
+    assert first.database_url == "postgresql://u@here:5432/db"
+    conflicts = [r.getMessage() for r in caplog.records if "both $" in r.getMessage()]
+    assert len(conflicts) == 2, conflicts
+    assert any("CHUNK_OVERLAP" in m for m in conflicts) and any("PG_" in m for m in conflicts)
+
+
+def test_bad_seed_value_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("RAG_RERANKING", "maybe")
+    with pytest.raises(Exception, match="RAG_RERANKING"):
+        Settings()
+
+
+def _chain_settings(primary_key: str, backup_key: str) -> Settings:
+    return Settings(embedding={
+        "provider": "openai", "model": "text-embedding-3-small", "dimensions": 384, "api_key_env": primary_key,
+        "fallback": ["backup"],
+        "providers": [{"name": "backup", "provider": "openai", "model": "text-embedding-3-small", "dimensions": 384,
+                       "api_key_env": backup_key}],
+    })
+
+
+def test_fallback_member_without_key_is_skipped_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setenv("RAG_TEST_PRIMARY_KEY", "sk-test")
+    monkeypatch.delenv("RAG_TEST_MISSING_KEY", raising=False)
+    with caplog.at_level(logging.WARNING, logger="rag_lib.embedding"):
+        provider = get_provider(_chain_settings("RAG_TEST_PRIMARY_KEY", "RAG_TEST_MISSING_KEY"))
+    assert not isinstance(provider, FallbackProvider) and provider.label == "openai/text-embedding-3-small:384"
+    skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 1 and "RAG_TEST_MISSING_KEY" in skipped[0].getMessage()
+    # the primary without its key: the backup serves alone
+    monkeypatch.setenv("RAG_TEST_BACKUP_KEY", "sk-test")
+    provider = get_provider(_chain_settings("RAG_TEST_MISSING_KEY", "RAG_TEST_BACKUP_KEY"))
+    assert provider.label == "backup"
+
+
+def test_fallback_chain_with_no_key_left_is_an_error(monkeypatch):
+    monkeypatch.delenv("RAG_TEST_MISSING_KEY", raising=False)
+    with pytest.raises(ConfigError, match="lacks its API key"):
+        get_provider(_chain_settings("RAG_TEST_MISSING_KEY", "RAG_TEST_MISSING_KEY"))
