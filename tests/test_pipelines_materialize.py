@@ -63,14 +63,12 @@ def test_rag_lib_imports_nothing_from_pipelines():
     import ast
 
     offenders = []
-    # cli/reembed.py's lazy `pipelines.jobs` fallback is being removed by its owner (issue 14, item 8)
-    pending = {"reembed.py: pipelines.jobs"}
     for path in (Path(__file__).resolve().parents[1] / "rag_lib").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n == "pipelines" or n.startswith("pipelines.")]
-    assert set(offenders) <= pending, offenders
+    assert not offenders, offenders
 
 
 def test_dagster_commands_come_from_the_entry_point():

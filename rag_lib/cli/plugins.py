@@ -29,16 +29,3 @@ def load_plugins(app: typer.Typer) -> None:
             ep.load()(app)
         except Exception:  # a broken plugin must not take `rag search` down with it
             log.warning("rag.commands plugin %s failed to load", ep.name, exc_info=True)
-
-
-def plugin_function(name: str):
-    """A function exported by a `rag.commands` plugin's module (e.g. `_run` for `rag reembed --all`)."""
-    import importlib
-
-    for ep in command_plugins():
-        module = importlib.import_module(ep.module)
-        if hasattr(module, name):
-            return getattr(module, name)
-    from rag_lib.errors import ConfigError
-
-    raise ConfigError(f"no installed `rag` plugin provides {name} (is the Dagster code location installed?)")
