@@ -200,6 +200,43 @@ class KnowledgeBase:
     def show(self, ref: str, collection: str | None = None) -> dict[str, Any]:
         return self.store.get_document(self._collection(collection), ref)
 
+    # ---- serving helpers (HTTP API / MCP use these instead of reaching into store/provider) ----
+
+    def ping(self) -> bool:
+        """True when the database answers a round trip."""
+        return self.store.ping()
+
+    def model_loaded(self) -> bool:
+        """True when the embedding model is in memory (checked without loading it)."""
+        provider = self.__dict__.get("provider")
+        return provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
+
+    def warm_up(self) -> None:
+        """Open the pool and load the model now, so the first request pays nothing."""
+        _ = self.store
+        if hasattr(self.provider, "load"):
+            self.provider.load()
+        self.provider.embed(["warm-up"])
+
+    def embedding_info(self) -> dict[str, Any]:
+        """Model, dimensions and space of the configured provider."""
+        p = self.provider
+        return {"model": p.model, "dimensions": int(p.dimensions), "space": p.space}
+
+    def classify_query(self, query: str, collection: str | None = None) -> Any:
+        """The rule-based `QueryPlan` of a query (kind, tickers known to the collection, doc types)."""
+        from rag_lib.search.engine import plan_query
+
+        if not query or not query.strip():
+            raise ValidationError("query is empty")
+        return plan_query(self.store, query, self._collection(collection))
+
+    def expand_query(self, query: str, n: int = 3) -> list[str]:
+        """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
+        if not query or not query.strip():
+            raise ValidationError("query is empty")
+        return list(self.expander.expand(query))[:n] if self.expander is not None else []
+
 
 _default: KnowledgeBase | None = None
 _default_lock = threading.Lock()

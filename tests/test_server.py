@@ -298,18 +298,6 @@ def test_context_and_similar(client: TestClient):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
-def test_missing_library_feature_is_501(api_settings: Settings, provider):
-    class OldKnowledgeBase(KnowledgeBase):  # a library without context assembly
-        build_context = None
-
-    kb = OldKnowledgeBase(api_settings, provider=provider)
-    app = create_app(api_settings, kb=kb, keys=KeyRing.from_env(api_settings, KEYS))
-    with TestClient(app, headers={"X-API-Key": READ}) as c:
-        r = c.post("/api/rag/context", json={"query": "risks"})
-    kb.close()
-    assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
-
-
 def test_bind_policy():
     settings = Settings()
     none = KeyRing.from_env(settings, {})
