@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -42,11 +43,17 @@ class ChatStub:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                system, user = (m["content"] for m in request["messages"][:2])
+                if system.startswith("TASK:"):  # a RAGAS judge prompt: every numbered item is a yes
+                    numbers = re.findall(r"^(?:context |statement )?(\d+):", user, re.M)
+                    content = "\n".join(f"{n}: yes" for n in numbers)
+                else:  # the query expander
+                    content = "\n".join(VARIATIONS)
                 body = json.dumps({
                     "id": "chat-1", "object": "chat.completion", "created": 0, "model": "stub",
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "\n".join(VARIATIONS)}}],
+                                 "message": {"role": "assistant", "content": content}}],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                 }).encode()
                 self.send_response(200)
@@ -82,7 +89,7 @@ def server_env(db_url: str, tmp_path: Path, chat: ChatStub) -> dict[str, str]:
     env.update(RAG_DATABASE_URL=db_url, RAG_HOME=str(tmp_path / ".rag"), HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]),
                RAG_SEARCH__EXPANSION_MODEL="stub-chat", RAG_SEARCH__EXPANSION_BASE_URL=chat.base_url,
-               OPENAI_API_KEY="stub-key")
+               RAG_EVAL__JUDGE_MODEL="stub-judge", RAG_EVAL__JUDGE_BASE_URL=chat.base_url, OPENAI_API_KEY="stub-key")
     return env
 
 
@@ -208,7 +215,8 @@ async def exercise_seed_tools(client: Client) -> None:
     judged = payload(await client.call_tool("rag_evaluate", {
         "query": "What drove NVDA's Q4?", "contexts": ["NVIDIA data center revenue rose 400% on AI demand."],
         "answer": "Data center revenue driven by AI demand."}))
-    assert {"context_precision", "faithfulness"} <= set(judged)
+    assert judged["context_precision"] == judged["faithfulness"] == 1.0 and judged["context_recall"] is None
+    assert judged["judge_calls"] == 2
 
 
 def test_mcp_tools_over_stdio(corpus_db_url: str, tmp_path: Path, chat_stub: ChatStub):

@@ -279,8 +279,7 @@ def evaluate(kb: KnowledgeBase, query: str, contexts: list[str], answer: str,
     """Seed 004's `rag_evaluate`: RAGAS context precision / recall and faithfulness of an answer,
     judged by the configured chat model."""
     check_query(kb, query)
-    result = kb.evaluate(query=query, contexts=contexts, answer=answer, ground_truth=ground_truth)
-    return result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    return kb.judge_answer(query, contexts, answer, reference=ground_truth)
 
 
 # ---- seed 003's `/rag/*` shapes over the same functions --------------------------------------
