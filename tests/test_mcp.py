@@ -166,7 +166,7 @@ async def exercise_seed_tools(client: Client) -> None:
     assert hybrid["context"] and hybrid["citations"] and hybrid["strategy"] == "vector"
     assert hybrid["query_type"] == "relationship" and all(c["ticker"] == "NVDA" for c in hybrid["citations"])
     status = payload(await client.call_tool("rag_status", {}))
-    assert status["documents"] > 50 and "index_size_mb" in status
+    assert status["documents"] > 50
 
     # seed 004 phase 4-6: classify, expand, expanded search, reranked search
     cls = payload(await client.call_tool("rag_classify_query", {"query": "Compare NVDA vs AMD earnings"}))
@@ -205,6 +205,7 @@ async def exercise_seed_tools(client: Client) -> None:
     assert after["documents"] == status["documents"]
 
     # the library's rerank, metrics and evaluation (seed 004 phases 1, 3 and 7)
+    assert status["index_size_mb"] > 0
     reranked = payload(await client.call_tool("rag_search_rerank", {"query": "NVDA competitive position vs AMD",
                                                                      "ticker": "NVDA", "top_k": 5}))
     assert 0 < len(reranked["results"]) <= 5 and all(h["ticker"] == "NVDA" for h in reranked["results"])
