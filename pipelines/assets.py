@@ -8,10 +8,8 @@ step goes on with the other files, so one file never stops a many-file run; late
 raises instead, so that partition is marked failed in the UI."""
 
 
-import hashlib
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -23,39 +21,32 @@ from dagster import (
     asset,
 )
 
-from rag_lib.chunking import CHUNKER_VERSION
 from rag_lib.config import get_settings
 from rag_lib.errors import RagError
-from rag_lib.stages import StageOutcome, token_histogram
+from rag_lib.quality import token_histogram
+from rag_lib.versions import stage_versions
 
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
+from pipelines.stage_runner import StageOutcome, StageRunner
 
 # `backfill_policy` is marked beta; we rely on it deliberately (single-run backfills).
 warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)
 
 GROUP = "corpus"
-_settings = get_settings()
 
 
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:8]
+def code_versions() -> dict[str, str]:
+    """The assets' code versions: the library's per-stage versions (the same function its
+    fingerprint comes from), plus the HNSW build parameters. A change marks the asset and
+    everything downstream out of date in the UI."""
+    settings = get_settings()
+    return {**stage_versions(settings),
+            "hnsw_index": f"hnsw-m{settings.search.hnsw_m}-efc{settings.search.hnsw_ef_construction}"}
 
 
-def _sections_digest() -> str:
-    path = Path(_settings.sections_file)
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.is_file() else "none"
-
-
-# code_version: a changed algorithm or setting marks the asset (and everything downstream) out of date.
-CODE_VERSIONS = {
-    "raw_documents": f"load-1-max{_settings.max_file_bytes}",
-    "flattened_sections": f"flatten-1-sections-{_sections_digest()}",
-    "chunks": f"chunker-{CHUNKER_VERSION}-{_digest(_settings.chunking.model_dump_json())}",
-    "embeddings": f"{_settings.embedding.model}:{_settings.embedding.dimensions}:v{_settings.embedding.embed_version}",
-    "vector_table": f"publish-1-{_settings.embedding.model}:{_settings.embedding.dimensions}",
-    "hnsw_index": f"hnsw-m{_settings.search.hnsw_m}-efc{_settings.search.hnsw_ef_construction}",
-}
+# Decorators need the versions when the code location loads (its settings are the process's settings).
+CODE_VERSIONS = code_versions()
 
 
 def _partition_metadata(outcome: StageOutcome) -> dict[str, Any]:
@@ -81,37 +72,33 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extr
     """Run one stage over the run's partitions, attach per-partition metadata, record failures."""
     runner = rag.runner()
     pmap = rag.partition_map()
-    keys = list(context.partition_keys)
     targets, outcomes = [], []
-    for key in keys:
+    for key in context.partition_keys:
         try:
             targets.append(pmap.target(key))
         except RagError as exc:
             outcomes.append(StageOutcome(key, "failed", error=str(exc)))
-    if stage == "vector_table":
-        runner.ensure_space()
-    if stage == "embeddings":
-        outcomes += runner.embeddings(targets)
-    else:
-        outcomes += [getattr(runner, stage)(t) for t in targets]
+    outcomes += getattr(runner, stage)(targets)
     for outcome in outcomes:
         context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)
     return finish(context, rag, stage, outcomes, extra or {}, runner)
 
 
-def finish(context, rag: RagResource, stage: str, outcomes: list[StageOutcome], extra: dict[str, Any], runner) -> MaterializeResult:
+def finish(context, rag: RagResource, stage: str, outcomes: list[StageOutcome], extra: dict[str, Any],
+           runner: StageRunner) -> MaterializeResult:
+    """The step's own metadata (counts per status, run totals); a single failed partition raises."""
     statuses = Counter(o.status for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
-    store = rag.kb().store
+    kb = rag.kb()
     for o in failed:
-        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+        kb.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)
     if stage == "embeddings":
         summary["run_cache_hits"] = runner.embed_totals.get("cache_hits", 0)
         summary["run_embedded"] = runner.embed_totals.get("embedded", 0)
-        summary["model"] = rag.kb().settings.embedding.model
-        summary["dimensions"] = rag.kb().settings.embedding.dimensions
+        summary["model"] = kb.settings.embedding.model
+        summary["dimensions"] = kb.settings.embedding.dimensions
     if stage == "chunks":
         counts = [c for o in outcomes for c in o.metadata.get("token_counts", [])]
         summary["run_chunks"] = len(counts)
@@ -162,12 +149,10 @@ def vector_table(context: AssetExecutionContext, rag: RagResource) -> Materializ
        description="The active space's HNSW index (built after bulk loads; recall measured by its check).")
 def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     kb = rag.kb()
-    space = kb.provider.space
-    built = kb.store.ensure_hnsw_index(space, kb.settings.embedding.dimensions)
-    state = kb.store.hnsw_index_state(space)
+    state = kb.build_hnsw_index()
     last = state["last_build"] or {}
     return MaterializeResult(metadata={
-        "index": state["index"], "space": space, "created_now": built["created"], "valid": state["valid"],
+        "index": state["index"], "space": state["space"], "created_now": state["created_now"], "valid": state["valid"],
         "size_bytes": state["size_bytes"], "rows_indexed": int(last.get("rows_indexed") or 0),
         "build_seconds": round(float(last.get("build_seconds") or 0.0), 3),
         "m": kb.settings.search.hnsw_m, "ef_construction": kb.settings.search.hnsw_ef_construction,

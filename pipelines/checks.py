@@ -3,7 +3,7 @@ the whole asset in Postgres (all partitions), once per run."""
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
-from rag_lib.quality import QualityResult, check_chunks, check_embeddings, check_hnsw, check_skipped, check_vector_table
+from rag_lib.quality import QualityResult
 
 from pipelines.assets import chunks, embeddings, hnsw_index, raw_documents, vector_table
 from pipelines.resources import RagResource
@@ -21,35 +21,31 @@ def to_check_result(result: QualityResult) -> AssetCheckResult:
              description="Every staged vector has the configured model and dimension, is finite and non-zero. "
                          "Blocking: a bad vector never reaches vector_table.")
 def embeddings_valid(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    kb = rag.kb()
-    return to_check_result(check_embeddings(kb.store, kb.settings))
+    return to_check_result(rag.kb().quality_check("embeddings"))
 
 
 @asset_check(asset=vector_table,
              description="No orphans (chunks without vector, vectors without chunk, stale document hash, "
                          "documents whose file is gone) and no duplicate chunks.")
 def vector_table_orphans(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    kb = rag.kb()
-    return to_check_result(check_vector_table(kb.store, kb.provider.space))
+    return to_check_result(rag.kb().quality_check("vector_table"))
 
 
 @asset_check(asset=chunks,
              description="Great Expectations suite on the chunk frame: token_count in [1, model limit], "
                          "text present, unique ids; warns on too many tiny chunks.")
 def chunk_sizes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    kb = rag.kb()
-    return to_check_result(check_chunks(kb.store, kb.settings, kb.provider.max_tokens))
+    return to_check_result(rag.kb().quality_check("chunks"))
 
 
 @asset_check(asset=raw_documents, description="Skipped inputs, counted and listed by reason (warning).")
 def skipped_inputs(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(check_skipped(rag.kb().store))
+    return to_check_result(rag.kb().quality_check("skipped"))
 
 
 @asset_check(asset=hnsw_index, description="The HNSW index exists, is valid, and recall@10 vs exact search ≥ minimum.")
 def hnsw_recall(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    kb = rag.kb()
-    return to_check_result(check_hnsw(kb.store, kb.settings, kb.provider.space, kb.settings.embedding.dimensions))
+    return to_check_result(rag.kb().quality_check("hnsw"))
 
 
 CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, hnsw_recall]

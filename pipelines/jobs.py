@@ -28,9 +28,7 @@ reembed_job = define_asset_job(
 
 @op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")
 def maintain_indexes(context: OpExecutionContext, rag: RagResource) -> dict:
-    kb = rag.kb()
-    space = kb.store.active_space()
-    done = kb.store.maintain_indexes(space["space"] if space else None)
+    done = rag.kb().maintain_indexes()
     context.log.info("index maintenance: %s", done)
     return done
 

@@ -12,7 +12,8 @@ from pydantic import PrivateAttr
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
-from rag_lib.stages import StageRunner
+
+from pipelines.stage_runner import StageRunner
 
 # Loading a model costs seconds: one provider per embedding configuration per process.
 _PROVIDERS: dict[str, EmbeddingProvider] = {}
@@ -73,7 +74,7 @@ class RagResource(ConfigurableResource):
         return PartitionMap(self.kb().roots())
 
     def runner(self) -> StageRunner:
-        return StageRunner(self.kb().pipeline, force=self.force)
+        return StageRunner(self.kb(), force=self.force)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._kb is not None:

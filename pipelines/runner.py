@@ -16,9 +16,9 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
 from rag_lib.models import CorpusRoot
-from rag_lib.stages import StageRunner
 
 from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
+from pipelines.stage_runner import StageRunner
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -61,9 +61,9 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     chosen = {kb.add_root(r.path, r.collection, source="materialize").name for r in roots}
     pmap = PartitionMap(kb.roots())
     files = pmap.files()
-    # the runner (and the model behind kb.pipeline) only when a file is gone
+    # forgetting a gone file needs the database only (the runner loads the model on first stage)
     sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
-                           lambda target: StageRunner(kb.pipeline, force=force).forget(target))
+                           lambda target: StageRunner(kb, force=force).forget(target))
     sync.apply(instance)
     keys = [k for k in files if pmap.root_of(k).name in chosen]
     return keys, sync.ordered, sync.removed

@@ -4,11 +4,11 @@ run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
-from rag_lib.stages import plan_reconcile
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
 from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key, sync_partitions
 from pipelines.resources import RagResource
+from pipelines.stage_runner import plan_reconcile
 
 CRONS = get_settings().pipeline.schedules
 
@@ -26,7 +26,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
-    plan = plan_reconcile(rag.kb().store, on_disk, rag.kb().pipeline.fingerprint)
+    plan = plan_reconcile(rag.kb(), on_disk, rag.kb().engine.fingerprint)
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current")

@@ -4,7 +4,7 @@ process-wide default instance (`rag_lib.ingest(...)`, `rag_lib.search(...)`, ...
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
 from rag_lib.models import CorpusRoot, IngestReport, SearchFilters, SearchResult
-from rag_lib.pipeline import Pipeline
+from rag_lib.engine import Engine
 from rag_lib.store import Store
 
 
@@ -49,8 +49,9 @@ class KnowledgeBase:
         return self.spaces.pinned(self.store)
 
     @cached_property
-    def pipeline(self) -> Pipeline:
-        return Pipeline(self.settings, self.store, self.provider)
+    def pipeline(self) -> Engine:
+        """The ingest engine (per-file stage functions) bound to this knowledge base."""
+        return Engine(self.settings, self.store, self.provider)
 
     def close(self) -> None:
         if "store" in self.__dict__:
@@ -323,6 +324,82 @@ class KnowledgeBase:
                 "context_recall": round(supported(reference), 4) if reference else None,
                 "judge_calls": judge.calls}
 
+
+    # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
+
+    @property
+    def engine(self) -> Engine:
+        """The ingest engine (same object as `pipeline`)."""
+        return self.pipeline
+
+    def load_stage_outputs(self, stages: Sequence[str], files: Sequence[tuple[str, str]]) -> dict[tuple[str, str, str], Any]:
+        """(collection, path, stage) → stored stage output, for many files in one query."""
+        return self.store.load_stage_outputs(stages, files)
+
+    def save_stage_outputs(self, rows: Sequence[tuple[str, str, str, Any, str | None]]) -> None:
+        """Store many files' stage outputs: (collection, path, stage, payload, content hash) rows."""
+        self.store.save_stage_outputs(rows)
+
+    def save_staged_vectors(self, files: Sequence[tuple[str, str, Sequence[tuple[str, str]], np.ndarray]],
+                            model: str, dimensions: int) -> None:
+        """Replace the staged (not yet published) vectors of many files."""
+        self.store.save_staged_vectors(files, model, dimensions)
+
+    def load_staged_vectors(self, files: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+        """(collection, path) → chunk_id → staged vector."""
+        return self.store.load_staged_vectors(files)
+
+    def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, str | None, str | None]]:
+        """(collection, path) → (content hash, status, fingerprint) of one stage's stored outputs."""
+        return self.store.stage_index(stage)
+
+    def document_states(self, collection: str | None = None) -> dict[str, tuple[str, str]]:
+        """path → (content hash, fingerprint) of the live documents of a collection."""
+        return self.store.document_states(self._collection(collection))
+
+    def record_skip(self, skipped: Any) -> None:
+        """Record a skipped input (`Skipped`) with its reason."""
+        self.store.record_skip(skipped)
+
+    def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None) -> None:
+        """Record a failure (shown by `status`)."""
+        self.store.record_failure(source, message, run_id=run_id, partition=partition)
+
+    def remove_documents(self, collection: str, refs: Sequence[str]) -> list[str]:
+        """Delete documents by path or id, ignoring ones already gone; returns the deleted paths."""
+        return [p for ref in refs for p in self.store.delete_document(collection, ref)]
+
+    def forget_file(self, collection: str, path: str, document_paths: Sequence[str]) -> list[str]:
+        """Delete everything a source file produced (documents, stage outputs, staged vectors, skips)."""
+        return self.store.forget_file(collection, path, document_paths)
+
+    def build_hnsw_index(self) -> dict[str, Any]:
+        """Build the active provider space's HNSW index if missing; its state plus `created_now`."""
+        space = self.provider.space
+        built = self.store.ensure_hnsw_index(space, self.settings.embedding.dimensions)
+        return {**self.store.hnsw_index_state(space), "space": space, "created_now": built["created"]}
+
+    def maintain_indexes(self) -> dict[str, Any]:
+        """REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables."""
+        space = self.store.active_space()
+        return self.store.maintain_indexes(space["space"] if space else None)
+
+    def quality_check(self, name: str) -> Any:
+        """Run one data-quality check (`rag_lib.quality`) over the whole store: embeddings,
+        vector_table, chunks, skipped or hnsw. Returns a `QualityResult`."""
+        from rag_lib import quality
+
+        checks = {
+            "embeddings": lambda: quality.check_embeddings(self.store, self.settings),
+            "vector_table": lambda: quality.check_vector_table(self.store, self.provider.space),
+            "chunks": lambda: quality.check_chunks(self.store, self.settings, self.provider.max_tokens),
+            "skipped": lambda: quality.check_skipped(self.store),
+            "hnsw": lambda: quality.check_hnsw(self.store, self.settings, self.provider.space,
+                                               self.settings.embedding.dimensions),
+        }
+        if name not in checks:
+            raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")
+        return checks[name]()
 
 _default: KnowledgeBase | None = None
 _default_lock = threading.Lock()

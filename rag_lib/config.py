@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -200,19 +198,11 @@ class Settings(BaseSettings):
     def pgdata(self) -> Path:
         return (self.home / "pgdata").resolve()
 
-    def pipeline_fingerprint(self, chunker_version: str) -> str:
-        """Hash of everything that changes a document's chunks or vectors."""
-        payload: dict[str, Any] = {
-            "chunker": chunker_version,
-            "chunking": self.chunking.model_dump(),
-            "model": self.embedding.model,
-            "dimensions": self.embedding.dimensions,
-            "embed_version": self.embedding.embed_version,
-            "sections": hashlib.sha256(Path(self.sections_file).read_bytes()).hexdigest()
-            if Path(self.sections_file).is_file()
-            else "",
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    def pipeline_fingerprint(self, chunker_version: str | None = None) -> str:
+        """Hash of everything that changes a document's chunks or vectors (see rag_lib.versions)."""
+        from rag_lib.versions import fingerprint, stage_versions
+
+        return fingerprint(stage_versions(self, chunker_version))
 
 
 @lru_cache(maxsize=1)

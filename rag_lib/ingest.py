@@ -1,5 +1,6 @@
-"""Incremental ingest of corpus roots: new and changed files are processed, unchanged ones are
-left alone, bad input is recorded and skipped, and `prune` removes documents whose files are gone."""
+"""Incremental ingest of corpus roots, in memory: new and changed files are processed, unchanged
+ones are left alone, bad input is recorded and skipped, an unexpected error in one file is that
+file's failure (the run goes on), and `prune` removes documents whose files are gone."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rag_lib.documents import iter_corpus_files
+from rag_lib.engine import EMBED_BATCH_CHUNKS, Engine, Prepared, error_text
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.log import get_logger
-from rag_lib.models import FileOutcome, IngestReport, Skipped
-from rag_lib.pipeline import Pipeline, Prepared
+from rag_lib.models import FileOutcome, IngestReport, SourceFile
 
 log = get_logger(__name__)
 
 ProgressFn = Callable[[str, int, int], None]  # (file just done, files done, files in all)
-FLUSH_CHUNKS = 512  # chunks embedded per provider call group: large batches keep the encoder busy
 
 
 def collect_files(paths: Iterable[Path], root: Path | None = None) -> list[tuple[Path, Path]]:
@@ -33,8 +33,18 @@ def collect_files(paths: Iterable[Path], root: Path | None = None) -> list[tuple
     return pairs
 
 
+def source_files(paths: Iterable[Path], collection: str, root: Path | None = None) -> list[SourceFile]:
+    """The files under `paths` as `SourceFile`s of `collection` (see `collect_files` for roots)."""
+    return [SourceFile(collection, base, file.relative_to(base).as_posix() if base.is_dir() else file.name)
+            for base, file in collect_files(paths, root)]
+
+
+def _reason(stage: str, exc: BaseException) -> str:
+    return exc.code if isinstance(exc, RagError) else f"{stage}_failed"
+
+
 def ingest(
-    pipeline: Pipeline,
+    engine: Engine,
     paths: Iterable[Path],
     collection: str,
     *,
@@ -45,60 +55,66 @@ def ingest(
 ) -> IngestReport:
     """Bring the collection in step with the files under `paths`; see module docstring."""
     started = time.perf_counter()
-    store = pipeline.store
-    provider = pipeline.provider
-    cfg = pipeline.settings.embedding
-    store.ensure_space(provider.space, cfg.model, cfg.dimensions, provider.name)
+    store = engine.store
+    engine.ensure_space()
     report = IngestReport(collection=collection)
     states = store.document_states(collection)
     seen: set[str] = set()
     batch: list[tuple[Prepared, str]] = []
 
+    def fail(path: str, stage: str, exc: BaseException) -> None:
+        log.error("%s failed for %s: %s", stage, path, error_text(exc), exc_info=exc)
+        store.record_failure(f"ingest:{stage}", f"{path}: {error_text(exc)}", run_id=engine.run_id, partition=path)
+        report.outcomes.append(FileOutcome(path, "failed", reason=_reason(stage, exc), detail=error_text(exc)))
+
     def flush() -> None:
         if not batch:
             return
-        chunks = [c for prepared, _ in batch for c in prepared.chunks]
-        result = pipeline.embed(chunks)
+        result = engine.embed_files([(i, prepared.chunks) for i, (prepared, _) in enumerate(batch)])
         report.cache_hits += result.cache_hits
         report.embedded += result.embedded
-        offset = 0
-        for prepared, status in batch:
-            n = len(prepared.chunks)
+        for i, (prepared, status) in enumerate(batch):
+            if i in result.errors:
+                fail(prepared.doc.path, "embed", result.errors[i])
+                continue
             try:
-                pipeline.publish(prepared, result.vectors[offset : offset + n])
-                report.outcomes.append(FileOutcome(prepared.doc.path, status, chunks=n))
-            except RagError as exc:
-                log.exception("publishing %s failed", prepared.doc.path)
-                report.outcomes.append(FileOutcome(prepared.doc.path, "failed", reason=exc.code, detail=str(exc)))
-            offset += n
+                engine.publish(prepared, result.vectors[i])
+                report.outcomes.append(FileOutcome(prepared.doc.path, status, chunks=len(prepared.chunks)))
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary
+                fail(prepared.doc.path, "publish", exc)
         batch.clear()
 
-    files = collect_files(paths, root)
-    for done, (base, file) in enumerate(files, 1):
-        for item in pipeline.load(file, base, collection):
-            seen.add(item.path)
-            if isinstance(item, Skipped):
-                store.record_skip(item)
-                report.outcomes.append(FileOutcome(item.path, "skipped", reason=item.reason, detail=item.detail))
-                continue
-            if not force and pipeline.is_current(item, states):
-                report.outcomes.append(FileOutcome(item.path, "unchanged"))
+    files = source_files(paths, collection, root)
+    for done, source in enumerate(files, 1):
+        try:
+            loaded = engine.load(source)
+        except Exception as exc:  # noqa: BLE001 - any error in one file is that file's failure
+            seen.add(source.rel)  # a failed file keeps its last good version (prune leaves it)
+            fail(source.rel, "load", exc)
+            loaded = None
+        for skip in loaded.skips if loaded else []:
+            seen.add(skip.path)
+            store.record_skip(skip)
+            report.outcomes.append(FileOutcome(skip.path, "skipped", reason=skip.reason, detail=skip.detail))
+        for doc in loaded.documents if loaded else []:
+            seen.add(doc.path)
+            if not force and engine.is_current(doc, states):
+                report.outcomes.append(FileOutcome(doc.path, "unchanged"))
                 continue
             try:
-                prepared = pipeline.prepare(item)
-            except (RagError, ValueError, TypeError, OSError) as exc:
-                log.exception("preparing %s failed", item.path)
-                report.outcomes.append(FileOutcome(item.path, "failed", reason="prepare_failed", detail=str(exc)))
+                prepared = engine.prepare(doc)
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError included)
+                fail(doc.path, "prepare", exc)
                 continue
-            batch.append((prepared, "changed" if item.path in states else "new"))
-            if sum(len(p.chunks) for p, _ in batch) >= FLUSH_CHUNKS:
+            batch.append((prepared, "changed" if doc.path in states else "new"))
+            if sum(len(p.chunks) for p, _ in batch) >= EMBED_BATCH_CHUNKS:
                 flush()
         if progress:
-            progress(str(file), done, len(files))
+            progress(str(source.path), done, len(files))
     flush()
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
-        store.ensure_hnsw_index(provider.space, cfg.dimensions)
+        store.ensure_hnsw_index(engine.provider.space, engine.settings.embedding.dimensions)
     if prune:
         report.pruned = store.delete_collection_documents_except(collection, seen)
     report.seconds = time.perf_counter() - started

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from rag_lib.config import Settings
-from rag_lib.stages import token_histogram
 from rag_lib.store import Store
 
 
@@ -25,6 +24,15 @@ class QualityResult:
     description: str
     metadata: dict[str, Any] = field(default_factory=dict)  # numbers, short text, id lists
     markdown: dict[str, str] = field(default_factory=dict)  # tables/histograms for people
+
+
+def token_histogram(counts: list[int], edges: tuple[int, ...] = (0, 16, 32, 64, 128, 192, 256, 512)) -> str:
+    """A markdown table of chunk token counts per bucket."""
+    rows = ["| tokens | chunks |", "|---|---|"]
+    for lo, hi in zip(edges, edges[1:] + (None,)):
+        n = sum(1 for c in counts if c >= lo and (hi is None or c < hi))
+        rows.append(f"| {lo}–{hi - 1 if hi else '∞'} | {n} |")
+    return "\n".join(rows)
 
 
 def _md_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 50) -> str:

@@ -131,3 +131,14 @@ def test_embed_alias_and_reindex(rag, corpus_copy):
     code, out, _ = rag("reindex", "--json")
     info = json.loads(out)
     assert code == 0 and info["created"] is True and info["rows"] == json.loads(rag("status", "--json")[1])["chunks"]
+
+
+def test_validate_reports_a_file_that_crashes_the_parser_and_goes_on(rag, corpus_copy):
+    root = corpus_copy(LEARNING)
+    deep = root / "aaa-deep.yaml"  # nested 5,000 levels deep: generated here, never committed
+    deep.write_text("_meta:\n  type: learning\n  id: deep\nsummary: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n")
+    code, out, _ = rag("validate", str(root), "--json")
+    assert code == 1
+    files = {f["path"]: f for f in json.loads(out)["files"]}
+    assert files["aaa-deep.yaml"]["problem"]
+    assert not files[LEARNING].get("problem") and files[LEARNING]["chunks"] > 0

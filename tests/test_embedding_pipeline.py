@@ -144,3 +144,20 @@ def test_cache_stats_and_prune(settings, stub, corpus_copy):
         assert kb.store.cache_prune(older_than_days=1) == 0  # too recent
         assert kb.store.cache_prune(older_than_days=0) == model["entries"]
         assert kb.store.cache_stats()["entries"] == 0
+
+
+def test_a_failing_batch_is_retried_file_by_file_so_only_one_file_fails(settings, stub, corpus_copy):
+    root = corpus_copy(*FILES)
+    s = remote_settings(settings, stub, max_retries=0)
+    stub.script(["400", "ok", "400"])  # the batch of all files, then each file alone: the second one fails
+    with open_kb(s) as kb:
+        report = kb.ingest([root])
+        statuses = [o.status for o in report.outcomes]
+        assert statuses.count("new") == 2 and statuses.count("failed") == 1
+        failed = next(o for o in report.outcomes if o.status == "failed")
+        assert failed.reason == "embedding_error" and failed.detail
+        assert kb.status()["documents"] == 2
+        assert any(f["partition"] == failed.path for f in kb.status()["failures"])
+        stub.clear_script()
+        again = kb.ingest([root])  # the next run picks the failed file up
+        assert [o.status for o in again.outcomes].count("new") == 1

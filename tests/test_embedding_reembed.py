@@ -15,6 +15,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import provider_for_space
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, ValidationError
+from rag_lib.models import SourceFile
 from rag_lib import reembed as rm
 
 MODEL, DIMS = "stub-embed", 32
@@ -153,7 +154,7 @@ def test_documents_published_during_a_build_are_caught_up(rkb, stub):
     assert report.switched and report.filled == info["chunks"] - info["vectors"]
     assert rkb.store.get_space(NEW)["coverage"] == 1.0
     # a long-running process that started before the switch cannot publish into the retired space
-    prepared = rkb.pipeline.prepare(rkb.pipeline.load(rkb.root / EXTRA, rkb.root, "default")[0])
+    prepared = rkb.pipeline.prepare(rkb.pipeline.load(SourceFile("default", rkb.root, EXTRA)).documents[0])
     vectors = rkb.pipeline.embed(prepared.chunks).vectors
     with pytest.raises(DimensionMismatchError, match="the active space is now stub-embed:32"):
         rkb.pipeline.publish(prepared, vectors)

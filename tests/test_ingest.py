@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from rag_lib.errors import NotFoundError
+from rag_lib.models import SourceFile
 
 PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
 TRADE = "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml"
@@ -164,7 +165,7 @@ def test_wrong_dimension_vectors_are_never_written(kb, corpus_copy):
     from rag_lib.errors import DimensionMismatchError
 
     root = corpus_copy(LEARNING)
-    prepared = kb.pipeline.prepare(kb.pipeline.load(root / LEARNING, root, "default")[0])
+    prepared = kb.pipeline.prepare(kb.pipeline.load(SourceFile("default", root, LEARNING)).documents[0])
     with pytest.raises(DimensionMismatchError):
         kb.pipeline.publish(prepared, np.ones((len(prepared.chunks), 128), dtype=np.float32))
     with pytest.raises(DimensionMismatchError):
@@ -220,3 +221,24 @@ def test_drop_hnsw_index_before_a_bulk_load(kb, corpus_copy):
     assert kb.store.drop_hnsw_index(space) is False  # nothing left to drop
     kb.ingest([corpus_copy(TRADE)])  # the next ingest builds it again
     assert rows(kb, "SELECT count(*) FROM pg_indexes WHERE indexname = %s", index_name(space))[0][0] == 1
+
+
+def write_deep_yaml(path: Path, depth: int = 5000) -> None:
+    """A YAML document nested `depth` mappings deep (hostile input; generated, never committed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("_meta:\n  type: learning\n  id: deep\nsummary: " + "{a: " * depth + "1" + "}" * depth + "\n")
+
+
+def test_a_file_that_crashes_its_stage_fails_alone(kb, corpus_copy):
+    """One file nested 5,000 levels deep among good files: the good ones are ingested and
+    searchable, the bad one is reported (failed or skipped) with a reason, the run completes."""
+    root = corpus_copy(PFE, LEARNING)
+    write_deep_yaml(root / "tradegent/knowledge/learnings/aaa-deep.yaml")
+    report = kb.ingest([root])
+    by_path = {o.path: o for o in report.outcomes}
+    deep = by_path["tradegent/knowledge/learnings/aaa-deep.yaml"]
+    assert deep.status in ("failed", "skipped") and deep.reason and deep.detail
+    assert by_path[PFE].status == "new" and by_path[LEARNING].status == "new"
+    hits = kb.search("loss aversion before earnings", top_k=5).hits
+    assert any(h.path == LEARNING for h in hits)
+    assert not rows(kb, "SELECT 1 FROM rag_documents WHERE path LIKE '%%aaa-deep%%'")

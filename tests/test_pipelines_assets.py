@@ -97,6 +97,16 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         again = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)},
                             tags=range_tags(keys[0], keys[-1]))
         assert _statuses(again, "chunks")[FILES[1]] == "unchanged"
+        # ...and an unchanged file keeps the content metadata of its last real run.
+        again_mats = {(ev.asset_key.to_user_string(), ev.partition): ev.step_materialization_data.materialization.metadata
+                      for ev in again.get_asset_materialization_events()}
+        for asset in ("raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"):
+            assert again_mats[(asset, FILES[1])]["status"].value == "unchanged", asset
+            first = {k: v for k, v in mats[(asset, FILES[1])].items() if k != "status" and not k.startswith("run_")}
+            kept = {k: v for k, v in again_mats[(asset, FILES[1])].items() if k != "status" and not k.startswith("run_")}
+            assert kept == first, asset
+        assert "| tokens | chunks |" in again_mats[("chunks", FILES[1])]["chunk_size_histogram"].value
+        assert again_mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
         # Forced: every stage redone, every vector from the embedding cache.
         forced = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root, force=True)},
                              tags=range_tags(keys[0], keys[-1]))
@@ -133,6 +143,32 @@ def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, databas
         single = materialize(rest, instance=instance, resources={"rag": rag}, partition_key=FILES[0],
                              selection=[a.key for a in rest], raise_on_error=False)
         assert not single.success
+
+
+def test_a_file_that_crashes_its_stage_fails_alone(corpus_copy, rag_factory, database_url, provider, tmp_path):
+    """A YAML file nested 5,000 levels deep among good files: a many-file run succeeds, the good
+    files are published and searchable, the bad one is failed (or skipped) with a reason."""
+    root = corpus_copy(*RELS[:2])
+    deep = root / "tradegent/knowledge/aaa-deep.yaml"  # generated here, never committed
+    deep.write_text("_meta:\n  type: learning\n  id: deep\nsummary: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n")
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        result = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags=range_tags(keys[0], keys[-1]))
+        assert result.success
+        raw = _statuses(result, "raw_documents")
+        bad = "corpus/tradegent/knowledge/aaa-deep.yaml"
+        assert raw[bad] in ("failed", "skipped") and raw[FILES[0]] == raw[FILES[1]] == "ok"
+        meta = {ev.partition: ev.step_materialization_data.materialization.metadata
+                for ev in result.get_asset_materialization_events()
+                if ev.step_materialization_data.materialization.asset_key.to_user_string() == "raw_documents"}[bad]
+        assert (meta.get("error") or meta.get("skip_reason")).value
+        assert _statuses(result, "vector_table") == {bad: "upstream_failed" if raw[bad] == "failed" else "skipped",
+                                                      FILES[0]: "ok", FILES[1]: "ok"}
+    with _kb(database_url, tmp_path, provider) as kb:
+        assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
+        if raw[bad] == "failed":
+            assert any(f["partition"] == bad and "RecursionError" in f["message"] for f in kb.status()["failures"])
 
 
 def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""SQL for the orchestrated pipeline's per-file state: staged vectors, a file's stage rows, and
-index maintenance. Stage payloads themselves live in `rag_stage_outputs` (see status.py)."""
+"""SQL for the orchestrated pipeline's per-file state: each stage's stored output per file
+(`rag_stage_outputs`), staged vectors (`rag_stage_vectors`), and index maintenance. Reads and writes
+take many files at once: a run touches thousands of files, one query per stage, not per file."""
 
 from __future__ import annotations
 
@@ -8,35 +9,83 @@ from typing import Any
 
 import numpy as np
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from rag_lib.store.vectors import index_name
+
+
+FileIdent = tuple[str, str]  # (collection, path relative to its root)
 
 
 class StageStore:
     """Mixin: needs `self.db` (Connections)."""
 
-    def save_stage_vectors(
-        self, collection: str, path: str, rows: Sequence[tuple[str, str]], vectors: np.ndarray,
-        model: str, dimensions: int,
-    ) -> None:
-        """Replace a file's staged vectors; `rows` are (chunk_id, content_hash) in vector order."""
+    def load_stage_outputs(self, stages: Sequence[str], files: Sequence[FileIdent]) -> dict[tuple[str, str, str], Any]:
+        """(collection, path, stage) → stored payload, for the given stages of the given files."""
+        if not files or not stages:
+            return {}
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                """SELECT o.collection, o.path, o.stage, o.payload FROM rag_stage_outputs o
+                   JOIN unnest(%s::text[], %s::text[]) AS f(collection, path) USING (collection, path)
+                   WHERE o.stage = ANY(%s)""",
+                ([c for c, _ in files], [p for _, p in files], list(stages)),
+            ).fetchall()
+        return {(c, p, st): payload for c, p, st, payload in rows}
+
+    def save_stage_outputs(self, rows: Sequence[tuple[str, str, str, Any, str | None]]) -> None:
+        """Store many files' stage outputs: rows of (collection, path, stage, payload, content hash)."""
+        if not rows:
+            return
         with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.execute("DELETE FROM rag_stage_vectors WHERE collection = %s AND path = %s", (collection, path))
+            cur.executemany(
+                """INSERT INTO rag_stage_outputs (collection, path, stage, content_hash, payload)
+                   VALUES (%s,%s,%s,%s,%s)
+                   ON CONFLICT (collection, path, stage) DO UPDATE SET content_hash = EXCLUDED.content_hash,
+                     payload = EXCLUDED.payload, updated_at = now()""",
+                [(c, p, st, digest, Jsonb(payload)) for c, p, st, payload, digest in rows],
+            )
+
+    def load_stage(self, collection: str, path: str, stage: str) -> Any | None:
+        """One stage's stored output for one file (None: never materialized)."""
+        return self.load_stage_outputs([stage], [(collection, path)]).get((collection, path, stage))
+
+    def save_staged_vectors(
+        self, files: Sequence[tuple[str, str, Sequence[tuple[str, str]], np.ndarray]], model: str, dimensions: int,
+    ) -> None:
+        """Replace the staged vectors of many files in one transaction: (collection, path,
+        [(chunk_id, content_hash)], vectors in that order) each."""
+        if not files:
+            return
+        with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute(
+                """DELETE FROM rag_stage_vectors v USING unnest(%s::text[], %s::text[]) AS f(collection, path)
+                   WHERE v.collection = f.collection AND v.path = f.path""",
+                ([f[0] for f in files], [f[1] for f in files]),
+            )
             with cur.copy(
                 "COPY rag_stage_vectors (collection, path, chunk_id, content_hash, model, dimensions, embedding)"
                 " FROM STDIN"
             ) as copy:
-                for (chunk_id, digest), vec in zip(rows, vectors):
-                    copy.write_row((collection, path, chunk_id, digest, model, dimensions, vec))
+                for collection, path, rows, vectors in files:
+                    for (chunk_id, digest), vec in zip(rows, vectors):
+                        copy.write_row((collection, path, chunk_id, digest, model, dimensions, vec))
 
-    def load_stage_vectors(self, collection: str, path: str) -> dict[str, np.ndarray]:
-        """chunk_id → staged vector of one file."""
+    def load_staged_vectors(self, files: Sequence[FileIdent]) -> dict[FileIdent, dict[str, np.ndarray]]:
+        """(collection, path) → chunk_id → staged vector, for many files."""
+        out: dict[FileIdent, dict[str, np.ndarray]] = {f: {} for f in files}
+        if not files:
+            return out
         with self.db.connection() as conn:
             rows = conn.execute(
-                "SELECT chunk_id, embedding FROM rag_stage_vectors WHERE collection = %s AND path = %s",
-                (collection, path),
+                """SELECT v.collection, v.path, v.chunk_id, v.embedding FROM rag_stage_vectors v
+                   JOIN unnest(%s::text[], %s::text[]) AS f(collection, path) USING (collection, path)""",
+                ([c for c, _ in files], [p for _, p in files]),
             ).fetchall()
-        return {cid: np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for cid, v in rows}
+        for c, p, cid, v in rows:
+            out.setdefault((c, p), {})[cid] = np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v,
+                                                          dtype=np.float32)
+        return out
 
     def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, str | None, str | None]]:
         """(collection, path) → (content hash, status, fingerprint) of every file's output of one stage."""

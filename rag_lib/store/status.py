@@ -1,10 +1,8 @@
-"""SQL for status reports, pipeline stage outputs and recorded failures."""
+"""SQL for status reports and recorded failures."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from psycopg.types.json import Jsonb
 
 from rag_lib.store.documents import _dicts
 
@@ -59,22 +57,3 @@ class StatusStore:
                 "INSERT INTO rag_failures (source, run_id, partition, message) VALUES (%s,%s,%s,%s)",
                 (source, run_id, partition, message),
             )
-
-    def save_stage(self, collection: str, path: str, stage: str, payload: Any, content_hash: str | None) -> None:
-        """Store one pipeline stage's output for one file (the Dagster assets' storage)."""
-        with self.db.connection() as conn:
-            conn.execute(
-                """INSERT INTO rag_stage_outputs (collection, path, stage, content_hash, payload)
-                   VALUES (%s,%s,%s,%s,%s)
-                   ON CONFLICT (collection, path, stage) DO UPDATE SET content_hash = EXCLUDED.content_hash,
-                     payload = EXCLUDED.payload, updated_at = now()""",
-                (collection, path, stage, content_hash, Jsonb(payload)),
-            )
-
-    def load_stage(self, collection: str, path: str, stage: str) -> Any | None:
-        with self.db.connection() as conn:
-            row = conn.execute(
-                "SELECT payload FROM rag_stage_outputs WHERE collection = %s AND path = %s AND stage = %s",
-                (collection, path, stage),
-            ).fetchone()
-        return row[0] if row else None

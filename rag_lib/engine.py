@@ -1,9 +1,12 @@
-"""The pipeline stages, each callable alone (the Dagster assets call them one by one):
-load → flatten → chunk → embed (through the cache) → publish."""
+"""The ingest engine: one set of per-file stage functions, load → flatten → chunk → embed (through
+the cache, many files per provider call) → publish. `rag ingest` calls them in memory; the Dagster
+assets call the same functions and store each stage's output between assets."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,10 +19,23 @@ from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError
 from rag_lib.flatten import flatten, load_mapping
 from rag_lib.log import get_logger
-from rag_lib.models import Chunk, Document, Section, Skipped
+from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
+from rag_lib.versions import fingerprint, stage_versions
 
 log = get_logger(__name__)
+
+EMBED_BATCH_CHUNKS = 512  # chunks per provider call group: large batches keep the encoder busy
+
+
+@dataclass
+class Loaded:
+    """One file read: its documents (JSONL: one per record), skip records and the file's hash."""
+
+    source: SourceFile
+    documents: list[Document]
+    skips: list[Skipped]
+    file_hash: str
 
 
 @dataclass
@@ -40,6 +56,26 @@ class EmbedResult:
     usage: list = field(default_factory=list)  # rag_lib.embedding.usage.Usage per provider used
 
 
+@dataclass
+class FileVectors:
+    """Vectors of many files' chunks, embedded together: per-file vectors or the file's error."""
+
+    vectors: dict[Hashable, np.ndarray] = field(default_factory=dict)
+    errors: dict[Hashable, Exception] = field(default_factory=dict)
+    cache_hits: int = 0
+    embedded: int = 0
+
+
+def file_hash(path: Path) -> str:
+    """SHA-256 of a file's bytes (what decides whether a file changed)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def error_text(exc: BaseException) -> str:
+    """One line naming the exception type and message (RecursionError etc. have no RagError code)."""
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
 def check_vectors(vectors: np.ndarray, dimensions: int) -> list[str]:
     """Problems that must keep vectors out of the serving table (wrong size, NaN/inf, zero)."""
     problems = []
@@ -54,8 +90,8 @@ def check_vectors(vectors: np.ndarray, dimensions: int) -> list[str]:
     return problems
 
 
-class Pipeline:
-    """Stage functions bound to one settings object, store and provider."""
+class Engine:
+    """The stage functions bound to one settings object, store and provider."""
 
     def __init__(self, settings: Settings, store: Store, provider: EmbeddingProvider):
         self.settings = settings
@@ -63,7 +99,8 @@ class Pipeline:
         self.provider = provider
         self.mapping = load_mapping(Path(settings.sections_file))
         self.chunker = Chunker(provider.tokenizer(), settings.chunking)
-        self.fingerprint = settings.pipeline_fingerprint(CHUNKER_VERSION)
+        self.versions = stage_versions(settings, CHUNKER_VERSION)
+        self.fingerprint = fingerprint(self.versions)
         self.begin_run()
 
     def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
@@ -73,16 +110,28 @@ class Pipeline:
         self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
         return self.run_id
 
-    def load(self, path: Path, root: Path, collection: str) -> list[Document | Skipped]:
-        return load_file(path, root, collection, self.settings.max_file_bytes)
+    # ---- per-file stages ---------------------------------------------------------------
 
-    def sections(self, doc: Document) -> list[Section]:
+    def load(self, source: SourceFile) -> Loaded:
+        """Read and parse one file: documents, skip records (bad input, with a reason) and its hash."""
+        digest = file_hash(source.path)
+        items = load_file(source.path, source.root, source.collection, self.settings.max_file_bytes)
+        return Loaded(source, [i for i in items if isinstance(i, Document)],
+                      [i for i in items if isinstance(i, Skipped)], digest)
+
+    def flatten(self, doc: Document) -> list[Section]:
+        """A document's sections (YAML: one per top-level key; markdown: one per H2)."""
         raw = Path(doc.source_path).read_text(encoding="utf-8-sig") if doc.format == "yaml" and doc.source_path else None
         return flatten(doc, self.mapping, raw)
 
+    def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:
+        """Token-aware chunks of a document's sections."""
+        return self.chunker.chunk(doc, sections)
+
     def prepare(self, doc: Document) -> Prepared:
-        sections = self.sections(doc)
-        return Prepared(doc, sections, self.chunker.chunk(doc, sections))
+        """Flatten then chunk one document."""
+        sections = self.flatten(doc)
+        return Prepared(doc, sections, self.chunk(doc, sections))
 
     def embed(self, chunks: list[Chunk]) -> EmbedResult:
         """Vectors for chunks, from the cache where possible; new vectors are validated then cached."""
@@ -111,11 +160,52 @@ class Pipeline:
         self._record(len(texts) - len(missing), len(missing), usage)
         return EmbedResult(vectors, cache_hits=hits, embedded=len(missing), usage=usage)
 
+    def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> FileVectors:
+        """Embed the chunks of many files in large batches; a failing batch is retried file by file
+        so only the bad file gets an error (any exception, not only provider errors). A provider
+        that fails for every file (an outage, not a bad file) raises its `EmbeddingError`, as before."""
+        out = FileVectors()
+        streak = [0]  # consecutive single-file provider errors while nothing has succeeded yet
+
+        def run(group: list[tuple[Hashable, list[Chunk]]]) -> None:
+            try:
+                result = self.embed([c for _, cs in group for c in cs])
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
+                if len(group) > 1:
+                    log.warning("embedding %d files failed (%s); retrying file by file", len(group), error_text(exc))
+                    for item in group:
+                        run([item])
+                    return
+                if isinstance(exc, EmbeddingError) and not out.vectors:
+                    streak[0] += 1
+                    if streak[0] >= 2 or len(files) == 1:
+                        raise
+                log.error("embedding %s failed", group[0][0], exc_info=exc)
+                out.errors[group[0][0]] = exc
+                return
+            out.cache_hits += result.cache_hits
+            out.embedded += result.embedded
+            offset = 0
+            for key, cs in group:
+                out.vectors[key] = result.vectors[offset: offset + len(cs)]
+                offset += len(cs)
+
+        group: list[tuple[Hashable, list[Chunk]]] = []
+        for item in files:
+            group.append(item)
+            if sum(len(cs) for _, cs in group) >= EMBED_BATCH_CHUNKS:
+                run(group)
+                group = []
+        if group:
+            run(group)
+        return out
+
     def _record(self, hits: int, misses: int, usage: list) -> None:
         self.store.record_embedding(self.run_id, self.run_kind, self.provider.space, hits, misses, usage,
                                     self.settings.embedding.prices)
 
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:
+        """Write one document with its sections, chunks and vectors in one transaction."""
         cfg = self.settings.embedding
         problems = check_vectors(vectors, cfg.dimensions) if len(vectors) else []
         if problems:
@@ -130,6 +220,11 @@ class Pipeline:
             prepared.doc, prepared.sections, prepared.chunks, vectors, self.provider.space,
             cfg.dimensions, self.fingerprint,
         )
+
+    def ensure_space(self) -> None:
+        """Register the provider's embedding space (before the first publish)."""
+        cfg = self.settings.embedding
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
 
     def is_current(self, doc: Document, states: dict[str, tuple[str, str]]) -> bool:
         """True when the stored version has the same content and was made with the same settings."""

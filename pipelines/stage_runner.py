@@ -1,0 +1,381 @@
+"""The ingest engine's stages as the Dagster assets run them: each stage takes the run's files,
+reads the previous stages' stored outputs (one query per stage per run), calls the library's stage
+function (`rag_lib.engine.Engine`), and stores its own output with the metadata shown for it.
+
+A bad file is an outcome (`skipped`), never an exception; any error in one file is a `failed`
+outcome of that file only, and later stages report `upstream_failed` for it. A file whose stored
+output is current is `unchanged` and re-emits the metadata of its last real run."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rag_lib.api import KnowledgeBase
+from rag_lib.engine import Engine, FileVectors, Prepared, error_text, file_hash
+from rag_lib.log import get_logger
+from rag_lib.models import Chunk, Document, Section, SourceFile
+
+log = get_logger(__name__)
+
+RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS = "raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"
+STAGES = (RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS)
+PREVIEW_CHUNKS = 5
+
+
+class FileTarget(Protocol):
+    """One partition: what `partition_map().target(key)` returns."""
+
+    key: str
+    collection: str
+    root: Path
+    rel: str
+
+    @property
+    def path(self) -> Path: ...
+
+
+@dataclass
+class StageOutcome:
+    """What one stage did to one file."""
+
+    key: str
+    status: str  # ok | unchanged | skipped | failed | upstream_failed
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+def _doc_meta(doc: Document) -> dict[str, Any]:
+    meta = {f.name: getattr(doc, f.name) for f in dataclasses.fields(doc) if f.name != "body"}
+    meta["doc_date"] = doc.doc_date.isoformat() if doc.doc_date else None
+    return meta
+
+
+def _doc_from_meta(meta: dict[str, Any]) -> Document:
+    data = dict(meta)
+    data["doc_date"] = dt.date.fromisoformat(data["doc_date"]) if data.get("doc_date") else None
+    return Document(body=None, **data)
+
+
+def _ident(t: FileTarget) -> tuple[str, str]:
+    return t.collection, t.rel
+
+
+class StageRunner:
+    """Runs the stages over many files with one knowledge base; `force` redoes current files too."""
+
+    def __init__(self, kb: KnowledgeBase, force: bool = False):
+        self.kb = kb
+        self.force = force
+        self.embed_totals: dict[str, int] = {}
+
+    @cached_property
+    def engine(self) -> Engine:
+        """The library's stage functions (loads the model: only when a stage runs, not to forget a file)."""
+        return self.kb.engine
+
+    # ---- shared rules ------------------------------------------------------------------
+
+    def _payload(self, stage: str, status: str, file_hash_: str | None, meta: dict[str, Any] | None = None,
+                 **data: Any) -> dict[str, Any]:
+        return {"status": status, "file_hash": file_hash_, "fingerprint": self.engine.fingerprint,
+                "version": self.engine.versions[stage], "meta": meta or {}, **data}
+
+    def _is_current(self, stage: str, mine: dict[str, Any] | None, digest: str | None) -> bool:
+        """The stored output was made from this file content by this stage version."""
+        return (not self.force and mine is not None and mine.get("status") in ("ok", "skipped")
+                and mine.get("file_hash") == digest and mine.get("fingerprint") == self.engine.fingerprint
+                and mine.get("version") == self.engine.versions[stage] and "meta" in mine)
+
+    def _upstream(self, t: FileTarget, stage: str, rows: dict, saves: list) -> StageOutcome | None:
+        """The outcome to report instead of working (raw missing, skipped or failed; previous stage
+        failed or older than raw), or None when the file is ready for this stage."""
+        c, p = _ident(t)
+        raw = rows.get((c, p, RAW))
+        if raw is None:
+            return StageOutcome(t.key, "failed", error=f"{RAW} has not been materialized for {t.key}")
+        if raw["status"] == "skipped":
+            return StageOutcome(t.key, "skipped", {"skip_reason": raw.get("skip_reason")})
+        if raw["status"] == "failed":
+            return StageOutcome(t.key, "upstream_failed", error=raw.get("error"))
+        previous = STAGES[STAGES.index(stage) - 1]
+        before = rows.get((c, p, previous))
+        if before is not None and before.get("status") in ("failed", "upstream_failed"):
+            # Stored too, so the stages after this one see the failure rather than a missing row.
+            saves.append((c, p, stage, self._payload(stage, "upstream_failed", raw["file_hash"],
+                                                     error=before.get("error")), raw["file_hash"]))
+            return StageOutcome(t.key, "upstream_failed", error=before.get("error"))
+        if before is None or before.get("file_hash") != raw["file_hash"]:
+            return StageOutcome(t.key, "failed",
+                                error=f"{previous} is missing or older than {RAW} for {t.key}; rematerialize it")
+        return None
+
+    def _failed(self, t: FileTarget, stage: str, exc: BaseException, saves: list) -> StageOutcome:
+        log.error("%s failed for %s: %s", stage, t.key, error_text(exc), exc_info=exc)
+        message = error_text(exc)
+        saves.append((t.collection, t.rel, stage, self._payload(stage, "failed", None, error=message), None))
+        return StageOutcome(t.key, "failed", {"error": message}, error=message)
+
+    def _run(self, stage: str, targets: list[FileTarget], needs: tuple[str, ...], work,
+             still_current=None) -> list[StageOutcome]:
+        """The common loop of the stages after raw_documents: batched reads, per-file isolation,
+        unchanged files re-emit their stored metadata, one batched write. `work(t, raw, rows)` returns
+        (metadata, payload data), or None when the stage finishes that file itself (status `pending`)."""
+        rows = self.kb.load_stage_outputs((RAW, *needs, stage), [_ident(t) for t in targets])
+        outcomes: list[StageOutcome] = []
+        saves: list = []
+        for t in targets:
+            c, p = _ident(t)
+            try:
+                early = self._upstream(t, stage, rows, saves)
+                if early:
+                    outcomes.append(early)
+                    continue
+                raw = rows[(c, p, RAW)]
+                mine = rows.get((c, p, stage))
+                if self._is_current(stage, mine, raw["file_hash"]) and (still_current is None or still_current(t, raw)):
+                    outcomes.append(StageOutcome(t.key, "unchanged", mine["meta"]))
+                    continue
+                done = work(t, raw, rows)
+                if done is None:
+                    outcomes.append(StageOutcome(t.key, "pending"))
+                    continue
+                meta, data = done
+                saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
+                outcomes.append(StageOutcome(t.key, "ok", meta))
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
+                outcomes.append(self._failed(t, stage, exc, saves))
+        self.kb.save_stage_outputs(saves)
+        return outcomes
+
+    # ---- stages ------------------------------------------------------------------------
+
+    def raw_documents(self, targets: list[FileTarget]) -> list[StageOutcome]:
+        """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again."""
+        rows = self.kb.load_stage_outputs((RAW,), [_ident(t) for t in targets])
+        outcomes: list[StageOutcome] = []
+        saves: list = []
+        for t in targets:
+            c, p = _ident(t)
+            try:
+                if not t.path.is_file():
+                    raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
+                mine = rows.get((c, p, RAW))
+                if mine is not None and self._is_current(RAW, mine, file_hash(t.path)):
+                    status = "unchanged" if mine["status"] == "ok" else mine["status"]
+                    outcomes.append(StageOutcome(t.key, status, mine["meta"]))
+                    continue
+                loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+                for skip in loaded.skips:
+                    self.kb.record_skip(skip)
+                docs, skips = loaded.documents, loaded.skips
+                status = "ok" if docs else "skipped"
+                reason = skips[0].reason if skips and not docs else None
+                meta: dict[str, Any] = {"documents": len(docs), "skipped_records": len(skips),
+                                        "size_bytes": t.path.stat().st_size, "content_hash": loaded.file_hash[:16]}
+                if docs:
+                    d = docs[0]
+                    meta.update(doc_type=d.doc_type, doc_id=d.doc_id, format=d.format, ticker=d.ticker or "",
+                                doc_date=d.doc_date.isoformat() if d.doc_date else "")
+                if reason:
+                    meta.update(skip_reason=reason, skip_detail=skips[0].detail)
+                payload = self._payload(
+                    RAW, status, loaded.file_hash, meta, documents=[_doc_meta(d) for d in docs],
+                    skipped=[{"path": s.path, "reason": s.reason, "detail": s.detail} for s in skips],
+                    skip_reason=reason)
+                saves.append((c, p, RAW, payload, loaded.file_hash))
+                outcomes.append(StageOutcome(t.key, status, meta))
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError, MemoryError too)
+                outcomes.append(self._failed(t, RAW, exc, saves))
+        self.kb.save_stage_outputs(saves)
+        return outcomes
+
+    def flattened_sections(self, targets: list[FileTarget]) -> list[StageOutcome]:
+        def work(t: FileTarget, raw: dict, rows: dict) -> tuple[dict, dict]:
+            loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+            if loaded.file_hash != raw["file_hash"]:
+                raise ValueError(f"{t.rel} changed after {RAW} was materialized; rematerialize from {RAW}")
+            out, total, empty = [], 0, 0
+            for doc in loaded.documents:
+                sections = self.engine.flatten(doc)
+                total += len(sections)
+                empty += sum(1 for s in sections if s.is_empty)
+                out.append({"path": doc.path, "sections": [dataclasses.asdict(s) for s in sections]})
+            names = [s["name"] for d in out for s in d["sections"]][:20]
+            return ({"sections": total, "empty_sections": empty, "section_names": ", ".join(names)},
+                    {"documents": out})
+
+        return self._run(SECTIONS, targets, (), work)
+
+    def chunks(self, targets: list[FileTarget]) -> list[StageOutcome]:
+        def work(t: FileTarget, raw: dict, rows: dict) -> tuple[dict, dict]:
+            by_path = {d["path"]: d["sections"] for d in rows[(t.collection, t.rel, SECTIONS)]["documents"]}
+            out, counts, preview = [], [], []
+            for meta in raw["documents"]:
+                doc = _doc_from_meta(meta)
+                sections = [Section(**s) for s in by_path.get(doc.path, [])]
+                chunks = self.engine.chunk(doc, sections)
+                counts.extend(c.token_count for c in chunks)
+                preview.extend(chunks[: max(0, PREVIEW_CHUNKS - len(preview))])
+                out.append({"path": doc.path, "section_tokens": {s.name: s.token_count for s in sections},
+                            "chunks": [c.to_dict() for c in chunks]})
+            return ({"chunks": len(counts), "tokens": sum(counts), "max_tokens": max(counts, default=0),
+                     "token_counts": counts,
+                     "preview": [{"section_path": c.section_path, "tokens": c.token_count, "text": c.text[:80]}
+                                 for c in preview]},
+                    {"documents": out})
+
+        return self._run(CHUNKS, targets, (SECTIONS,), work)
+
+    def embeddings(self, targets: list[FileTarget]) -> list[StageOutcome]:
+        """Embed the chunks of all the run's files together (the encoder wants large batches); a
+        failing batch is retried file by file so one bad file fails alone."""
+        cfg = self.engine.settings.embedding
+        pending: dict[str, tuple[FileTarget, str, list[Chunk]]] = {}
+
+        def collect(t: FileTarget, raw: dict, rows: dict) -> None:
+            payload = rows[(t.collection, t.rel, CHUNKS)]
+            pending[t.key] = (t, raw["file_hash"], [Chunk.from_dict(c) for d in payload["documents"] for c in d["chunks"]])
+
+        outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
+        try:
+            result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+        except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
+            result = FileVectors(errors={key: exc for key in pending})
+        self.embed_totals = {"cache_hits": result.cache_hits, "embedded": result.embedded}
+        meta = {"model": cfg.model, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
+        staged, saves, done = [], [], {}
+        for key, (t, digest, cs) in pending.items():
+            if key in result.errors:
+                done[key] = self._failed(t, EMBEDDINGS, result.errors[key], saves)
+                continue
+            staged.append((t.collection, t.rel, [(c.chunk_id, c.content_hash) for c in cs], result.vectors[key]))
+            m = {"vectors": len(cs), **meta}
+            saves.append((t.collection, t.rel, EMBEDDINGS,
+                          self._payload(EMBEDDINGS, "ok", digest, m, space=self.engine.provider.space,
+                                        vectors=len(cs)), digest))
+            done[key] = StageOutcome(t.key, "ok", m)
+        try:
+            self.kb.save_staged_vectors(staged, cfg.model, cfg.dimensions)
+        except Exception as exc:  # noqa: BLE001 - staging is one transaction: all of its files failed
+            saves = [s for s in saves if s[3]["status"] == "failed"]
+            for key, (t, _, _) in pending.items():
+                if key not in result.errors:
+                    done[key] = self._failed(t, EMBEDDINGS, exc, saves)
+        self.kb.save_stage_outputs(saves)
+        return [done.get(o.key, o) for o in outcomes]
+
+    def vector_table(self, targets: list[FileTarget]) -> list[StageOutcome]:
+        """Publish each document (one transaction each) from the stored sections, chunks and staged
+        vectors; records that vanished from a multi-document file are deleted, not orphaned."""
+        self.engine.ensure_space()
+        states: dict[str, dict[str, tuple[str, str]]] = {}
+        pending: dict[str, tuple[FileTarget, dict, dict]] = {}
+
+        def published_current(t: FileTarget, raw: dict) -> bool:
+            if t.collection not in states:
+                states[t.collection] = self.kb.document_states(t.collection)
+            return all(self.engine.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"])
+
+        def collect(t: FileTarget, raw: dict, rows: dict) -> None:
+            pending[t.key] = (t, raw, {st: rows.get((t.collection, t.rel, st)) for st in (SECTIONS, CHUNKS, VECTORS)})
+
+        # An unchanged file's documents must still be live and current (a deleted one is republished).
+        outcomes = self._run(VECTORS, targets, (SECTIONS, CHUNKS, EMBEDDINGS), collect, still_current=published_current)
+        if not pending:
+            return outcomes
+        staged = self.kb.load_staged_vectors([_ident(t) for t, _, _ in pending.values()])  # one query
+        saves: list = []
+        done: dict[str, StageOutcome] = {}
+        for key, (t, raw, stored) in pending.items():
+            try:
+                meta, published = self._publish_file(t, raw, stored, staged.get(_ident(t), {}))
+                saves.append((t.collection, t.rel, VECTORS,
+                              self._payload(VECTORS, "ok", raw["file_hash"], meta, documents=published), raw["file_hash"]))
+                done[key] = StageOutcome(t.key, "ok", meta)
+            except Exception as exc:  # noqa: BLE001 - the per-file boundary
+                done[key] = self._failed(t, VECTORS, exc, saves)
+        self.kb.save_stage_outputs(saves)
+        return [done.get(o.key, o) for o in outcomes]
+
+    def _publish_file(self, t: FileTarget, raw: dict, stored: dict, staged: dict[str, np.ndarray]) -> tuple[dict, list[str]]:
+        cfg = self.engine.settings.embedding
+        sections_out = {d["path"]: d["sections"] for d in stored[SECTIONS]["documents"]}
+        chunks_out = {d["path"]: d for d in stored[CHUNKS]["documents"]}
+        published, count = [], 0
+        for meta in raw["documents"]:
+            doc = _doc_from_meta(meta)
+            entry = chunks_out[doc.path]
+            sections = [Section(**{**s, "token_count": entry["section_tokens"].get(s["name"], s["token_count"])})
+                        for s in sections_out.get(doc.path, [])]
+            chunks = [Chunk.from_dict(c) for c in entry["chunks"]]
+            missing = [c.chunk_id for c in chunks if c.chunk_id not in staged]
+            if missing:
+                raise ValueError(f"{len(missing)} chunks of {doc.path} have no staged vector; rematerialize embeddings")
+            vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
+                       else np.zeros((0, cfg.dimensions), dtype=np.float32))
+            self.engine.publish(Prepared(doc, sections, chunks), vectors)
+            published.append(doc.path)
+            count += len(chunks)
+        gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published)
+        if gone:
+            self.kb.remove_documents(t.collection, sorted(gone))
+        return {"documents": len(published), "rows": count, "space": self.engine.provider.space}, published
+
+    # ---- housekeeping ------------------------------------------------------------------
+
+    def forget(self, t: FileTarget) -> list[str]:
+        """Delete a (deleted) file's documents and stage rows."""
+        raw = self.kb.load_stage_outputs((RAW,), [_ident(t)]).get((t.collection, t.rel, RAW)) or {}
+        return self.kb.forget_file(t.collection, t.rel, [d["path"] for d in raw.get("documents", [])])
+
+
+
+@dataclass
+class ReconcilePlan:
+    """Files that need a run: never processed, failed somewhere, or stale (content or settings)."""
+
+    missing: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(set(self.missing) | set(self.failed) | set(self.stale))
+
+
+def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: str) -> ReconcilePlan:
+    """Compare the files on disk with the stored stage outputs (`kb`: anything with `stage_index`)."""
+    raw = kb.stage_index(RAW)
+    published = kb.stage_index(VECTORS)
+    broken = {k for stage in STAGES for k, (_, status, _) in kb.stage_index(stage).items()
+              if status in ("failed", "upstream_failed")}
+    plan = ReconcilePlan()
+    for t in targets:
+        ident = (t.collection, t.rel)
+        if ident in broken:
+            plan.failed.append(t.key)
+            continue
+        if ident not in raw:
+            plan.missing.append(t.key)
+            continue
+        digest, status, _ = raw[ident]
+        if digest != file_hash(t.path):
+            plan.stale.append(t.key)
+        elif status == "skipped":
+            continue
+        elif ident not in published:
+            plan.missing.append(t.key)
+        elif published[ident][2] != fingerprint:
+            plan.stale.append(t.key)
+    return plan

@@ -1,0 +1,49 @@
+"""Per-stage code versions: what each ingest stage's output depends on (algorithm version and the
+settings it reads). The library's fingerprint and the Dagster assets' code versions both come from here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rag_lib.config import Settings
+
+LOADER_VERSION = "1"
+FLATTEN_VERSION = "1"
+PUBLISH_VERSION = "1"
+# Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
+CONTENT_STAGES = ("flattened_sections", "chunks", "embeddings")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.is_file() else "none"
+
+
+def stage_versions(settings: Settings, chunker_version: str | None = None) -> dict[str, str]:
+    """Stage name → version string; a change marks that stage (and what follows) out of date."""
+    from rag_lib.chunking import CHUNKER_VERSION
+
+    emb = settings.embedding
+    limits = getattr(settings, "limits", None)  # parse limits, when the settings have them
+    loader = {"max_file_bytes": settings.max_file_bytes,
+              "limits": limits.model_dump() if hasattr(limits, "model_dump") else limits}
+    return {
+        "raw_documents": f"load-{LOADER_VERSION}-{_digest(loader)}",
+        "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",
+        "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(settings.chunking.model_dump())}",
+        "embeddings": f"{emb.model}:{emb.dimensions}:v{emb.embed_version}",
+        "vector_table": f"publish-{PUBLISH_VERSION}-{emb.model}:{emb.dimensions}",
+    }
+
+
+def fingerprint(versions: dict[str, str]) -> str:
+    """Hash of the versions of the stages that change a document's chunks or vectors."""
+    payload = {stage: versions[stage] for stage in CONTENT_STAGES}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
