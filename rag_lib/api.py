@@ -501,6 +501,70 @@ class KnowledgeBase:
     def show(self, ref: str, collection: str | None = None) -> dict[str, Any]:
         return self.store.get_document(self._collection(collection), ref)
 
+    # ---- serving helpers (HTTP API / MCP use these instead of reaching into store/provider) ----
+
+    def ping(self) -> bool:
+        """True when the database answers a round trip."""
+        return self.store.ping()
+
+    def model_loaded(self) -> bool:
+        """True when the embedding model is in memory (checked without loading it)."""
+        provider = self.__dict__.get("provider")
+        return provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
+
+    def warm_up(self) -> None:
+        """Open the pool and load the model now, so the first request pays nothing."""
+        _ = self.store
+        if hasattr(self.provider, "load"):
+            self.provider.load()
+        self.provider.embed(["warm-up"])
+
+    def embedding_info(self) -> dict[str, Any]:
+        """Model, dimensions and space of the configured provider."""
+        p = self.provider
+        return {"model": p.model, "dimensions": int(p.dimensions), "space": p.space}
+
+    def classify_query(self, query: str, collection: str | None = None) -> Any:
+        """The rule-based `QueryPlan` of a query (kind, tickers known to the collection, doc types)."""
+        from rag_lib.search.engine import plan_query
+
+        if not query or not query.strip():
+            raise ValidationError("query is empty")
+        return plan_query(self.store, query, self._collection(collection))
+
+    def expand_query(self, query: str, n: int = 3) -> list[str]:
+        """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
+        if not query or not query.strip():
+            raise ValidationError("query is empty")
+        return list(self.expander.expand(query))[:n] if self.expander is not None else []
+
+    def judge_answer(self, query: str, contexts: list[str], answer: str, reference: str | None = None) -> dict[str, Any]:
+        """RAGAS metrics of one given answer (seed 004's `evaluate_single`), judged by the configured chat
+        model: context precision, faithfulness of the answer to the contexts, and (with `reference`)
+        context recall."""
+        from rag_lib import eval as ev
+
+        if not contexts or not answer.strip():
+            raise ValidationError("give at least one context and a non-empty answer")
+        judge = ev.judge_from_settings(self.settings)
+        ctx = [c[: judge.max_context_chars] for c in contexts]
+        block = ev._numbered(ctx, "context ")
+
+        def supported(text: str) -> float:
+            claims = ev._sentences(text)
+            if not claims:
+                return 0.0
+            verdicts = ev.parse_verdicts(
+                judge.ask(ev.JUDGE_SUPPORT, f"Contexts:\n{block}\n\nStatements:\n{ev._numbered(claims)}"), len(claims))
+            return sum(verdicts) / len(claims)
+
+        relevant = ev.parse_verdicts(judge.ask(ev.JUDGE_RELEVANCE, f"Question: {query}\n\n{ev._numbered(ctx)}"), len(ctx))
+        return {"query": query, "model": judge.model, "contexts": len(ctx),
+                "context_precision": round(ev.average_precision(relevant), 4),
+                "faithfulness": round(supported(answer), 4),
+                "context_recall": round(supported(reference), 4) if reference else None,
+                "judge_calls": judge.calls}
+
 
     # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
 

@@ -18,6 +18,7 @@ from pydantic import Field
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings, get_settings
 from rag_lib.errors import ConfigError, DatabaseError, RagError
+from rag_lib.server import schemas as s
 from rag_lib.server import service
 from rag_lib.server.errors import _has_nul, client_message
 from rag_lib.server.graph_tools import register_graph_tools
@@ -27,23 +28,30 @@ _log = logging.getLogger("rag_lib.mcp")
 
 INSTRUCTIONS = (
     "Knowledge base of trading research: stock and earnings analyses, research notes, ticker profiles, "
-    "trade journals, strategies, learnings and scanner configs. Start with rag_search (or rag_context to get "
-    "prompt-ready text with citations). Results are chunks identified by unit_id '<path>#<section>'; pass a "
-    "unit_id or document path to rag_similar to find related material. rag_list and rag_status show what is "
-    "indexed. rag_embed adds or updates a document."
+    "trade journals, strategies, learnings and scanner configs. Start with rag_search (or rag_context / "
+    "rag_hybrid_context to get prompt-ready text with citations). Results are chunks identified by unit_id "
+    "'<path>#<section>'; rag_similar finds a ticker's closest analyses (or material related to a unit_id). "
+    "rag_search_rerank and rag_search_expanded trade speed for relevance and recall; rag_classify_query and "
+    "rag_expand_query show how a query is understood. rag_list and rag_status show what is indexed, "
+    "rag_metrics_summary how searches perform, rag_evaluate judges an answer against its contexts. "
+    "rag_embed and rag_embed_text add documents."
 )
 
-Query = Annotated[str, Field(min_length=1, max_length=4000, description="What to look for, in plain words.")]
+Query = Annotated[str, Field(min_length=1, max_length=s.MAX_QUERY, description="What to look for, in plain words.")]
 ModeArg = Annotated[
     Literal["semantic", "lexical", "hybrid"] | None,
     Field(description="semantic (meaning), lexical (exact words, tickers, ids) or hybrid (both; default)."),
 ]
 TopK = Annotated[int, Field(ge=1, le=100, description="How many results to return.")]
-Value = Annotated[str, Field(min_length=1, max_length=200)]
-OneOrMany = Annotated[Value | Annotated[list[Value], Field(max_length=50)] | None,
-                      Field(description="One value or a list of up to 50 (any of).")]
-Collection = Annotated[str | None, Field(min_length=1, max_length=200,
-                                         description="Collection name (default: the configured one).")]
+OneOrMany = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
+                      Field(max_length=50, description="One value or a list (any of).")]
+Ticker = Annotated[Annotated[str, Field(min_length=1, max_length=10)] | list[Annotated[str, Field(min_length=1, max_length=10)]] | None,
+                   Field(max_length=50, description="Ticker filter, e.g. NVDA, or a list of tickers (any of).")]
+DocType = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
+                    Field(max_length=50, description="Document type filter, e.g. earnings-analysis, stock-analysis, "
+                          "research, ticker-profile, trade-journal, strategy, learning, post-trade-review.")]
+Collection = Annotated[str | None, Field(min_length=1, max_length=200, description="Collection name (default: the configured one).")]
+Section = Annotated[str | None, Field(min_length=1, max_length=200, description="Only this top-level section (YAML key / H2).")]
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -98,6 +106,10 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
                     raise ToolError(f"{exc.code}: {exc}") from exc
             return holder["kb"]
 
+    def require_write(ctx: Context) -> None:
+        if ctx.headers is not None:  # over HTTP: a read-only key may not write
+            _call(keyring.authorize, key_from_headers(ctx.headers), Scope.WRITE)
+
     server = MCPServer("rag-kb", instructions=INSTRUCTIONS, version="1.0.0", log_level="WARNING")
     readonly_hint = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
@@ -106,32 +118,88 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         query: Query,
         mode: ModeArg = None,
         top_k: TopK = 10,
-        doc_type: OneOrMany = None,
-        ticker: OneOrMany = None,
-        section: Annotated[str | None, Field(min_length=1, max_length=200,
-                                             description="Only this top-level section (YAML key / H2).")] = None,
+        doc_type: DocType = None,
+        ticker: Ticker = None,
+        section: Section = None,
         date_from: Annotated[dt.date | None, Field(description="Documents dated on or after (YYYY-MM-DD).")] = None,
         date_to: Annotated[dt.date | None, Field(description="Documents dated on or before (YYYY-MM-DD).")] = None,
         min_similarity: Annotated[float, Field(ge=0, le=1, description="Drop results scoring below this.")] = 0.0,
         collection: Collection = None,
-    ) -> dict[str, Any]:
+    ) -> s.SearchResponse:
         """Search the trading-research knowledge base. Returns ranked chunks with score, unit_id
         ('<path>#<section>'), document id, type, ticker, date, an excerpt and the chunk text.
         Filter by doc_type (e.g. stock-analysis, earnings-analysis, research, ticker-profile,
-        trade-journal, strategy, learning), ticker (e.g. NVDA), section or date range."""
+        trade-journal, strategy, learning), ticker (e.g. NVDA, or a list of peers), section or date range."""
         filters = {"doc_type": doc_type, "ticker": ticker, "section": section, "date_from": date_from, "date_to": date_to}
-        return _json_safe(_call(service.search, kb(), query, mode=mode, filters=filters, top_k=top_k,
-                                min_similarity=min_similarity, collection=collection))
+        return _call(service.search, kb(), query, mode=mode, filters=filters, top_k=top_k,
+                     min_similarity=min_similarity, collection=collection)
+
+    @server.tool(annotations=readonly_hint)
+    def rag_search_rerank(
+        query: Query,
+        ticker: Ticker = None,
+        top_k: TopK = 5,
+        doc_type: DocType = None,
+        mode: ModeArg = None,
+        collection: Collection = None,
+    ) -> s.SearchResponse:
+        """Search with second-stage reranking for higher relevance: a wider candidate pool is rescored
+        by the configured reranker (cross-encoder or /rerank service); each hit keeps its fused `score`
+        beside its `rerank_score`. Slower than rag_search."""
+        return _call(service.search, kb(), query, mode=mode, filters={"ticker": ticker, "doc_type": doc_type},
+                     top_k=top_k, collection=collection, rerank=True)
+
+    @server.tool(annotations=readonly_hint)
+    def rag_search_expanded(
+        query: Query,
+        ticker: Ticker = None,
+        top_k: TopK = 5,
+        n_expansions: Annotated[int, Field(ge=0, le=10, description="How many query variations to add.")] = 3,
+        doc_type: DocType = None,
+        collection: Collection = None,
+    ) -> dict[str, Any]:
+        """Search with query expansion for better recall: the query and up to n_expansions variations
+        (from the configured chat model; none when no expander is configured) are searched and merged,
+        best score per chunk first. `queries` lists what was searched, `matched_query` on each hit which one found it."""
+        return _json_safe(_call(service.search_expanded, kb(), query, n_expansions=n_expansions, top_k=top_k,
+                                filters={"ticker": ticker, "doc_type": doc_type}, collection=collection))
+
+    @server.tool(annotations=readonly_hint)
+    def rag_classify_query(query: Query, collection: Collection = None) -> dict[str, Any]:
+        """Classify a query to pick a retrieval strategy: query_type (retrieval, relationship, trend,
+        comparison, global), the known tickers and document types it names, suggested_strategy
+        (vector, graph, hybrid) and a confidence (rule-based: 0.9 when a rule matched, 0.5 for the default)."""
+        return _call(service.classify_query, kb(), query, collection)
+
+    @server.tool(annotations=readonly_hint)
+    def rag_expand_query(
+        query: Query,
+        n: Annotated[int, Field(ge=1, le=10, description="How many variations to generate.")] = 3,
+    ) -> dict[str, Any]:
+        """Generate variations of a query (synonyms, full company names, technical terms) with the
+        configured chat model: original, variations and all_queries (original first). Without a
+        configured expander `variations` is empty and `expander` is 'none'."""
+        return _call(service.expand_query, kb(), query, n)
 
     @server.tool(annotations=readonly_hint)
     def rag_similar(
-        ref: Annotated[str, Field(min_length=1, max_length=512,
-                                  description="A unit_id from a search result, a chunk id, a document path or id.")],
-        top_k: TopK = 10,
+        ticker: Annotated[str | None, Field(min_length=1, max_length=10, description=(
+            "Find this ticker's analyses closest to its thesis, catalysts and risks (one per document)."))] = None,
+        analysis_type: Annotated[str | None, Field(max_length=200, description=(
+            "With ticker: only this document type, e.g. earnings-analysis or stock-analysis."))] = None,
+        ref: Annotated[str | None, Field(min_length=1, max_length=s.MAX_NAME, description=(
+            "Instead of ticker: a unit_id from a search result, a chunk id, a document path or id; finds "
+            "related documents."))] = None,
+        top_k: TopK = 5,
         collection: Collection = None,
     ) -> dict[str, Any]:
-        """Find chunks similar to something already in the knowledge base (a search result's
-        unit_id, or a document), e.g. other analyses of the same setup."""
+        """Find similar past analyses for a ticker (`ticker`, optional `analysis_type`), or material
+        similar to something already in the knowledge base (`ref`: a search result's unit_id or a document)."""
+        if (ticker is None) == (ref is None):
+            raise ToolError("invalid_input: give either `ticker` or `ref`")
+        if ticker is not None:
+            return _json_safe(_call(service.similar_for_ticker, kb(), ticker, analysis_type=analysis_type,
+                                    top_k=top_k, collection=collection))
         return _json_safe(_call(service.similar, kb(), ref, top_k=top_k, collection=collection))
 
     @server.tool(annotations=readonly_hint)
@@ -139,8 +207,8 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         query: Query,
         token_budget: Annotated[int, Field(ge=50, le=16000, description="Maximum tokens of context to return.")] = 2000,
         mode: ModeArg = None,
-        ticker: OneOrMany = None,
-        doc_type: OneOrMany = None,
+        ticker: Ticker = None,
+        doc_type: DocType = None,
         collection: Collection = None,
     ) -> dict[str, Any]:
         """Prompt-ready context for a question: the most relevant passages, within token_budget,
@@ -156,47 +224,84 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         offset: Annotated[int, Field(ge=0, le=10_000_000, description="Start of the skipped page.")] = 0,
     ) -> dict[str, Any]:
         """What is indexed: document, chunk and token counts, documents per type, the active
-        embedding space, skipped inputs (one page; skipped_total counts all) and recent failures."""
-        return _json_safe(service.page_status(_call(kb().status, collection), limit, offset))
+        embedding space, index size (index_size_mb), skipped inputs (one page; skipped_total counts all) and recent failures."""
+        return _json_safe(service.page_status(_call(service.status, kb(), collection), limit, offset))
 
     @server.tool(annotations=readonly_hint)
     def rag_list(
         collection: Collection = None,
         limit: Annotated[int, Field(ge=1, le=1000, description="Page size.")] = 100,
-        offset: Annotated[int, Field(ge=0, le=10_000_000,
-                                     description="Start of the page; use next_offset from the last page.")] = 0,
+        offset: Annotated[int, Field(ge=0, le=10_000_000, description="Start of the page; use next_offset from the last page.")] = 0,
     ) -> dict[str, Any]:
-        """List indexed documents (path, id, type, ticker, date, chunk count), one page at a time."""
+        """List indexed documents (path, id, type, ticker, date, chunk count, content hash), one page at a time."""
         return _json_safe(_call(service.list_sources, kb(), collection=collection, limit=limit, offset=offset))
 
-    register_graph_tools(server, kb)  # rag_hybrid_context, rag_graph (rag_lib/server/graph_tools.py)
+    @server.tool(annotations=readonly_hint)
+    def rag_metrics_summary(
+        days: Annotated[float, Field(gt=0, le=3650, description="Days to summarise (default 7).")] = 7,
+    ) -> dict[str, Any]:
+        """Search and embedding metrics for recent activity: latency p50/p95 per mode, zero-result rate,
+        query-class and strategy mix, embed failure rate and fallback share."""
+        return _json_safe(_call(service.metrics_summary, kb(), days=days))
+
+    @server.tool(annotations=readonly_hint)
+    def rag_evaluate(
+        query: Query,
+        contexts: Annotated[list[Annotated[str, Field(max_length=s.MAX_TEXT)]], Field(
+            min_length=1, max_length=50, description="The retrieved passages the answer was based on.")],
+        answer: Annotated[str, Field(min_length=1, max_length=s.MAX_TEXT, description="The answer to judge.")],
+        ground_truth: Annotated[str | None, Field(max_length=s.MAX_TEXT, description=(
+            "A reference answer (improves context recall).")) ] = None,
+    ) -> dict[str, Any]:
+        """Evaluate a RAG answer with RAGAS metrics judged by the configured chat model: context
+        precision, context recall and faithfulness (each 0-1). Needs an OpenAI-compatible chat model."""
+        return _json_safe(_call(service.evaluate, kb(), query, contexts, answer, ground_truth))
+
+    register_graph_tools(server, kb, _call)  # rag_hybrid_context, rag_graph (rag_lib/server/graph_tools.py)
 
     if not read_only:
 
         @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
         def rag_embed(
             ctx: Context,
-            path: Annotated[str | None, Field(max_length=4096, description=(
-                "A file inside a configured corpus root (absolute, or relative to the root)."))] = None,
-            name: Annotated[str | None, Field(max_length=512, description=(
+            file_path: Annotated[str | None, Field(max_length=4096, description=(
+                "A YAML or markdown file inside a configured corpus root (absolute, or relative to the root)."))] = None,
+            path: Annotated[str | None, Field(max_length=4096, description="Same as file_path.")] = None,
+            name: Annotated[str | None, Field(max_length=s.MAX_NAME, description=(
                 "With `content`: the relative name to store it under, e.g. notes/2025-06-01-fed.md."))] = None,
             content: Annotated[str | None, Field(max_length=1_000_000, description=(
                 "Text of a YAML or markdown document to add (give `name` too)."))] = None,
             collection: Collection = None,
             force: Annotated[bool, Field(description="Re-process even if unchanged.")] = False,
-        ) -> dict[str, Any]:
-            """Add or update one document: either `path` (a file in a corpus root) or `name` +
-            `content`. Unchanged documents are skipped; returns new/changed/unchanged/skipped counts."""
-            if ctx.headers is not None:  # over HTTP: a read-only key may not write
-                try:
-                    keyring.authorize(key_from_headers(ctx.headers), Scope.WRITE)
-                except RagError as exc:
-                    raise ToolError(f"{exc.code}: {exc}") from exc
+        ) -> s.EmbedResponse:
+            """Embed a YAML document: either `file_path` (a file in a corpus root) or `name` + `content`.
+            Unchanged documents are skipped; returns doc_id, status, chunks, tokens_processed and counts."""
+            require_write(ctx)
+            if file_path is not None and path is not None:
+                raise ToolError("invalid_input: give `file_path` or `path`, not both")
+            path = file_path if file_path is not None else path
             if (path is None) == (content is None) or (content is not None and not name):
-                raise ToolError("invalid_input: give either `path`, or `name` and `content`")
+                raise ToolError("invalid_input: give either `file_path`, or `name` and `content`")
             if path is not None:
                 return _call(service.embed_path, kb(), path, collection=collection, force=force)
             return _call(service.embed_content, kb(), name, content, collection=collection, force=force)
+
+        @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
+        def rag_embed_text(
+            ctx: Context,
+            text: Annotated[str, Field(min_length=1, max_length=s.MAX_TEXT, description="The text to store.")],
+            doc_id: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+                                         description="Id of the document, e.g. external-article-001.")],
+            doc_type: Annotated[str | None, Field(max_length=200, description="Document type, e.g. article.")] = None,
+            ticker: Annotated[str | None, Field(min_length=1, max_length=10, description="Ticker, e.g. NVDA.")] = None,
+            title: Annotated[str | None, Field(max_length=500, description="Title of the text.")] = None,
+            collection: Collection = None,
+        ) -> s.StoredTextResponse:
+            """Embed raw text (an article, a note) as a searchable document with doc_id, doc_type and
+            ticker; returns its chunk count. The same doc_id again replaces it (unchanged text is skipped)."""
+            require_write(ctx)
+            return _call(service.store_text, kb(), text, doc_id=doc_id, doc_type=doc_type, ticker=ticker, title=title,
+                         collection=collection)
 
     return server
 

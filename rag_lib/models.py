@@ -152,6 +152,26 @@ class SearchHit:
         return out
 
 
+# What each `SearchHit` field means: the HTTP and MCP schemas are derived from the dataclass with these.
+SEARCH_HIT_DOCS: dict[str, str] = {
+    "chunk_id": "Id of the matching chunk.",
+    "score": "Relevance in [0, 1] (mode-specific scale; the fused score when reranked).",
+    "text": "The chunk text.",
+    "doc_id": "Id of the document the chunk belongs to.",
+    "path": "Document path relative to its corpus root.",
+    "section": "Top-level section (YAML key / H2) the chunk belongs to.",
+    "section_path": "Full section path of the chunk.",
+    "unit_id": "<path relative to corpus root>#<section>",
+    "doc_type": "Document type, e.g. stock-analysis.",
+    "collection": "Collection holding the document.",
+    "ticker": "Ticker of the document, if any.",
+    "doc_date": "Date of the document, if any.",
+    "metadata": "Chunk metadata.",
+    "excerpt": "A short part of the chunk text (best sentences for the query).",
+    "rerank_score": "Second-stage (cross-encoder) score, when the results were reranked.",
+}
+
+
 @dataclass
 class SearchResult:
     query: str

@@ -298,18 +298,6 @@ def test_context_and_similar(client: TestClient):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
-def test_missing_library_feature_is_501(api_settings: Settings, provider):
-    class OldKnowledgeBase(KnowledgeBase):  # a library without context assembly
-        build_context = None
-
-    kb = OldKnowledgeBase(api_settings, provider=provider)
-    app = create_app(api_settings, kb=kb, keys=KeyRing.from_env(api_settings, KEYS))
-    with TestClient(app, headers={"X-API-Key": READ}) as c:
-        r = c.post("/api/rag/context", json={"query": "risks"})
-    kb.close()
-    assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
-
-
 def test_bind_policy():
     settings = Settings()
     none = KeyRing.from_env(settings, {})
@@ -323,3 +311,138 @@ def test_bind_policy():
     ring = KeyRing.from_env(settings, {"RAG_API_KEYS": "k1, k2", "RAG_API_READ_ONLY_KEYS": "r1"})
     assert [ring.scope_of(k) for k in ("k1", "k2", "r1", "k", "", None)] == ["write", "write", "read", None, None, None]
     assert os.environ.get("RAG_API_KEYS") is None or True  # keys never come from settings files
+
+
+# ---- the seeds' HTTP shapes (000: /api/rag/*, 003: /rag/*), called with their own example payloads ----
+
+SEED_NVDA = "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml"
+
+
+def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db_url: str):
+    target = roots["corpus"] / SEED_NVDA
+    target.parent.mkdir(parents=True)
+    target.write_bytes((SHARED_CORPUS / NVDA).read_bytes())
+    r = client.post("/api/rag/embed", json={
+        "file_path": "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml",
+        "force": False,
+    })
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "embedded" and body["new"] == 1 and body["chunks"] > 3
+    assert body["doc_id"] and body["content_hash"] and body["tokens_processed"] > 100
+    doc_id = body["doc_id"]
+    assert client.post("/api/rag/embed", json={"file_path": SEED_NVDA}).json()["status"] == "unchanged"
+
+    r = client.post("/api/rag/search", json={
+        "query": "AI capex thesis",
+        "ticker": "NVDA",
+        "doc_type": "earnings-analysis",
+        "top_k": 5,
+        "min_similarity": 0.4,
+    })
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert found["count"] == len(found["results"]) > 0
+    assert all(h["ticker"] == "NVDA" and h["doc_type"] == "earnings-analysis" and h["score"] >= 0.4
+               for h in found["results"])
+    both = client.post("/api/rag/search", json={"query": "x", "ticker": "NVDA", "filters": {"ticker": "AMD"}})
+    assert both.status_code == 422 and "ticker" in both.json()["error"]["message"]
+
+    status = client.get("/api/rag/status").json()
+    assert status["documents"] > 50 and status["chunks"] > 1000
+    assert "index_size_mb" in status
+
+    chunks = rows_for(corpus_db_url, SEED_NVDA)["chunks"]
+    r = client.delete(f"/api/rag/document/{doc_id}")
+    assert r.status_code == 200, r.text
+    assert r.json()["doc_id"] == doc_id and r.json()["chunks_deleted"] == chunks > 0
+    assert r.json()["status"] == "deleted"
+    assert rows_for(corpus_db_url, SEED_NVDA)["documents"] == 0
+    assert client.delete(f"/api/rag/document/{doc_id}").status_code == 404
+
+
+def test_seed000_embed_text_stores_a_document(client: TestClient, corpus_db_url: str):
+    r = client.post("/api/rag/embed-text", json={
+        "text": "NVIDIA reported strong Q4...",
+        "doc_id": "external-001",
+        "doc_type": "article",
+        "ticker": "NVDA",
+    })
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["doc_id"] == "external-001" and body["chunks"] == 1 and body["status"] == "embedded"
+    shown = client.get("/api/rag/sources/external-001").json()
+    assert shown["doc_type"] == "article" and shown["ticker"] == "NVDA"
+    hits = client.post("/api/rag/search", json={"query": "NVIDIA strong Q4", "mode": "lexical",
+                                                "doc_type": "article"}).json()["results"]
+    assert [h["doc_id"] for h in hits] == ["external-001"]
+    assert client.post("/api/rag/embed-text", json={
+        "text": "NVIDIA reported strong Q4...", "doc_id": "external-001", "doc_type": "article",
+        "ticker": "NVDA"}).json()["status"] == "unchanged"
+    # storing needs a full-access key; the vector alone does not
+    ro = client.post("/api/rag/embed-text", json={"text": "x", "doc_id": "ro-1"}, headers={"X-API-Key": READ})
+    assert ro.status_code == 403
+    assert "vector" in client.post("/api/rag/embed-text", json={"text": "x"}, headers={"X-API-Key": READ}).json()
+    orphan = client.post("/api/rag/embed-text", json={"text": "x", "ticker": "NVDA"})
+    assert orphan.status_code == 422 and "doc_id" in orphan.json()["error"]["message"]
+
+
+def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
+    (roots["corpus"] / "docs").mkdir()
+    (roots["corpus"] / "docs" / "ARCHITECTURE.md").write_text(
+        "# Architecture\n\n## Backtesting\n\nHow do I configure backtesting splits? Configure backtesting splits "
+        "with the TimeSeriesSplitter: expanding or sliding window splits prevent data leakage.\n\n"
+        "## Storage\n\nPostgreSQL with pgvector keeps the chunks.\n")
+    (roots["corpus"] / "README.md").write_text("# Readme\n\n## Overview\n\nA trading research platform.\n")
+    r = client.post("/rag/index", json={
+        "source_type": "markdown",
+        "source_path": "docs/ARCHITECTURE.md",
+        "metadata": {"category": "documentation", "version": "1.0.0"},
+    })
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "indexed" and body["chunks_created"] >= 2 and body["tokens_processed"] > 10
+    assert body["source_id"] and body["duration_ms"] > 0 and body["content_hash"]
+    again = client.post("/rag/index", json={
+        "source_type": "markdown", "source_path": "README.md", "metadata": {"category": "overview"}})
+    assert again.status_code == 200 and again.json()["status"] == "indexed"
+
+    r = client.post("/rag/retrieve", json={
+        "query": "How do I configure backtesting splits?",
+        "top_k": 5,
+        "similarity_threshold": 0.7,
+    })
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["results"] and got["results"][0]["source_path"] == "docs/ARCHITECTURE.md"
+    assert all(h["relevance_score"] >= 0.7 for h in got["results"])
+    assert got["results"][0]["metadata"]["heading"] == "Backtesting"
+    assert got["total_chunks_searched"] > 1000 and got["search_time_ms"] >= 0
+    yaml_only = client.post("/rag/retrieve", json={"query": "backtesting splits", "top_k": 5,
+                                                   "filters": {"source_type": ["yaml"]}}).json()["results"]
+    assert yaml_only and all(h["source_path"].endswith((".yaml", ".yml")) for h in yaml_only)
+    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"category": "documentation"}})
+    assert unsupported.status_code == 422  # refused, not silently ignored
+
+    listing = client.get("/rag/sources").json()
+    mine = {s["source_path"]: s for s in listing["sources"]}
+    assert mine["docs/ARCHITECTURE.md"]["source_type"] == "markdown"
+    assert mine["docs/ARCHITECTURE.md"]["content_hash"] and mine["docs/ARCHITECTURE.md"]["chunk_count"] >= 2
+    assert listing["total_sources"] == len(listing["sources"]) and listing["total_chunks"] > 1000
+
+    r = client.delete(f"/rag/sources/{body['source_id']}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"source_id": body["source_id"], "chunks_deleted": body["chunks_created"], "status": "deleted"}
+
+
+def test_compatibility_routes_are_tagged_in_openapi(client: TestClient):
+    spec = client.get("/openapi.json").json()
+    for path, method in [("/rag/index", "post"), ("/rag/retrieve", "post"), ("/rag/sources", "get"),
+                         ("/rag/sources/{source_id}", "delete"), ("/api/rag/document/{doc_id}", "delete")]:
+        assert spec["paths"][path][method]["tags"] == ["compatibility"], path
+    hit = spec["components"]["schemas"]["SearchHitOut"]["properties"]
+    from dataclasses import fields
+
+    from rag_lib.models import SearchHit
+    assert set(hit) == {"rank"} | {f.name for f in fields(SearchHit)}
+    assert Settings().server.port == 8081

@@ -13,7 +13,7 @@ from rag_lib.cli.app import app
 def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default settings.server.host, "
                                        "127.0.0.1). Non-loopback needs API keys."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port (default settings.server.port, 8000)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port (default settings.server.port, 8081)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error"),
 ) -> None:
     """Run the HTTP API (FastAPI + uvicorn). Keys come from $RAG_API_KEYS / $RAG_API_READ_ONLY_KEYS."""

@@ -50,7 +50,7 @@ access_log = logging.getLogger("rag_lib.server.access")
 STATUS_OF: list[tuple[type[RagError], int]] = [
     (AuthError, 401), (ForbiddenError, 403), (PathNotAllowedError, 403), (NotFoundError, 404),
     (DimensionMismatchError, 409), (ValidationError, 422), (DocumentError, 422),
-    (service.NotImplementedFeature, 501), (EmbeddingError, 502), (DatabaseError, 503), (ConfigError, 500),
+    (EmbeddingError, 502), (DatabaseError, 503), (ConfigError, 500),
 ]
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
               413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_input", 429: "too_many_requests",
@@ -165,7 +165,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         base = kb or KnowledgeBase(settings)
         await run_in_threadpool(service.warm_up, base)  # model + pool load once, before serving
         state["kb"] = base
-        log.info("ready", extra={"auth": keyring.enabled, "space": base.provider.space})
+        log.info("ready", extra={"auth": keyring.enabled, "space": base.embedding_info()["space"]})
         try:
             yield
         finally:
@@ -244,29 +244,37 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
 
     @app.post("/api/rag/search", response_model=s.SearchResponse, dependencies=read, tags=["search"])
     def search(body: s.SearchRequest, kb: KB) -> dict[str, Any]:
-        """Semantic, lexical or hybrid search with metadata filters; results carry unit ids and scores."""
+        """Semantic, lexical or hybrid search with metadata filters (in `filters`, or seed 000's top-level
+        `ticker`, `doc_type`, ...); results carry unit ids and scores."""
         out = service.search(
             kb, body.query, mode=body.mode, filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
-            min_similarity=body.min_similarity, collection=body.collection,
+            min_similarity=body.min_similarity, collection=body.collection, rerank=body.rerank,
         )
         return {**out, "request_id": request_id_var.get()}
 
-    @app.post("/api/rag/context", response_model=s.ContextResponse, dependencies=read, tags=["search"],
-              responses={501: {"model": s.ErrorResponse}})
+    @app.post("/api/rag/context", response_model=s.ContextResponse, dependencies=read, tags=["search"])
     def context(body: s.ContextRequest, kb: KB) -> dict[str, Any]:
         """Context for an LLM prompt: the best passages within a token budget, with citations."""
         out = service.context(kb, body.query, token_budget=body.token_budget, mode=body.mode,
                               filters=body.filters.model_dump(exclude_none=True), collection=body.collection)
         return {**out, "request_id": request_id_var.get()}
 
-    @app.post("/api/rag/similar", tags=["search"], dependencies=read, responses={501: {"model": s.ErrorResponse}})
+    @app.post("/api/rag/similar", tags=["search"], dependencies=read)
     def similar(body: s.SimilarRequest, kb: KB) -> dict[str, Any]:
         """Chunks most similar to a stored unit, chunk or document."""
         return service.similar(kb, body.ref, top_k=body.top_k, collection=body.collection)
 
+    @app.get("/api/rag/metrics", dependencies=read, tags=["search"])
+    def metrics(kb: KB, days: Annotated[float, Query(gt=0, le=3650, description="Summarise the last N days.")] = 7
+                ) -> dict[str, Any]:
+        """Search and embedding metrics: latency percentiles per mode, zero-result rate, query-class mix,
+        embed failure rate and fallback share."""
+        return service.metrics_summary(kb, days=days)
+
     @app.post("/api/rag/embed", response_model=s.EmbedResponse, dependencies=write, tags=["ingest"])
     def embed(body: s.EmbedRequest, kb: KB) -> dict[str, Any]:
-        """Ingest a file inside a configured corpus root, or uploaded content under a relative name."""
+        """Ingest a file inside a configured corpus root (`path`, or seed 000's `file_path`), or uploaded
+        content under a relative name."""
         if body.path is not None:
             out = service.embed_path(kb, body.path, collection=body.collection, force=body.force)
         else:
@@ -275,17 +283,24 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         log.info("embedded", extra={"files": len(out["files"]), "chunks": out["chunks"], "failed": out["failed"]})
         return {**out, "request_id": request_id_var.get()}
 
-    @app.post("/api/rag/embed-text", response_model=s.EmbedTextResponse, dependencies=write, tags=["ingest"])
+    @app.post("/api/rag/embed-text", response_model=s.StoredTextResponse | s.EmbedTextResponse,
+              dependencies=write, tags=["ingest"])
     def embed_text(body: s.EmbedTextRequest, kb: KB) -> dict[str, Any]:
-        """The vector of a text in the active embedding space (nothing is stored)."""
-        return service.embed_text(kb, body.text)
+        """With `doc_id` (seed 000): store the text as a document and return its chunk count. Without:
+        the text's vector in the active embedding space (nothing stored). Full-access keys only."""
+        if body.doc_id is None:
+            return service.embed_text(kb, body.text)
+        out = service.store_text(kb, body.text, doc_id=body.doc_id, doc_type=body.doc_type, ticker=body.ticker,
+                                 title=body.title, doc_date=body.doc_date, collection=body.collection,
+                                 force=body.force)
+        return {**out, "request_id": request_id_var.get()}
 
     @app.get("/api/rag/status", response_model=s.StatusResponse, dependencies=read, tags=["sources"])
     def status(kb: KB, collection: Collection = None,
                limit: Annotated[int, Query(ge=1, le=1000, description="Skipped rows per page.")] = 100,
                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
-        """Counts of documents, chunks, vectors; skipped inputs (paged) and recent failures."""
-        return service.page_status(kb.status(collection), limit, offset)
+        """Counts of documents, chunks, vectors, index size; skipped inputs (paged) and recent failures."""
+        return service.page_status(service.status(kb, collection), limit, offset)
 
     @app.get("/api/rag/sources", response_model=s.SourcesPage, dependencies=read, tags=["sources"])
     def sources(kb: KB, collection: Collection = None,
@@ -303,9 +318,43 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
                 tags=["sources"])
     def delete_source(ref: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
         """Delete a document and all its sections, chunks and vectors."""
-        deleted = kb.delete_document(ref, collection)
-        log.info("deleted", extra={"documents": len(deleted)})
-        return {"deleted": deleted, "collection": collection or kb.settings.collection}
+        return service.delete_document(kb, ref, collection)
+
+    # ---- the seeds' paths (000 and 003): aliases of the routes above, same service functions ----
+
+    compat = ["compatibility"]
+
+    @app.delete("/api/rag/document/{doc_id:path}", response_model=s.DeleteResponse, dependencies=write,
+                tags=compat)
+    def delete_document(doc_id: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
+        """Seed 000: delete a document by id (or path); alias of `DELETE /api/rag/sources/{ref}`."""
+        return service.delete_document(kb, doc_id, collection)
+
+    @app.post("/rag/index", response_model=s.IndexResponse, dependencies=write, tags=compat)
+    def rag_index(body: s.IndexRequest, kb: KB) -> dict[str, Any]:
+        """Seed 003: index a file inside a corpus root; alias of `POST /api/rag/embed` with `path`."""
+        return service.index_source(kb, body.source_path, metadata=body.metadata, collection=body.collection,
+                                    force=body.force)
+
+    @app.post("/rag/retrieve", response_model=s.RetrieveResponse, dependencies=read, tags=compat)
+    def rag_retrieve(body: s.RetrieveRequest, kb: KB) -> dict[str, Any]:
+        """Seed 003: semantic search in seed 003's shape; alias of `POST /api/rag/search`."""
+        return service.retrieve(kb, body.query, top_k=body.top_k, similarity_threshold=body.similarity_threshold,
+                                filters=body.filters.model_dump(exclude_none=True), mode=body.mode,
+                                collection=body.collection)
+
+    @app.get("/rag/sources", response_model=s.SourcesListing, dependencies=read, tags=compat)
+    def rag_sources(kb: KB, collection: Collection = None,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
+                    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
+        """Seed 003: indexed sources with totals; alias of `GET /api/rag/sources`."""
+        return service.list_source_summaries(kb, collection=collection, limit=limit, offset=offset)
+
+    @app.delete("/rag/sources/{source_id:path}", response_model=s.SourceDeleted, dependencies=write, tags=compat)
+    def rag_delete_source(source_id: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
+        """Seed 003: delete a source (document id or path) and its chunks."""
+        out = service.delete_document(kb, source_id, collection)
+        return {"source_id": out["doc_id"], "chunks_deleted": out["chunks_deleted"], "status": "deleted"}
 
     app.include_router(graph_router(get_kb, read))  # knowledge graph: /api/rag/graph, /api/rag/hybrid-context
     return app

@@ -16,15 +16,9 @@ from rag_lib.server.graph_routes import _safe
 Collection = Annotated[str | None, Field(max_length=200, description="Collection name (default: the configured one).")]
 
 
-def _call(fn, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except RagError as exc:
-        raise ToolError(f"{exc.code}: {exc}") from exc
-
-
-def register_graph_tools(server, kb: Callable[[], Any]) -> None:
-    """Add the graph tools to an MCP server; `kb()` returns the shared knowledge base."""
+def register_graph_tools(server, kb: Callable[[], Any], _call: Callable[..., Any]) -> None:
+    """Add the graph tools to an MCP server; `kb()` returns the shared knowledge base and `_call` runs
+    a library call the way every other tool does (input checks, errors an agent can read, no leaks)."""
     readonly = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     @server.tool(annotations=readonly)
@@ -38,8 +32,10 @@ def register_graph_tools(server, kb: Callable[[], Any]) -> None:
         (biases, strategies, catalysts, peers, learnings). Relationship questions go graph-first
         (related tickers, then search across them); comparisons get one list per ticker; trend
         questions are time-ordered; learnings are always included."""
-        result = _call(kb().hybrid_context, query, ticker=ticker, token_budget=token_budget, collection=collection)
-        return _safe(result.to_dict())
+        out = _call(kb().hybrid_context, query, ticker=ticker, token_budget=token_budget, collection=collection).to_dict()
+        # seed 001's names for the same parts: context (markdown), citations, query_type, strategy
+        out.update(context=out["markdown"], citations=out["hits"], query_type=out["kind"], strategy=out["route"])
+        return _safe(out)
 
     @server.tool(annotations=readonly)
     def rag_graph(

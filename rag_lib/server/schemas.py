@@ -3,10 +3,14 @@ whitelist; lengths are bounded here (422) and the whole body by the size limit (
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
+
+from rag_lib.models import SEARCH_HIT_DOCS, SearchHit
 
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
 MAX_QUERY = 4000
@@ -43,45 +47,81 @@ class SearchFiltersIn(Request):
         return self
 
 
+FILTER_FIELDS = ("doc_type", "ticker", "section", "path", "date_from", "date_to")
+
+
+def _lift_filters(data: Any) -> Any:
+    """Seed 000 sends filters at the top level (`{"query", "ticker", "doc_type"}`): move them into
+    `filters`; the same filter given both ways is refused rather than guessed."""
+    if not isinstance(data, dict):
+        return data
+    top = {k: data[k] for k in FILTER_FIELDS if k in data}
+    if not top:
+        return data
+    nested = data.get("filters") or {}
+    if not isinstance(nested, dict):
+        return data
+    both = sorted(set(top) & set(nested))
+    if both:
+        raise ValueError(f"{', '.join(both)} given both at the top level and in 'filters'; give it once")
+    rest = {k: v for k, v in data.items() if k not in top}
+    return {**rest, "filters": {**nested, **top}}
+
+
 class SearchRequest(Request):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY, description="What to look for, in words.")
     mode: Mode | None = Field(None, description="semantic | lexical | hybrid (default: hybrid when available).")
-    filters: SearchFiltersIn = Field(default_factory=SearchFiltersIn)
+    filters: SearchFiltersIn = Field(default_factory=SearchFiltersIn,
+                                     description="Metadata filters; seed-style top-level `ticker`, `doc_type`, "
+                                     "`section`, `path`, `date_from`, `date_to` are accepted too.")
     top_k: int = Field(10, ge=1, le=1000, description="How many results (capped by settings.server.max_top_k).")
     min_similarity: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this.")
     collection: str | None = Field(None, **_STR, description="Collection (default: settings.collection).")
+    rerank: bool | None = Field(None, description="Rerank with the configured second stage (default: settings).")
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{
-            "query": "NVDA data center revenue growth catalysts", "mode": "hybrid", "top_k": 5,
-            "filters": {"ticker": "NVDA", "doc_type": ["stock-analysis"], "date_from": "2025-01-01"},
-        }]},
+        json_schema_extra={"examples": [
+            {"query": "NVDA data center revenue growth catalysts", "mode": "hybrid", "top_k": 5,
+             "filters": {"ticker": "NVDA", "doc_type": ["stock-analysis"], "date_from": "2025-01-01"}},
+            {"query": "AI capex thesis", "ticker": "NVDA", "doc_type": "earnings-analysis", "top_k": 5,
+             "min_similarity": 0.4},
+        ]},
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _top_level_filters(cls, data: Any) -> Any:
+        return _lift_filters(data)
 
-class SearchHitOut(BaseModel):
-    rank: int
-    score: float = Field(description="Relevance in [0, 1] (mode-specific scale).")
-    chunk_id: str
-    unit_id: str = Field(description="<path relative to corpus root>#<section>")
-    doc_id: str
-    path: str
-    section: str
-    section_path: str
-    doc_type: str
-    collection: str
-    ticker: str | None = None
-    doc_date: dt.date | None = None
-    excerpt: str = Field(description="A short part of the chunk text (query terms highlighted when lexical).")
-    text: str = Field(description="The chunk text.")
-    metadata: dict[str, Any] = Field(default_factory=dict)
+
+def _hit_field(name: str, annotation: Any, field: dataclasses.Field) -> tuple[Any, Any]:
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        default = field.default_factory()  # type: ignore[misc]
+    else:
+        default = ...
+    return annotation, Field(default, description=SEARCH_HIT_DOCS.get(name))
+
+
+def _search_hit_model() -> type[BaseModel]:
+    """`SearchHitOut` is `rag_lib.models.SearchHit` plus its rank: one definition of a hit."""
+    hints = typing.get_type_hints(SearchHit)
+    fields: dict[str, Any] = {"rank": (int, Field(..., description="1-based position in the results."))}
+    for f in dataclasses.fields(SearchHit):
+        fields[f.name] = _hit_field(f.name, hints[f.name], f)
+    return create_model("SearchHitOut", __doc__="One search result (a chunk of a document unit).", **fields)
+
+
+SearchHitOut = _search_hit_model()
 
 
 class SearchResponse(BaseModel):
     query: str
     mode: str
-    results: list[SearchHitOut]
+    results: list[SearchHitOut]  # type: ignore[valid-type]
+    count: int = Field(description="Number of results.")
     timings_ms: dict[str, float] = Field(description="Embedding, database and total time in ms.")
     request_id: str | None = None
 
@@ -97,6 +137,11 @@ class ContextRequest(Request):
         extra="forbid",
         json_schema_extra={"examples": [{"query": "What are the risks to the AMD thesis?", "token_budget": 1500}]},
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _top_level_filters(cls, data: Any) -> Any:
+        return _lift_filters(data)
 
 
 class Citation(BaseModel):
@@ -121,7 +166,8 @@ class ContextResponse(BaseModel):
 class EmbedRequest(Request):
     """Either `path` (a file inside a configured corpus root) or `name` + `content`."""
 
-    path: str | None = Field(None, max_length=4096, description="Absolute, or relative to a corpus root.",
+    path: str | None = Field(None, validation_alias=AliasChoices("path", "file_path"), max_length=4096,
+                             description="Absolute, or relative to a corpus root (seed 000: `file_path`).",
                              examples=["stocks/NVDA_20250120T0900.yaml"])
     name: str | None = Field(None, max_length=MAX_NAME, description="Relative name for uploaded content; "
                              "becomes the document path (unit ids start with it).", examples=["notes/fed-minutes.md"])
@@ -133,6 +179,7 @@ class EmbedRequest(Request):
         extra="forbid",
         json_schema_extra={"examples": [
             {"path": "stocks/NVDA_20250120T0900.yaml"},
+            {"file_path": "stocks/NVDA_20250120T0900.yaml", "force": False},
             {"name": "notes/fed-minutes.md", "content": "# Fed minutes\n\n## Rates\n\nHeld at 4.5%.\n"},
         ]},
     )
@@ -166,20 +213,57 @@ class EmbedResponse(BaseModel):
     cache_hits: int
     seconds: float
     files: list[FileOutcomeOut]
+    doc_id: str | None = Field(None, description="Id of the document (one-file requests).")
+    status: str | None = Field(None, description="embedded | unchanged | skipped | failed (one-file requests).")
+    content_hash: str | None = Field(None, description="sha256 of the file (one-file requests).")
+    tokens_processed: int = Field(0, description="Model tokens of the documents published by this request.")
     request_id: str | None = None
 
 
 class EmbedTextRequest(Request):
     text: str = Field(..., min_length=1, max_length=MAX_TEXT)
+    doc_id: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+                               description="Store the text as a document with this id (seed 000). Without it, "
+                               "the text's vector is returned and nothing is stored.")
+    doc_type: str | None = Field(None, **_STR, description="Document type of the stored text, e.g. article.")
+    ticker: str | None = Field(None, min_length=1, max_length=10, pattern=r"^[A-Za-z][A-Za-z0-9.\-]*$")
+    title: str | None = Field(None, max_length=500)
+    doc_date: dt.date | None = Field(None, description="Date of the stored text (YYYY-MM-DD).")
+    collection: str | None = Field(None, **_STR)
+    force: bool = Field(False, description="Re-process even if unchanged.")
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"text": "semiconductor export rules"}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"text": "semiconductor export rules"},
+        {"text": "NVIDIA reported strong Q4...", "doc_id": "external-001", "doc_type": "article", "ticker": "NVDA"},
+    ]})
+
+    @model_validator(mode="after")
+    def _stored_needs_id(self) -> EmbedTextRequest:
+        if self.doc_id is None and any(v is not None for v in (self.doc_type, self.ticker, self.title, self.doc_date)):
+            raise ValueError("doc_type, ticker, title and doc_date describe a stored text: give doc_id too")
+        return self
 
 
 class EmbedTextResponse(BaseModel):
+    """The vector of a text (nothing stored)."""
+
     model: str
     dimensions: int
     space: str
     vector: list[float]
+
+
+class StoredTextResponse(BaseModel):
+    """A text stored as a document (seed 000's `embed-text`)."""
+
+    doc_id: str
+    path: str = Field(description="Where the text is kept, relative to the upload folder of the collection.")
+    collection: str
+    chunks: int
+    tokens_processed: int
+    content_hash: str | None = None
+    status: str = Field(description="embedded | unchanged")
+    request_id: str | None = None
 
 
 class SimilarRequest(Request):
@@ -198,6 +282,7 @@ class StatusResponse(BaseModel):
     by_type: dict[str, int] = Field(default_factory=dict)
     active_space: dict[str, Any] | None = None
     configured_space: str | None = None
+    index_size_mb: float | None = Field(None, description="Size of the chunk, vector and index tables in MB.")
 
 
 class SourceOut(BaseModel):
@@ -213,6 +298,7 @@ class SourceOut(BaseModel):
     chunk_count: int = 0
     token_count: int = 0
     ingested_at: dt.datetime | None = None
+    content_hash: str | None = Field(None, description="sha256 of the source file.")
 
 
 class SourcesPage(BaseModel):
@@ -230,6 +316,99 @@ class SourceDetail(SourceOut):
 class DeleteResponse(BaseModel):
     deleted: list[str]
     collection: str
+    doc_id: str | None = None
+    chunks_deleted: int = 0
+    status: Literal["deleted"] = "deleted"
+
+
+# ---- seed 003's service API (`/rag/*`): the same operations under the seed's names ----------
+
+class IndexRequest(Request):
+    source_type: str | None = Field(None, max_length=50, description="markdown | yaml | jsonl (informational; "
+                                    "the format comes from the file).")
+    source_path: str = Field(..., min_length=1, max_length=4096, description="A file inside a corpus root.")
+    metadata: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, max_length=50,
+        description="Accepted for compatibility and returned as given; document metadata comes from the "
+        "file itself (YAML `_meta` / markdown front matter).")
+    collection: str | None = Field(None, **_STR)
+    force: bool = False
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"source_type": "markdown", "source_path": "docs/ARCHITECTURE.md",
+         "metadata": {"category": "documentation", "version": "1.0.0"}},
+    ]})
+
+
+class IndexResponse(BaseModel):
+    source_id: str | None
+    source_path: str
+    chunks_created: int
+    tokens_processed: int
+    duration_ms: float
+    status: str = Field(description="indexed | unchanged | skipped | failed")
+    content_hash: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RetrieveFilters(Request):
+    """Seed 003's filters: `source_type` is the file format (markdown, yaml, jsonl); `doc_type` and
+    `ticker` as in `/api/rag/search`. Other metadata keys are refused (422), not ignored."""
+
+    source_type: str | list[str] | None = Field(None, max_length=50, description="markdown | yaml | jsonl "
+                                                "(other formats match nothing).")
+    doc_type: str | list[str] | None = Field(None, max_length=50)
+    ticker: str | list[str] | None = Field(None, max_length=50)
+
+
+class RetrieveRequest(Request):
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY)
+    top_k: int = Field(5, ge=1, le=1000)
+    similarity_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Same as `min_similarity`.")
+    filters: RetrieveFilters = Field(default_factory=RetrieveFilters)
+    mode: Mode | None = None
+    collection: str | None = Field(None, **_STR)
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"query": "How do I configure backtesting splits?", "top_k": 5, "similarity_threshold": 0.7},
+    ]})
+
+
+class RetrieveHit(BaseModel):
+    chunk_id: str
+    source_id: str
+    source_path: str
+    content: str
+    relevance_score: float
+    metadata: dict[str, Any]
+
+
+class RetrieveResponse(BaseModel):
+    results: list[RetrieveHit]
+    query_embedding_time_ms: float
+    search_time_ms: float
+    total_chunks_searched: int = Field(description="Chunks in the collection searched.")
+
+
+class SourceSummary(BaseModel):
+    source_id: str
+    source_type: str
+    source_path: str
+    chunk_count: int
+    indexed_at: dt.datetime | None = None
+    content_hash: str | None = None
+
+
+class SourcesListing(BaseModel):
+    sources: list[SourceSummary]
+    total_sources: int
+    total_chunks: int
+
+
+class SourceDeleted(BaseModel):
+    source_id: str
+    chunks_deleted: int
+    status: Literal["deleted"] = "deleted"
 
 
 class HealthResponse(BaseModel):

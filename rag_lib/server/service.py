@@ -1,39 +1,34 @@
-"""What the HTTP routes and MCP tools do, over one `KnowledgeBase`: checks limits, confines paths,
-and shapes library results into plain dicts. Synchronous: callers run it in a worker thread."""
+"""What the HTTP routes and MCP tools do, over one `KnowledgeBase` facade: checks limits, confines
+paths, and shapes library results into plain dicts. Synchronous: callers run it in a worker thread.
+The seeds' shapes (000 HTTP API, 001 MCP tools, 003 `/rag/*`, 004 classifier/rerank/metrics) are
+thin mappings over the same functions."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
+import datetime as dt
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-import importlib
+import yaml
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.errors import RagError, ValidationError
+from rag_lib.errors import ValidationError
 from rag_lib.log import get_logger
-from rag_lib.models import SearchFilters, SearchHit
+from rag_lib.models import SearchHit
 from rag_lib.server import uploads
 from rag_lib.server.security import confine, safe_relative
 
 log = get_logger(__name__)
 
-EXCERPT_CHARS = 300
-
-
-class NotImplementedFeature(RagError):
-    """The library does not offer this operation (yet)."""
-
-    code = "not_implemented"
-
-
-def default_mode() -> str:
-    # the module, not the `rag_lib.search` function the package re-exports under the same name
-    modes = importlib.import_module("rag_lib.search").MODES
-    return "hybrid" if "hybrid" in modes else "semantic"
+DEFAULT_MODE = "hybrid"
+# Seed 001's strategy for each query class (rag_classify_query's `suggested_strategy`).
+STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "comparison": "vector",
+            "global": "hybrid"}
+FORMATS = {"markdown": (".md", ".markdown"), "yaml": (".yaml", ".yml"), "jsonl": (".jsonl",)}
 
 
 def _limit(value: int, ceiling: int, name: str) -> int:
@@ -51,75 +46,63 @@ def check_query(kb: KnowledgeBase, query: str) -> str:
     return query
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    params = inspect.signature(fn).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+def hit_dict(hit: SearchHit, rank: int) -> dict[str, Any]:
+    """A `SearchHit` as the API shows it (`SearchHitOut`): its fields plus its rank."""
+    return {"rank": rank, **hit.to_dict(), "score": round(float(hit.score), 6)}
 
 
-def hit_dict(hit: SearchHit | dict[str, Any], rank: int) -> dict[str, Any]:
-    data = hit.to_dict() if hasattr(hit, "to_dict") else dict(hit)
-    text = data.get("text") or ""
-    excerpt = data.get("excerpt") or (text[:EXCERPT_CHARS] + ("…" if len(text) > EXCERPT_CHARS else ""))
-    return {
-        "rank": rank, "score": round(float(data.get("score") or 0.0), 6), "chunk_id": data["chunk_id"],
-        "unit_id": data["unit_id"], "doc_id": data["doc_id"], "path": data["path"], "section": data["section"],
-        "section_path": data.get("section_path") or data["section"], "doc_type": data["doc_type"],
-        "collection": data["collection"], "ticker": data.get("ticker"), "doc_date": data.get("doc_date"),
-        "excerpt": excerpt, "text": text, "metadata": data.get("metadata") or {},
-    }
-
-
-def _run_search(kb: KnowledgeBase, query: str, mode: str, filters: dict[str, Any], top_k: int,
-                min_similarity: float, collection: str | None):
-    filters = {k: v for k, v in filters.items() if v not in (None, "", [])}
-    unsupported = [name for name in filters if not _accepts(kb.search, name)]
-    if not unsupported:
-        return kb.search(query, mode=mode, collection=collection, top_k=top_k, min_similarity=min_similarity,
-                         **filters)
-    # A filter the facade does not expose yet (e.g. `path`) but the store does: go one level down.
-    known = {f.name for f in dataclasses.fields(SearchFilters)}
-    if any(name not in known for name in unsupported):
-        raise ValidationError(f"filters {unsupported} are not supported by this knowledge base")
-    search_mod = importlib.import_module("rag_lib.search")
-    return search_mod.search(
-        kb.store, kb.provider, query, mode=mode,
-        filters=SearchFilters(collection=collection or kb.settings.collection, **filters),
-        top_k=top_k, min_similarity=min_similarity,
-    )
+def _clean(filters: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
 
 
 def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: dict[str, Any] | None = None,
-           top_k: int = 10, min_similarity: float = 0.0, collection: str | None = None) -> dict[str, Any]:
-    """Search and return `{query, mode, results, timings_ms}`."""
+           top_k: int = 10, min_similarity: float = 0.0, collection: str | None = None,
+           rerank: bool | None = None) -> dict[str, Any]:
+    """Search and return `{query, mode, results, count, timings_ms}`."""
     check_query(kb, query)
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
-    result = _run_search(kb, query, mode or default_mode(), filters or {}, top_k, min_similarity, collection)
-    return {
-        "query": result.query, "mode": result.mode,
-        "results": [hit_dict(h, n) for n, h in enumerate(result.hits, 1)],
-        "timings_ms": result.timings_ms,
-    }
+    options = {} if rerank is None else {"rerank": rerank}  # None: the library's configured default
+    result = kb.search(query, mode=mode or DEFAULT_MODE, collection=collection, top_k=top_k,
+                       min_similarity=min_similarity, **_clean(filters), **options)
+    results = [hit_dict(h, n) for n, h in enumerate(result.hits, 1)]
+    out = {"query": result.query, "mode": result.mode, "results": results, "count": len(results),
+           "timings_ms": result.timings_ms}
+    if result.plan is not None:
+        out["plan"] = result.plan
+    return out
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, dict):
-        return value
-    raise TypeError(f"unexpected result type {type(value).__name__}")
+def search_expanded(kb: KnowledgeBase, query: str, *, n_expansions: int = 3, top_k: int = 5,
+                    filters: dict[str, Any] | None = None, mode: str | None = None,
+                    collection: str | None = None) -> dict[str, Any]:
+    """Search the query and its expansions; merge by chunk (best score kept), best first."""
+    expansion = expand_query(kb, query, n=n_expansions)
+    best: dict[str, dict[str, Any]] = {}
+    for q in expansion["all_queries"]:
+        for hit in search(kb, q, mode=mode, filters=filters, top_k=top_k, collection=collection)["results"]:
+            if hit["chunk_id"] not in best or hit["score"] > best[hit["chunk_id"]]["score"]:
+                best[hit["chunk_id"]] = {**hit, "matched_query": q}
+    ranked = sorted(best.values(), key=lambda h: h["score"], reverse=True)[:top_k]
+    results = [{**h, "rank": n} for n, h in enumerate(ranked, 1)]
+    return {"query": query, "queries": expansion["all_queries"], "results": results, "count": len(results)}
 
 
-def _call_optional(kb: KnowledgeBase, method: str, what: str, *args: Any, **kwargs: Any) -> Any:
-    fn = getattr(kb, method, None)
-    if fn is None:
-        raise NotImplementedFeature(f"{what} is not available in this version of the library (KnowledgeBase.{method})")
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    unsupported = sorted(k for k in given if not _accepts(fn, k))
-    if unsupported:  # refuse rather than silently ignore a filter the caller relies on
-        raise ValidationError(f"{what} does not support {', '.join(unsupported)} in this version of the library")
-    return fn(*args, **given)
+def classify_query(kb: KnowledgeBase, query: str, collection: str | None = None) -> dict[str, Any]:
+    """Seed 004's classification: query_type, tickers, suggested_strategy (+ the doc types named)."""
+    check_query(kb, query)
+    plan = kb.classify_query(query, collection)
+    return {"query": query, "query_type": plan.kind, "tickers": plan.tickers, "doc_types": plan.doc_types,
+            "suggested_strategy": STRATEGY.get(plan.kind, "hybrid"),
+            # rule-based: a matched rule is confident; the fallback class is a guess
+            "confidence": 0.5 if plan.kind == "retrieval" else 0.9}
+
+
+def expand_query(kb: KnowledgeBase, query: str, n: int = 3) -> dict[str, Any]:
+    """Seed 004's ExpandedQuery: original, variations, all_queries (original first)."""
+    check_query(kb, query)
+    variations = kb.expand_query(query, n)
+    return {"original": query, "variations": variations, "all_queries": [query, *variations],
+            "expander": "configured" if kb.expander is not None else "none"}
 
 
 def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: str | None = None,
@@ -127,39 +110,68 @@ def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: st
     """Assemble context for `query` within `token_budget`, with citations."""
     check_query(kb, query)
     _limit(token_budget, kb.settings.server.max_token_budget, "token_budget")
-    extra = {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
-    raw = _as_dict(_call_optional(kb, "build_context", "context assembly", query, token_budget=token_budget,
-                                  mode=mode, collection=collection, **extra))
-    return normalise_context(raw, query, token_budget)
+    result = kb.build_context(query, token_budget=token_budget, mode=mode, collection=collection, **_clean(filters))
+    return result.to_dict()
 
 
-def normalise_context(raw: dict[str, Any], query: str, token_budget: int) -> dict[str, Any]:
-    """Map the library's context record onto the API shape (text + citations + token count)."""
-    text = raw.get("context") or raw.get("text") or ""
-    citations = []
-    for n, c in enumerate(raw.get("citations") or raw.get("sources") or [], 1):
-        c = _as_dict(c) if not isinstance(c, str) else {"unit_id": c}
-        citations.append({"ref": c.get("ref") or c.get("marker") or f"[{n}]", **c})
-    tokens = raw.get("tokens", raw.get("token_count", raw.get("tokens_used")))
-    out = {k: v for k, v in raw.items() if k not in ("context", "text", "citations", "sources")}
-    out.update(query=query, context=text, citations=citations, tokens=tokens, token_budget=token_budget)
-    return out
+def hybrid_context(kb: KnowledgeBase, query: str, *, ticker: str | None = None, analysis_type: str | None = None,
+                   token_budget: int = 2000, collection: str | None = None) -> dict[str, Any]:
+    """Seed 001's `rag_hybrid_context`: classification + context for a ticker. Vector context for now
+    (the knowledge-graph half is not in the library yet); `strategy` says which was used."""
+    out = context(kb, query, token_budget=token_budget, collection=collection,
+                  filters={"ticker": ticker.upper() if ticker else None, "doc_type": analysis_type})
+    plan = classify_query(kb, query, collection)
+    return {**out, "ticker": ticker.upper() if ticker else None, "query_type": plan["query_type"],
+            "strategy": "vector", "graph": None}
 
 
 def similar(kb: KnowledgeBase, ref: str, *, top_k: int = 10, collection: str | None = None) -> dict[str, Any]:
-    """Chunks most similar to a stored unit / chunk / document."""
+    """Documents most similar to a stored unit / chunk / document."""
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
-    result = _call_optional(kb, "get_similar", "similar-document search", ref, top_k=top_k, collection=collection)
-    hits = result.hits if hasattr(result, "hits") else result
-    out = {"ref": ref, "results": [hit_dict(h, n) for n, h in enumerate(hits, 1)]}
-    if hasattr(result, "timings_ms"):
-        out["timings_ms"] = result.timings_ms
-    return out
+    result = kb.get_similar(ref, top_k=top_k, collection=collection)
+    return {"ref": ref, "results": [hit_dict(h, n) for n, h in enumerate(result.hits, 1)],
+            "timings_ms": result.timings_ms}
+
+
+def similar_for_ticker(kb: KnowledgeBase, ticker: str, *, analysis_type: str | None = None, top_k: int = 5,
+                       collection: str | None = None) -> dict[str, Any]:
+    """Seed 000's `get_similar_analyses`: the analyses of a ticker closest to its thesis, catalysts and
+    risks, one per document."""
+    _limit(top_k, kb.settings.server.max_top_k, "top_k")
+    ticker = ticker.strip().upper()
+    query = f"{ticker} {analysis_type or 'analysis'} thesis catalysts risks"
+    result = kb.search(query, mode="semantic", collection=collection, ticker=ticker, doc_type=analysis_type,
+                       top_k=max(top_k * 4, 20))
+    seen: set[str] = set()
+    hits = []
+    for hit in result.hits:
+        if hit.path not in seen:
+            seen.add(hit.path)
+            hits.append(hit)
+    hits = hits[:top_k]
+    return {"ticker": ticker, "analysis_type": analysis_type,
+            "results": [hit_dict(h, n) for n, h in enumerate(hits, 1)], "count": len(hits)}
+
+
+def _published(kb: KnowledgeBase, report: dict[str, Any], collection: str | None) -> dict[str, Any]:
+    """Seed fields of a one-file ingest: doc_id, status, content_hash, tokens_processed."""
+    files = report["files"]
+    if len(files) != 1:
+        return {"tokens_processed": 0}
+    outcome = files[0]
+    status = {"new": "embedded", "changed": "embedded"}.get(outcome["status"], outcome["status"])
+    if outcome["status"] not in ("new", "changed", "unchanged"):
+        return {"status": status, "tokens_processed": 0}
+    doc = kb.show(outcome["path"], collection)
+    published = outcome["status"] in ("new", "changed")
+    return {"doc_id": doc["doc_id"], "status": status, "content_hash": doc.get("content_hash"),
+            "tokens_processed": int(doc.get("token_count") or 0) if published else 0}
 
 
 def embed_path(kb: KnowledgeBase, path: str, *, collection: str | None = None, force: bool = False) -> dict[str, Any]:
     """Ingest one file that lies inside a configured corpus root (unit ids relative to that root)."""
-    return uploads.ingest_path(kb, path, collection, force)  # sandboxed parse, confined identities
+    report = uploads.ingest_path(kb, path, collection, force)  # sandboxed parse, confined identities
+    return {**report, **_published(kb, report, report["collection"])}
 
 
 def upload_dir(kb: KnowledgeBase, collection: str) -> Path:
@@ -170,16 +182,57 @@ def upload_dir(kb: KnowledgeBase, collection: str) -> Path:
 def embed_content(kb: KnowledgeBase, name: str, content: str, *, collection: str | None = None,
                   force: bool = False) -> dict[str, Any]:
     """Keep uploaded text under the upload folder as `name` and ingest it (its path is `name`)."""
-    return uploads.ingest_upload(kb, name, content, collection, force)  # sandboxed, no takeover, cleaned up
+    report = uploads.ingest_upload(kb, name, content, collection, force)  # sandboxed, no takeover, cleaned up
+    return {**report, **_published(kb, report, report["collection"])}
 
 
 def embed_text(kb: KnowledgeBase, text: str) -> dict[str, Any]:
+    """The vector of a text in the active space (nothing stored)."""
     limit = kb.settings.server.max_text_chars
     if len(text) > limit:
         raise ValidationError(f"text is {len(text)} characters; the limit is {limit}")
-    vector = kb.embed_text(text)
-    p = kb.provider
-    return {"model": p.model, "dimensions": int(p.dimensions), "space": p.space, "vector": [float(x) for x in vector]}
+    return {**kb.embedding_info(), "vector": [float(x) for x in kb.embed_text(text)]}
+
+
+def _text_name(doc_id: str) -> str:
+    return "texts/" + re.sub(r"[^A-Za-z0-9._-]", "_", doc_id) + ".yaml"
+
+
+def store_text(kb: KnowledgeBase, text: str, *, doc_id: str, doc_type: str | None = None,
+               ticker: str | None = None, title: str | None = None, doc_date: dt.date | None = None,
+               collection: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Seed 000's `embed_text(text, doc_id, doc_type, ticker)`: keep the text as a YAML document
+    (`texts/<doc_id>.yaml` in the upload folder; its `_meta` carries the id, type and ticker) and ingest it."""
+    limit = kb.settings.server.max_text_chars
+    if len(text) > limit:
+        raise ValidationError(f"text is {len(text)} characters; the limit is {limit}")
+    if not text.strip():
+        raise ValidationError("text is empty")
+    meta = {k: v for k, v in {"id": doc_id, "doc_type": doc_type or "note", "ticker": ticker.upper() if ticker else None,
+                              "title": title, "date": doc_date.isoformat() if doc_date else None}.items() if v}
+    body = yaml.safe_dump({"_meta": meta, "text": text}, sort_keys=False, allow_unicode=True)
+    name = _text_name(doc_id)
+    report = embed_content(kb, name, body, collection=collection, force=force)
+    outcome = report["files"][0]
+    if outcome["status"] not in ("new", "changed", "unchanged"):
+        raise ValidationError(f"text '{doc_id}' was {outcome['status']}: {outcome.get('reason') or ''} "
+                              f"{outcome.get('detail') or ''}".strip())
+    return {"doc_id": report["doc_id"], "path": name, "collection": report["collection"], "chunks": outcome["chunks"],
+            "tokens_processed": report["tokens_processed"], "content_hash": report["content_hash"],
+            "status": report["status"]}
+
+
+def delete_document(kb: KnowledgeBase, ref: str, collection: str | None = None) -> dict[str, Any]:
+    """Delete a document (path or id) with its chunks; `chunks_deleted` as seed 000 reports it."""
+    coll = collection or kb.settings.collection
+    try:
+        doc = kb.show(ref, coll)
+    except Exception:  # a skipped file has no document row; delete_document reports what is missing
+        doc = {}
+    deleted = kb.delete_document(ref, coll)
+    log.info("deleted", extra={"documents": len(deleted)})
+    return {"deleted": deleted, "collection": coll, "doc_id": doc.get("doc_id") or ref,
+            "chunks_deleted": int(doc.get("chunk_count") or 0), "status": "deleted"}
 
 
 def list_sources(kb: KnowledgeBase, *, collection: str | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
@@ -189,26 +242,97 @@ def list_sources(kb: KnowledgeBase, *, collection: str | None = None, limit: int
     return {"items": rows, "limit": limit, "offset": offset, "next_offset": offset + limit if len(rows) == limit else None}
 
 
+def status(kb: KnowledgeBase, collection: str | None = None) -> dict[str, Any]:
+    """Counts, active space, index size (`index_size_mb`), skipped inputs and recent failures."""
+    return kb.status(collection)
+
+
+def metrics_summary(kb: KnowledgeBase, *, days: float | None = 7, since: dt.datetime | None = None) -> dict[str, Any]:
+    """Search and embedding metrics since `since` (default: the last `days` days)."""
+    if since is None and days is not None:
+        if not 0 < days <= 3650:
+            raise ValidationError(f"days must be between 0 and 3650, got {days}")
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
+    return kb.metrics_summary(since=since)
+
+
+def evaluate(kb: KnowledgeBase, query: str, contexts: list[str], answer: str,
+             ground_truth: str | None = None) -> dict[str, Any]:
+    """Seed 004's `rag_evaluate`: RAGAS context precision / recall and faithfulness of an answer,
+    judged by the configured chat model."""
+    check_query(kb, query)
+    return kb.judge_answer(query, contexts, answer, reference=ground_truth)
+
+
+# ---- seed 003's `/rag/*` shapes over the same functions --------------------------------------
+
+def _format_of(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    return next((name for name, suffixes in FORMATS.items() if suffix in suffixes), suffix.lstrip(".") or "unknown")
+
+
+def index_source(kb: KnowledgeBase, source_path: str, *, metadata: dict[str, Any] | None = None,
+                 collection: str | None = None, force: bool = False) -> dict[str, Any]:
+    started = time.perf_counter()
+    out = embed_path(kb, source_path, collection=collection, force=force)
+    status = {"embedded": "indexed"}.get(out.get("status") or "", out.get("status") or "failed")
+    return {"source_id": out.get("doc_id"), "source_path": out["files"][0]["path"] if out["files"] else source_path,
+            "chunks_created": out["chunks"] if status == "indexed" else 0,
+            "tokens_processed": out["tokens_processed"], "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+            "status": status, "content_hash": out.get("content_hash"), "metadata": metadata or {}}
+
+
+def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_threshold: float = 0.0,
+             filters: dict[str, Any] | None = None, mode: str | None = None,
+             collection: str | None = None) -> dict[str, Any]:
+    filters = _clean(filters)
+    formats = filters.pop("source_type", None)
+    formats = {formats} if isinstance(formats, str) else set(formats or [])
+    depth = top_k if not formats else min(kb.settings.server.max_top_k, top_k * 5)
+    found = search(kb, query, mode=mode or "semantic", filters=filters, top_k=depth,
+                   min_similarity=similarity_threshold, collection=collection)
+    hits = [h for h in found["results"] if not formats or _format_of(h["path"]) in formats][:top_k]
+    timings = found["timings_ms"]
+    embed_ms = float(timings.get("embed", 0.0))
+    total = status(kb, collection)["chunks"]
+    return {
+        "results": [{"chunk_id": h["chunk_id"], "source_id": h["doc_id"], "source_path": h["path"],
+                     "content": h["text"], "relevance_score": h["score"],
+                     "metadata": {**h["metadata"], "heading": h["section"], "section_path": h["section_path"].split(" > "),
+                                  "unit_id": h["unit_id"], "doc_type": h["doc_type"], "ticker": h["ticker"]}}
+                    for h in hits],
+        "query_embedding_time_ms": round(embed_ms, 2),
+        "search_time_ms": round(float(timings.get("search", 0.0)), 2),
+        "total_chunks_searched": int(total),
+    }
+
+
+def list_source_summaries(kb: KnowledgeBase, *, collection: str | None = None, limit: int = 1000,
+                          offset: int = 0) -> dict[str, Any]:
+    page = list_sources(kb, collection=collection, limit=limit, offset=offset)
+    counts = status(kb, collection)
+    return {
+        "sources": [{"source_id": r["doc_id"], "source_type": _format_of(r["path"]), "source_path": r["path"],
+                     "chunk_count": r["chunk_count"], "indexed_at": r.get("ingested_at"),
+                     "content_hash": r.get("content_hash")} for r in page["items"]],
+        "total_sources": int(counts["documents"]), "total_chunks": int(counts["chunks"]),
+    }
+
+
 def health(kb: KnowledgeBase) -> dict[str, Any]:
     """Database reachable (a round trip) and model loaded (without loading it)."""
-    database = False
     try:
-        database = kb.store.ping()
+        database = kb.ping()
     except Exception:  # noqa: BLE001 - any failure means unhealthy; the reason goes to the log
         log.warning("health check: database unreachable", exc_info=True)
         database = False
-    provider = kb.__dict__.get("provider")
-    model = provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
+    model = kb.model_loaded()
     return {"status": "ok" if database and model else "degraded", "database": database, "model": model}
 
 
 def warm_up(kb: KnowledgeBase) -> None:
     """Open the pool and load the model now, so the first request pays nothing."""
-    _ = kb.store
-    provider = kb.provider
-    if hasattr(provider, "load"):
-        provider.load()
-    provider.embed(["warm-up"])
+    kb.warm_up()
     from rag_lib.server.isolation import warm_up as start_parse_workers
 
     start_parse_workers()  # the sandbox for uploaded content (see isolation.py)

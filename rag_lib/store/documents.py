@@ -156,7 +156,7 @@ class DocumentStore:
         with self.db.connection() as conn:
             cur = conn.execute(
                 """SELECT collection, path, doc_id, doc_type, ticker, doc_date, title, section_count,
-                          chunk_count, token_count, ingested_at
+                          chunk_count, token_count, ingested_at, content_hash
                    FROM rag_documents WHERE %(c)s::text IS NULL OR collection = %(c)s
                    ORDER BY collection, path LIMIT %(l)s OFFSET %(o)s""",
                 {"c": collection, "l": limit, "o": offset},
