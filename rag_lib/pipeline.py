@@ -74,7 +74,7 @@ class Pipeline:
         return self.run_id
 
     def load(self, path: Path, root: Path, collection: str) -> list[Document | Skipped]:
-        return load_file(path, root, collection, self.settings.max_file_bytes)
+        return load_file(path, root, collection, self.settings.max_file_bytes, self.settings.limits)
 
     def sections(self, doc: Document) -> list[Section]:
         raw = Path(doc.source_path).read_text(encoding="utf-8-sig") if doc.format == "yaml" and doc.source_path else None

@@ -23,7 +23,7 @@ def validate_paths(settings: Settings, paths: list[Path], root: Path | None = No
     mapping = load_mapping(Path(settings.sections_file))
     files: list[dict[str, Any]] = []
     for base, file in collect_files(paths, root):
-        for item in load_file(file, base, settings.collection, settings.max_file_bytes):
+        for item in load_file(file, base, settings.collection, settings.max_file_bytes, settings.limits):
             if isinstance(item, Skipped):
                 files.append({"path": item.path, "problem": f"{item.reason}: {item.detail}"})
                 continue
