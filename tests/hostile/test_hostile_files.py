@@ -3,6 +3,7 @@ bounded time, the good files beside it stay searchable, and nothing else in the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import psycopg
@@ -155,3 +156,36 @@ def test_section_and_value_limits(tmp_path: Path):
     (tmp_path / "m.md").write_text("## One\nshort\n## Two\n" + "word " * 300 + "\n")
     [item] = load_file(tmp_path / "m.md", tmp_path, "c", 10**6, limits)
     assert item.reason == "section_too_large" and "'Two'" in item.detail
+
+
+LEGACY = """
+INSERT INTO rag_documents SELECT collection, doc_id, doc_id, doc_type, title, ticker, doc_date, version, format,
+       content_hash, fingerprint, source_path, size_bytes, metadata, section_count, chunk_count, token_count,
+       ingested_at FROM rag_documents WHERE format = 'jsonl';
+UPDATE rag_sections s SET path = d.doc_id FROM rag_documents d
+ WHERE d.format = 'jsonl' AND d.path <> d.doc_id AND s.collection = d.collection AND s.path = d.path;
+UPDATE rag_chunks c SET path = d.doc_id, unit_id = d.doc_id || '#' || c.section FROM rag_documents d
+ WHERE d.format = 'jsonl' AND d.path <> d.doc_id AND c.collection = d.collection AND c.path = d.path;
+DELETE FROM rag_documents WHERE format = 'jsonl' AND path <> doc_id;
+DELETE FROM rag_schema_migrations WHERE version = 9;
+"""
+
+
+@pytest.mark.timeout(180)
+def test_migration_moves_records_stored_at_their_bare_id_under_their_file(kb, database_url, tmp_path: Path):
+    from rag_lib.store import apply_migrations
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "corpus.jsonl").write_text("\n".join(json.dumps({"_id": str(i), "text": text}) for i, text in enumerate(
+        ["Aspirin reduces fever and inflammation.", "Statins lower LDL cholesterol."])) + "\n")
+    kb.ingest([root])
+    fresh = db_state(database_url)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(LEGACY)  # the database as the previous release left it
+        assert {r[0] for r in conn.execute("SELECT path FROM rag_documents")} == {"0", "1"}
+        assert apply_migrations(conn) == ["009_jsonl_record_paths.sql"]
+    assert db_state(database_url) == fresh  # same rows, chunk ids and vectors; nothing to re-embed
+    again = kb.ingest([root])
+    assert {o.status for o in again.outcomes} == {"unchanged"}, again.to_dict()
+    assert kb.search("cholesterol", top_k=1).hits[0].unit_id == "corpus.jsonl#1#text"
