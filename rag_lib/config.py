@@ -168,7 +168,7 @@ class ParseLimits(BaseModel):
 
     max_depth: int = Field(100, ge=1, le=900)  # nesting levels (YAML, JSON, front matter)
     max_nodes: int = Field(100_000, ge=1)  # YAML nodes, aliases counted as expanded
-    max_document_chars: int = Field(20_000_000, ge=1)  # text of a whole document after alias expansion
+    max_document_chars: int = Field(5_000_000, ge=1)  # text of a document after alias expansion (as max_file_bytes)
     max_section_chars: int = Field(2_000_000, ge=1)  # text of one top-level key / H2 section
     max_line_chars: int = Field(200_000, ge=1)  # longest line of a YAML or markdown file
     max_value_chars: int = Field(2_000_000, ge=1)  # longest YAML scalar / JSONL text
