@@ -30,7 +30,7 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding import get_provider  # noqa: E402
-from rag_lib.watch import CorpusRoot  # noqa: E402
+from rag_lib.models import CorpusRoot  # noqa: E402
 
 
 def create_db(admin: str, prefix: str) -> str:
@@ -59,7 +59,8 @@ def sensor_ticks(tmp: Path, n: int) -> dict:
 
     root = tmp / "tree"
     make_tree(root, n)
-    rag = RagResource(roots=[f"default={root}"], home=str(tmp / "sensor_home"))
+    rag = RagResource(home=str(tmp / "sensor_home"))
+    rag.kb().add_root(root)  # roots are registry state (sql/006), not resource config
     out = {"sensor_files": n}
     with instance_for_test() as instance:
         t = time.perf_counter()

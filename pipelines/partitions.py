@@ -1,16 +1,161 @@
-"""One partition per corpus file (key: path relative to its root; see rag_lib.watch)."""
+"""One partition per corpus file, and the one partition sync used by the corpus sensor, the
+schedules and `rag materialize`.
 
-from dagster import DynamicPartitionsDefinition
+Key scheme: `<root name>/<path under the root>`, the root name being the registry's stable label
+(`rag roots list`), so a key names its root however many roots are registered and keys do not
+change when a root is added. `...` (Dagster's range delimiter), `|` (its multi-partition
+delimiter) and `%` are percent-encoded so every key round-trips; root names never hold `/` or `%`.
+Dagster keeps keys in insertion order, so a "range" is an insertion-order range."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
+
+from rag_lib.errors import RagError, ValidationError
+from rag_lib.models import CorpusRoot
+from rag_lib.watch import FileTarget, walk_files
 
 CORPUS_FILES = "corpus_files"
 corpus_files = DynamicPartitionsDefinition(name=CORPUS_FILES)
-
-import hashlib
 
 # Dagster's run tags for a partition range (what single-run backfills use).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 MAX_RANGES = 4  # more scattered ranges than this become one span (current files inside are cheap no-ops)
+
+
+def encode_key(text: str) -> str:
+    """Percent-encode `%`, `|` and runs of 3+ dots so the key is safe in ranges and round-trips."""
+    text = text.replace("%", "%25").replace("|", "%7C")
+    return re.sub(r"\.{3,}", lambda m: "%2E" * len(m.group(0)), text)
+
+
+def decode_key(key: str) -> str:
+    return unquote(key)
+
+
+class PartitionMap:
+    """Maps partition keys to files and back for the registered roots (each with a unique name)."""
+
+    def __init__(self, roots: list[CorpusRoot]):
+        self.roots = roots
+        self.by_name = {r.name: r for r in roots}
+        if "" in self.by_name or len(self.by_name) != len(roots):
+            raise ValidationError("every corpus root needs a unique registered name (KnowledgeBase.roots())")
+
+    def key(self, root: CorpusRoot, rel: str) -> str:
+        return encode_key(f"{root.name}/{rel}")
+
+    def root_of(self, key: str) -> CorpusRoot | None:
+        """The registered root a key belongs to (None: no such root any more, or a foreign key)."""
+        name, sep, _ = decode_key(key).partition("/")
+        return self.by_name.get(name) if sep else None
+
+    def target(self, key: str) -> FileTarget:
+        name, _, rel = decode_key(key).partition("/")
+        root = self.by_name.get(name)
+        if root is None or not rel:
+            raise ValidationError(f"partition '{key}' belongs to no registered corpus root "
+                                  "(`rag roots list`; register one with `rag roots add`)")
+        return FileTarget(key, root.collection, root.path, rel)
+
+    def target_for_file(self, path: Path) -> FileTarget:
+        path = path.resolve()
+        for root in self.roots:
+            if path.is_relative_to(root.path):
+                rel = path.relative_to(root.path).as_posix()
+                return FileTarget(self.key(root, rel), root.collection, root.path, rel)
+        raise ValidationError(f"{path} is under none of the corpus roots")
+
+    def present_roots(self) -> list[CorpusRoot]:
+        """Roots whose folder exists (a missing folder, e.g. an unmounted disk, is left alone)."""
+        return [r for r in self.roots if r.path.is_dir()]
+
+    def files(self) -> dict[str, tuple[Path, os.stat_result]]:
+        """key → (path, stat) of every file under every present root, sorted by key."""
+        found: dict[str, tuple[Path, os.stat_result]] = {}
+        for root in self.present_roots():
+            for rel, st in walk_files(root.path).items():
+                found[self.key(root, rel)] = (root.path / rel, st)
+        return dict(sorted(found.items()))
+
+    def walk(self) -> dict[str, os.stat_result]:
+        """key → stat of every file under the present roots."""
+        return {k: st for k, (_, st) in self.files().items()}
+
+
+@dataclass
+class PartitionSync:
+    """What a sync decided: partitions to add, partitions to delete (files gone: rows already
+    deleted; roots unregistered: rows kept), and the partition order after it."""
+
+    add: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # files gone whose rows were deleted
+    unrooted: list[str] = field(default_factory=list)  # partitions of roots no longer registered
+    ordered: list[str] = field(default_factory=list)
+
+    def requests(self) -> list:
+        """The same decisions as a sensor's dynamic-partition requests."""
+        out: list = []
+        if self.add:
+            out.append(AddDynamicPartitionsRequest(CORPUS_FILES, self.add))
+        if self.delete:
+            out.append(DeleteDynamicPartitionsRequest(CORPUS_FILES, self.delete))
+        return out
+
+    def apply(self, instance) -> None:
+        """Write the decisions to the instance directly (schedules, `rag materialize`)."""
+        if self.add:
+            instance.add_dynamic_partitions(CORPUS_FILES, self.add)
+        for key in self.delete:
+            instance.delete_dynamic_partition(CORPUS_FILES, key)
+
+
+def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[str],
+                    forget: Callable[[FileTarget], list[str]], log: logging.Logger | None = None,
+                    also_gone: Iterable[str] = ()) -> PartitionSync:
+    """Decide the partition changes for the files now on disk. A file gone from a present root
+    loses its rows (`forget`) BEFORE its partition is deleted; if deleting rows fails, the
+    partition stays for the next sync. A partition whose root was unregistered is dropped with
+    its rows kept. Nothing under a root whose folder is missing is touched."""
+    log = log or logging.getLogger(__name__)
+    on_disk = list(on_disk)
+    disk, known = set(on_disk), set(existing)
+    present = {r.name for r in pmap.present_roots()}
+    sync = PartitionSync(add=[k for k in on_disk if k not in known])
+    for key in list(existing) + [k for k in also_gone if k not in known]:
+        if key in disk:
+            continue
+        root = pmap.root_of(key)
+        if root is None:
+            if key in known:
+                sync.unrooted.append(key)
+                sync.delete.append(key)
+            continue
+        if root.name not in present:
+            continue
+        try:
+            removed = forget(pmap.target(key))
+            log.info("deleted %s: %d document(s) removed", key, len(removed))
+        except RagError as exc:
+            log.warning("could not delete rows of %s (partition kept, retried next sync): %s", key, exc)
+            continue
+        sync.removed.append(key)
+        if key in known:
+            sync.delete.append(key)
+    dropped = set(sync.delete)
+    sync.ordered = [k for k in existing if k not in dropped] + sync.add
+    return sync
 
 
 def plan_ranges(wanted: list[str], ordered: list[str]) -> list[tuple[str, str]]:

@@ -13,7 +13,6 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.stages import StageRunner
-from rag_lib.watch import PartitionMap, configured_roots, parse_roots
 
 # Loading a model costs seconds: one provider per embedding configuration per process.
 _PROVIDERS: dict[str, EmbeddingProvider] = {}
@@ -36,12 +35,12 @@ def provider_for(settings: Settings) -> EmbeddingProvider:
 
 
 class RagResource(ConfigurableResource):
-    """Settings come from `rag.yaml`/`RAG_*` (as for the CLI); fields here override them per run."""
+    """Settings come from `rag.yaml`/`RAG_*` (as for the CLI); fields here override them per run.
+    Corpus roots are not config: they come from the registry (`rag roots`)."""
 
     config_file: str | None = None  # a rag.yaml other than $RAG_CONFIG / ./rag.yaml
     database_url: str | None = None  # overrides RAG_DATABASE_URL
     home: str | None = None  # overrides RAG_HOME (embedded server location)
-    roots: list[str] = []  # "path" or "collection=path"; default: settings.pipeline.roots
     force: bool = False  # redo stages even for files that are already current
     embed_version: str | None = None  # re-embed under a new embed_version
 
@@ -66,10 +65,12 @@ class RagResource(ConfigurableResource):
             self._kb = KnowledgeBase(settings, provider=provider_for(settings))
         return self._kb
 
-    def partition_map(self) -> PartitionMap:
-        settings = self.kb().settings
-        roots = parse_roots(self.roots, settings.collection) if self.roots else configured_roots(settings)
-        return PartitionMap(roots)
+    def partition_map(self) -> "PartitionMap":
+        """Partition keys ↔ files for the registered corpus roots (the registry, merged with
+        rag.yaml's pipeline.roots): read per run/tick, so UI-launched runs need no run config."""
+        from pipelines.partitions import PartitionMap
+
+        return PartitionMap(self.kb().roots())
 
     def runner(self) -> StageRunner:
         return StageRunner(self.kb().pipeline, force=self.force)

@@ -1,17 +1,28 @@
-"""Run the ingest through Dagster: register every file as a partition, then materialize all six
-assets (checks included) for all partitions in as few runs as possible (normally one)."""
+"""`rag materialize` through the code location: register the roots, sync the partitions, then
+create each run for the code location's own job (a remote job origin, as the UI's launch does),
+submit it to the instance (the run queue when a daemon is running, else launch it directly),
+wait, and summarize stages, checks and failed partitions from the event log."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rag_lib.errors import RagError
-from rag_lib.watch import CorpusRoot, PartitionMap
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import Settings
+from rag_lib.errors import ConfigError
+from rag_lib.models import CorpusRoot
+from rag_lib.stages import StageRunner
 
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags
+from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
+
+LOCATION = "rag_pipeline"
+QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
+FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
 @dataclass
@@ -43,30 +54,94 @@ class PipelineRunSummary:
         }
 
 
-def register_partitions(instance, pmap: PartitionMap, runner=None) -> tuple[list[str], list[str], list[str]]:
-    """Add partitions for the files under the roots and drop those whose files are gone (their rows
-    deleted first). Returns (keys on disk, partition order, removed keys)."""
-    keys = list(pmap.walk())
-    existing = instance.get_dynamic_partitions(CORPUS_FILES)
-    known = set(existing)
-    new = [k for k in keys if k not in known]
-    if new:
-        instance.add_dynamic_partitions(CORPUS_FILES, new)
-    on_disk = set(keys)
-    removed = []
-    for key in existing:
-        if key in on_disk:
-            continue
-        try:
-            target = pmap.target(key)
-        except RagError:
-            continue  # another root's partition: not ours to judge
-        if not target.path.exists():
-            if runner is not None:
-                runner.forget(target)
-            instance.delete_dynamic_partition(CORPUS_FILES, key)
-            removed.append(key)
-    return keys, instance.get_dynamic_partitions(CORPUS_FILES), removed
+def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], force: bool = False
+                        ) -> tuple[list[str], list[str], list[str]]:
+    """Register `roots` (with their collections), then sync the partitions of every registered
+    root. Returns (keys of the files under `roots`, partition order, removed keys)."""
+    chosen = {kb.add_root(r.path, r.collection, source="materialize").name for r in roots}
+    pmap = PartitionMap(kb.roots())
+    files = pmap.files()
+    # the runner (and the model behind kb.pipeline) only when a file is gone
+    sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
+                           lambda target: StageRunner(kb.pipeline, force=force).forget(target))
+    sync.apply(instance)
+    keys = [k for k in files if pmap.root_of(k).name in chosen]
+    return keys, sync.ordered, sync.removed
+
+
+def daemon_running(instance) -> bool:
+    """True when the run-queue daemon has a recent heartbeat (then runs are submitted to the queue)."""
+    from dagster._daemon.controller import get_daemon_statuses
+
+    if QUEUE_DAEMON not in instance.get_required_daemon_types():
+        return False
+    status = get_daemon_statuses(instance, [QUEUE_DAEMON], ignore_errors=True)[QUEUE_DAEMON]
+    return bool(status.healthy)
+
+
+def _code_server_env(settings: Settings) -> None:
+    """The code server and its runs start in the repo folder: give them this process's settings."""
+    from pipelines.instance import REPO
+
+    if "RAG_CONFIG" not in os.environ and Path("rag.yaml").is_file():
+        os.environ["RAG_CONFIG"] = str(Path("rag.yaml").resolve())
+    os.environ.setdefault("RAG_HOME", str(Path(settings.home).resolve()))
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), *paths]))
+
+
+def create_location_run(instance, workspace, job_name: str, run_config: dict[str, Any], tags: dict[str, str]):
+    """Create a run of the code location's job exactly as the UI's launch does (remote job origin,
+    execution plan from the code server, the repository's asset graph)."""
+    from dagster import DagsterRunStatus
+    from dagster._core.definitions.selector import JobSubsetSelector
+    from dagster._utils.merger import merge_dicts
+
+    location = workspace.get_code_location(LOCATION)
+    (repo,) = location.get_repositories().values()
+    remote_job = location.get_job(JobSubsetSelector(location_name=LOCATION, repository_name=repo.name,
+                                                    job_name=job_name, op_selection=None))
+    plan = location.get_execution_plan(remote_job, run_config, step_keys_to_execute=None, known_state=None,
+                                       instance=instance)
+    return instance.create_run(
+        job_name=job_name, run_id=None, run_config=run_config,
+        resolved_op_selection=remote_job.resolved_op_selection,
+        step_keys_to_execute=plan.execution_plan_snapshot.step_keys_to_execute, op_selection=None,
+        status=DagsterRunStatus.NOT_STARTED, root_run_id=None, parent_run_id=None,
+        tags=merge_dicts(remote_job.tags, tags), job_snapshot=remote_job.job_snapshot,
+        execution_plan_snapshot=plan.execution_plan_snapshot, parent_job_snapshot=remote_job.parent_job_snapshot,
+        remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin(),
+        asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph,
+    )
+
+
+def wait_for_run(instance, run_id: str, poll: float = 0.5):
+    while True:
+        run = instance.get_run_by_id(run_id)
+        if run.status.value in FINISHED:
+            return run
+        time.sleep(poll)
+
+
+def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: dict[str, Counter]) -> None:
+    """Add one finished run's materializations (by status) and check results to `summary`."""
+    from dagster import DagsterEventType
+
+    run = instance.get_run_by_id(run_id)
+    summary.success = summary.success and run.status.value == "SUCCESS"
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        event = entry.dagster_event
+        mat = event.step_materialization_data.materialization
+        status = mat.metadata.get("status")
+        stages[mat.asset_key.to_user_string()][status.value if status is not None else "ok"] += 1
+        if status is not None and status.value == "failed" and event.partition not in summary.failed_partitions:
+            summary.failed_partitions.append(event.partition)
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+        ev = entry.dagster_event.asset_check_evaluation_data
+        detail = ev.description or (str(ev.metadata["summary"].value) if "summary" in ev.metadata else "")
+        summary.checks.append(CheckSummary(ev.check_name, ev.asset_key.to_user_string(), ev.passed,
+                                           ev.severity.value, detail))
 
 
 def materialize_corpus(
@@ -79,43 +154,59 @@ def materialize_corpus(
     job_name: str = "ingest_files",
     embed_version: str | None = None,
     log_level: str = "WARNING",
+    kb: KnowledgeBase | None = None,
 ) -> PipelineRunSummary:
-    """Materialize every file under `roots` through the job (in this process, recorded on `instance`)."""
-    from pipelines.definitions import defs
-    from pipelines.resources import RagResource
+    """Materialize every file under `roots` (all registered roots when empty) through the code
+    location's job: one run per partition range, recorded on `instance`, visible in the UI."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    from pipelines.instance import WORKSPACE_YAML
 
     started = time.perf_counter()
-    specs = [f"{r.collection}={r.path}" for r in roots]
-    rag = RagResource(roots=specs, database_url=database_url, home=home, force=force, embed_version=embed_version)
-    pmap = rag.partition_map()
+    overrides: dict[str, Any] = {k: v for k, v in {"database_url": database_url, "home": Path(home) if home else None
+                                                   }.items() if v is not None}
+    own_kb = kb is None
+    kb = kb or KnowledgeBase(Settings(**overrides))
     summary = PipelineRunSummary()
     try:
-        keys, ordered, summary.removed = register_partitions(instance, pmap, rag.runner())
+        if not roots:  # every registered root whose folder is there (a missing one is left alone)
+            roots = [r for r in kb.roots() if r.path.is_dir()]
+            if not roots:
+                raise ConfigError("no corpus roots with an existing folder: give folders, `rag roots add PATH`, "
+                                  "or set pipeline.roots in rag.yaml")
+        keys, ordered, summary.removed = register_partitions(instance, kb, roots, force)
+        _code_server_env(kb.settings)
     finally:
-        rag.teardown_after_execution(None)  # type: ignore[arg-type]
+        if own_kb:
+            kb.close()
     summary.partitions = len(keys)
-    config = {k: v for k, v in {"roots": specs, "database_url": database_url, "home": home, "force": force,
-                                 "embed_version": embed_version}.items() if v not in (None, False, [])}
-    job = defs.resolve_job_def(job_name)
+    config = {k: v for k, v in {"database_url": database_url, "home": home, "force": force,
+                                 "embed_version": embed_version}.items() if v not in (None, False)}
+    run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+    if config:
+        run_config["resources"] = {"rag": {"config": config}}
+    ranges = plan_ranges(keys, ordered)
     stages: dict[str, Counter] = defaultdict(Counter)
-    for start, end in plan_ranges(keys, ordered):
-        result = job.execute_in_process(
-            instance=instance, run_config={"resources": {"rag": {"config": config}},
-                                             "loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags={**range_tags(start, end), "rag/trigger": "rag materialize"}, raise_on_error=False,
-        )
-        summary.run_ids.append(result.run_id)
-        summary.success = summary.success and result.success
-        for event in result.get_asset_materialization_events():
-            mat = event.step_materialization_data.materialization
-            status = mat.metadata.get("status")
-            stages[mat.asset_key.to_user_string()][status.value if status is not None else "ok"] += 1
-            if status is not None and status.value == "failed" and event.partition not in summary.failed_partitions:
-                summary.failed_partitions.append(event.partition)
-        for ev in result.get_asset_check_evaluations():
-            summary.checks.append(CheckSummary(
-                ev.check_name, ev.asset_key.to_user_string(), ev.passed, ev.severity.value,
-                ev.description or str(ev.metadata.get("summary").value if ev.metadata.get("summary") else "")))
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]),
+                                 code_server_log_level=log_level) as process:
+        workspace = process.create_request_context()
+        if workspace.has_code_location_error(LOCATION):
+            raise ConfigError(f"code location {LOCATION} failed to load: "
+                              f"{workspace.get_code_location_error(LOCATION)}")
+        queued = daemon_running(instance)
+        for start, end in ranges:
+            run = create_location_run(instance, workspace, job_name, run_config,
+                                      {**range_tags(start, end), "rag/trigger": "rag materialize"})
+            summary.run_ids.append(run.run_id)
+            if queued:
+                instance.submit_run(run.run_id, workspace)
+            else:  # no daemon to dequeue: launch now, one run at a time
+                instance.launch_run(run.run_id, workspace)
+                wait_for_run(instance, run.run_id)
+        for run_id in summary.run_ids:
+            wait_for_run(instance, run_id)
+            summarize_run(instance, run_id, summary, stages)
     summary.stages = {k: dict(v) for k, v in stages.items()}
     summary.seconds = time.perf_counter() - started
     return summary

@@ -4,43 +4,28 @@ run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
-from rag_lib.errors import RagError
 from rag_lib.stages import plan_reconcile
-from rag_lib.watch import FileTarget
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key
+from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key, sync_partitions
 from pipelines.resources import RagResource
 
 CRONS = get_settings().pipeline.schedules
 
 
-def sync_partitions(context: ScheduleEvaluationContext, rag: RagResource) -> tuple[list[FileTarget], list[str]]:
-    """Rescan the roots: register files without a partition, forget files that are gone.
-    Returns the files on disk and the partition order."""
-    pmap = rag.partition_map()
-    on_disk = [pmap.target(k) for k in pmap.walk()]
-    keys = {t.key for t in on_disk}
-    instance = context.instance
-    existing = instance.get_dynamic_partitions(CORPUS_FILES)
-    missing = [t.key for t in on_disk if t.key not in set(existing)]
-    if missing:
-        instance.add_dynamic_partitions(CORPUS_FILES, missing)
-    runner = rag.runner()
-    for key in [k for k in existing if k not in keys]:
-        try:
-            runner.forget(pmap.target(key))
-        except RagError as exc:
-            context.log.warning("could not delete rows of %s: %s", key, exc)
-        instance.delete_dynamic_partition(CORPUS_FILES, key)
-    return on_disk, instance.get_dynamic_partitions(CORPUS_FILES)
-
-
 def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job_name: str, only_stale: bool,
                        trigger: str) -> list[RunRequest] | SkipReason:
-    if not rag.partition_map().roots:
-        return SkipReason("no corpus roots configured (pipeline.roots in rag.yaml)")
-    on_disk, ordered = sync_partitions(context, rag)
+    """Sync the partitions with the registered roots, then request runs (one per range) for the
+    files the library's reconcile plan names: missing/failed/stale, or only stale."""
+    pmap = rag.partition_map()
+    existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
+    if not pmap.roots and not existing:
+        return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
+                          "or pipeline.roots in rag.yaml)")
+    files = pmap.files()
+    sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
+    sync.apply(context.instance)
+    on_disk = [pmap.target(k) for k in files]
     plan = plan_reconcile(rag.kb().store, on_disk, rag.kb().pipeline.fingerprint)
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
@@ -51,7 +36,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
                    tags={**range_tags(start, end), "rag/trigger": trigger,
                          "rag/missing": str(len(plan.missing)), "rag/failed": str(len(plan.failed)),
                          "rag/stale": str(len(plan.stale))})
-        for start, end in plan_ranges(wanted, ordered)
+        for start, end in plan_ranges(wanted, sync.ordered)
     ]
 
 

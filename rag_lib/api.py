@@ -15,11 +15,11 @@ from rag_lib import search as search_mod
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
-from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
-from rag_lib.models import IngestReport, SearchFilters, SearchResult
+from rag_lib.models import CorpusRoot, IngestReport, SearchFilters, SearchResult
 from rag_lib.pipeline import Pipeline
 from rag_lib.store import Store
 
@@ -79,12 +79,16 @@ class KnowledgeBase:
         root: str | Path | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
-        """Ingest files/folders incrementally; see `rag_lib.ingest`."""
+        """Ingest files/folders incrementally; see `rag_lib.ingest`. The roots ingested are
+        registered (see `register_ingested_roots`), so the Dagster code location watches them."""
         self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
-        return run_ingest(
-            self.pipeline, [Path(p) for p in paths], self._collection(collection),
+        paths = [Path(p) for p in paths]
+        report = run_ingest(
+            self.pipeline, paths, self._collection(collection),
             prune=prune, force=force, root=Path(root) if root else None, progress=progress,
         )
+        self.register_ingested_roots(paths, self._collection(collection), root)
+        return report
 
     def embed_document(self, path: str | Path, collection: str | None = None, root: str | Path | None = None,
                        force: bool = False) -> IngestReport:
@@ -105,6 +109,61 @@ class KnowledgeBase:
         if not deleted:
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
         return deleted
+
+    # ---- corpus roots (the folders the Dagster code location watches) ----------------------
+
+    def upload_folder(self) -> Path:
+        """Where the HTTP API keeps uploaded text (never a watched root)."""
+        return Path(self.settings.server.upload_dir or Path(self.settings.home) / "uploads").resolve()
+
+    def roots(self) -> list[CorpusRoot]:
+        """Registered roots, with `pipeline.roots` of rag.yaml merged in (registered on first read,
+        so they get a stable label like any other root)."""
+        for configured in self.settings.pipeline.roots:
+            path = Path(configured.path).expanduser().resolve()
+            self.store.register_root(path, configured.collection, source="config")
+        return self.store.list_roots()
+
+    def add_root(self, path: str | Path, collection: str | None = None, *, source: str = "cli") -> CorpusRoot:
+        """Register a folder as a corpus root of `collection` (idempotent). It must be an existing
+        directory outside the upload folder. Registering ingests nothing: `rag materialize` or the
+        corpus sensor does."""
+        resolved = Path(path).expanduser().resolve()
+        if not resolved.is_dir():
+            raise ValidationError(f"{path}: not an existing directory (a corpus root is a folder)")
+        if resolved.is_relative_to(self.upload_folder()):
+            raise ValidationError(f"{path}: inside the HTTP API's upload folder {self.upload_folder()}, "
+                                  "which is not a corpus root")
+        return self.store.register_root(resolved, self._collection(collection), source=source)
+
+    def remove_root(self, path: str | Path, collection: str | None = None) -> list[CorpusRoot]:
+        """Stop watching a root (one collection, or every collection it is registered for). Its
+        documents stay searchable and are not deleted: the next partition sync drops the root's
+        Dagster partitions only; use `rag delete` (or `rag ingest --prune`) to remove documents."""
+        resolved = Path(path).expanduser().resolve()
+        for configured in self.settings.pipeline.roots:
+            if (Path(configured.path).expanduser().resolve() == resolved
+                    and collection in (None, configured.collection)):
+                raise ConfigError(f"{resolved} is in pipeline.roots of rag.yaml; remove it there first")
+        removed = self.store.unregister_root(resolved, collection)
+        if not removed:
+            raise NotFoundError(f"{resolved} is not a registered corpus root"
+                                + (f" of collection '{collection}'" if collection else ""))
+        return removed
+
+    def register_ingested_roots(self, paths: Iterable[str | Path], collection: str,
+                                root: str | Path | None = None) -> list[CorpusRoot]:
+        """Register what an ingest read: `root` if given, else every directory argument (a directory
+        is its own root). A single file without `root` registers nothing (its folder was not named
+        as a corpus), and nothing under the upload folder is registered (uploads belong to the API)."""
+        candidates = [Path(root)] if root else [Path(p) for p in paths if Path(p).is_dir()]
+        uploads = self.upload_folder()
+        registered = []
+        for candidate in candidates:
+            resolved = candidate.expanduser().resolve()
+            if resolved.is_dir() and not resolved.is_relative_to(uploads):
+                registered.append(self.store.register_root(resolved, collection, source="ingest"))
+        return registered
 
     # ---- reading -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ class CorpusRoot:
 
     path: Path
     collection: str
+    name: str = ""  # the registry's stable label (partition keys start with it); "" before registration
 
 
 @dataclass(frozen=True)

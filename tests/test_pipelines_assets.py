@@ -20,13 +20,15 @@ from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
-from rag_lib.watch import CorpusRoot, PartitionMap  # noqa: E402
+from rag_lib.models import CorpusRoot  # noqa: E402
+from pipelines.partitions import PartitionMap  # noqa: E402
 
-FILES = [
+RELS = [
     "tradegent/fixtures/sample_trade.yaml",
     "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml",
     "tradegent/templates/watchlist.yaml",  # a template: skipped with a reason
 ]
+FILES = [f"corpus/{rel}" for rel in RELS]  # partition keys: <root name>/<path under the root>
 
 
 @pytest.fixture
@@ -34,8 +36,11 @@ def rag_factory(database_url, provider, tmp_path):
     home = tmp_path / ".rag"
 
     def make(root: Path, **kw) -> RagResource:
-        preload_provider(Settings(database_url=database_url, home=home), provider)
-        return RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"], **kw)
+        settings = Settings(database_url=database_url, home=home)
+        preload_provider(settings, provider)
+        with KnowledgeBase(settings, provider=provider) as kb:
+            kb.add_root(root)  # roots are registry state, not run config
+        return RagResource(database_url=database_url, home=str(home), **kw)
 
     return make
 
@@ -45,7 +50,7 @@ def _kb(url: str, tmp_path: Path, provider) -> KnowledgeBase:
 
 
 def _register(instance, root: Path) -> list[str]:
-    keys = list(PartitionMap([CorpusRoot(root.resolve(), "default")]).walk())
+    keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).walk())
     instance.add_dynamic_partitions(CORPUS_FILES, keys)
     return keys
 
@@ -60,7 +65,7 @@ def _statuses(result, asset: str) -> dict[str, str]:
 
 
 def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, database_url, provider, tmp_path):
-    root = corpus_copy(*FILES)
+    root = corpus_copy(*RELS)
     (root / "broken.yaml").write_text("title: [unclosed\n")
     with instance_for_test() as instance:
         keys = _register(instance, root)
@@ -69,11 +74,11 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert result.success
         assert len(instance.get_runs()) == 1  # every partition in a single run
         raw = _statuses(result, "raw_documents")
-        assert raw == {"broken.yaml": "skipped", FILES[0]: "ok", FILES[1]: "ok", FILES[2]: "skipped"}
+        assert raw == {"corpus/broken.yaml": "skipped", FILES[0]: "ok", FILES[1]: "ok", FILES[2]: "skipped"}
         assert _statuses(result, "vector_table") == raw
         mats = {(ev.asset_key.to_user_string(), ev.partition): ev.step_materialization_data.materialization.metadata
                 for ev in result.get_asset_materialization_events()}
-        assert mats[("raw_documents", "broken.yaml")]["skip_reason"].value == "malformed_yaml"
+        assert mats[("raw_documents", "corpus/broken.yaml")]["skip_reason"].value == "malformed_yaml"
         assert mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
         chunk_meta = mats[("chunks", FILES[1])]
         assert chunk_meta["chunks"].value > 5 and "| tokens | chunks |" in chunk_meta["chunk_size_histogram"].value
@@ -100,20 +105,20 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert forced_emb["status"].value == "ok"
         assert forced_emb["run_embedded"].value == 0 and forced_emb["run_cache_hits"].value == total_chunks
     with _kb(database_url, tmp_path, provider) as kb:
-        doc = kb.show(FILES[1])
-        assert doc["source_path"] == str((root / FILES[1]).resolve())
+        doc = kb.show(RELS[1])
+        assert doc["source_path"] == str((root / RELS[1]).resolve())
         assert len(doc["chunks"]) == mats[("chunks", FILES[1])]["chunks"].value
 
 
 def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, database_url, provider, tmp_path):
-    root = corpus_copy(*FILES[:2])
+    root = corpus_copy(*RELS[:2])
     with instance_for_test() as instance:
         keys = _register(instance, root)
         rag = rag_factory(root)
         tags = range_tags(keys[0], keys[-1])
         assert materialize([raw_documents], instance=instance, resources={"rag": rag}, tags=tags).success
         # The file changes after raw_documents: its later stages must refuse it, the other file goes on.
-        with open(root / FILES[0], "a") as fh:
+        with open(root / RELS[0], "a") as fh:
             fh.write("\nextra_note: changed underneath the run\n")
         rest = [a for a in ASSETS if a.key.to_user_string() != "raw_documents"]
         result = materialize(rest, instance=instance, resources={"rag": rag}, tags=tags,
@@ -141,7 +146,7 @@ def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider
         conn.execute(f'CREATE DATABASE "{name}"')
     monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
     assert sqlalchemy_url(pg_server, name).startswith("postgresql+psycopg2://")
-    root = corpus_copy(*FILES[:2])
+    root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
     preload_provider(settings, provider)
     instance = get_instance(settings, home=tmp_path / "dagster_home")
@@ -156,7 +161,7 @@ def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider
         assert run.is_success and run.tags["dagster/asset_partition_range_start"] == FILES[0]
         assert set(instance.get_dynamic_partitions(CORPUS_FILES)) == set(FILES[:2])
         # The file disappears: the next materialize removes its rows and its partition.
-        (root / FILES[0]).unlink()
+        (root / RELS[0]).unlink()
         summary = materialize_corpus(instance, [CorpusRoot(root, "default")], database_url=database_url,
                                      home=str(tmp_path / ".rag"))
         assert summary.removed == [FILES[0]] and summary.success
@@ -164,4 +169,4 @@ def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider
     finally:
         instance.dispose()
     with _kb(database_url, tmp_path, provider) as kb, pytest.raises(NotFoundError):
-        kb.show(FILES[0])
+        kb.show(RELS[0])

@@ -1,12 +1,16 @@
 """Corpus sensor (new / changed / deleted files, many changes → one run), partition keys, the
-run-failure sensor and the schedules, evaluated against a real instance and database."""
+run-failure sensor and the schedules, evaluated against a real Postgres-backed instance and
+database, with the corpus roots read from the registry (no run config)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import shutil
+import uuid
 import warnings
+
+import psycopg
 
 import pytest
 from dagster import (
@@ -17,33 +21,47 @@ from dagster import (
     build_run_status_sensor_context,
     build_schedule_context,
     build_sensor_context,
-    instance_for_test,
 )
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
 from pipelines.definitions import defs  # noqa: E402
-from pipelines.partitions import CORPUS_FILES, plan_ranges  # noqa: E402
+from pipelines.instance import get_instance, sqlalchemy_url  # noqa: E402
+from pipelines.partitions import CORPUS_FILES, PartitionMap, decode_key, encode_key, plan_ranges  # noqa: E402
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
 from pipelines.sensors import corpus_sensor, record_run_failures  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
-from rag_lib.watch import decode_key, encode_key  # noqa: E402
+from rag_lib.models import CorpusRoot  # noqa: E402
 
-FILES = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_research.yaml"]
+RELS = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_research.yaml"]
+FILES = [f"corpus/{rel}" for rel in RELS]  # partition keys: <root name>/<path under the root>
 
 
 @pytest.fixture
-def env(corpus_copy, database_url, provider, tmp_path):
-    root = corpus_copy(*FILES)
+def pg_instance(pg_server, database_url, tmp_path, monkeypatch):
+    """A Postgres-backed Dagster instance (its own database on the session's server)."""
+    name = "dagster_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
+    instance = get_instance(Settings(database_url=database_url, home=tmp_path / ".rag"),
+                            home=tmp_path / "dagster_home")
+    yield instance
+    instance.dispose()
+
+
+@pytest.fixture
+def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
+    root = corpus_copy(*RELS)
     home = tmp_path / ".rag"
     preload_provider(Settings(database_url=database_url, home=home), provider)
-    rag = RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"])
+    rag = RagResource(database_url=database_url, home=str(home))  # roots come from the registry
     kb = KnowledgeBase(Settings(database_url=database_url, home=home), provider=provider)
-    with instance_for_test() as instance:
-        yield root, rag, kb, instance
+    assert kb.add_root(root).name == "corpus"
+    yield root, rag, kb, pg_instance
     kb.close()
 
 
@@ -62,7 +80,7 @@ def tick(instance, rag, cursor):
 
 def launch(instance, rag, run_request):
     job = defs.resolve_job_def("ingest_files")
-    config = {"roots": rag.roots, "database_url": rag.database_url, "home": rag.home}
+    config = {"database_url": rag.database_url, "home": rag.home}
     return job.execute_in_process(instance=instance, tags=run_request.tags,
                                   run_config={"resources": {"rag": {"config": config}},
                                               "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
@@ -79,6 +97,19 @@ def test_keys_round_trip_and_ranges():
     assert plan_ranges([f"k{i}" for i in range(0, 20, 2)], ordered) == [("k0", "k18")]  # scattered → one span
 
 
+def test_keys_name_their_root(tmp_path):
+    a, b = tmp_path / "a" / "corpus", tmp_path / "b" / "corpus"
+    pmap = PartitionMap([CorpusRoot(a, "default", "corpus"), CorpusRoot(b, "default", "corpus-2"),
+                         CorpusRoot(a, "other", "corpus-3")])
+    for root in pmap.roots:  # same relative path under three roots: three keys, each back to its root
+        key = pmap.key(root, "x...y|z%.md")
+        target = pmap.target(key)
+        assert (target.root, target.collection, target.rel) == (root.path, root.collection, "x...y|z%.md")
+        assert "..." not in key and "|" not in key
+    with pytest.raises(Exception, match="no registered corpus root"):
+        pmap.target("gone/x.md")
+
+
 def test_sensor_new_changed_deleted(env):
     root, rag, kb, instance = env
     # New files: partitions added and one run over all of them.
@@ -89,38 +120,53 @@ def test_sensor_new_changed_deleted(env):
     keys = instance.get_dynamic_partitions(CORPUS_FILES)
     assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (keys[0], keys[-1])
     assert launch(instance, rag, run).success
-    assert kb.show(FILES[0])["chunk_count"] > 0
+    assert kb.show(RELS[0])["chunk_count"] > 0
 
     # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
-    os.utime(root / FILES[1], ns=(1, 1))
+    os.utime(root / RELS[1], ns=(1, 1))
     quiet = tick(instance, rag, first.cursor)
     assert not quiet.run_requests and quiet.skip_reason is not None
 
     # A changed file: one run for that file only, no new partitions.
-    with open(root / FILES[0], "a") as fh:
+    with open(root / RELS[0], "a") as fh:
         fh.write("\nreviewer_note: tightened the stop after review\n")
     changed = tick(instance, rag, quiet.cursor)
     assert not changed.dynamic_partitions_requests
     (run,) = changed.run_requests
     assert run.tags["dagster/asset_partition_range_start"] == run.tags["dagster/asset_partition_range_end"] == FILES[0]
     assert launch(instance, rag, run).success
-    assert "reviewer_note" in {sec["name"] for sec in kb.show(FILES[0])["sections"]}  # the new content is live
+    assert "reviewer_note" in {sec["name"] for sec in kb.show(RELS[0])["sections"]}  # the new content is live
 
     # A deleted file: its rows go first, then its partition.
-    (root / FILES[1]).unlink()
+    (root / RELS[1]).unlink()
     deleted = tick(instance, rag, changed.cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
     assert not deleted.run_requests
     with pytest.raises(NotFoundError):
-        kb.show(FILES[1])
-    assert kb.store.load_stage("default", FILES[1], "raw_documents") is None
+        kb.show(RELS[1])
+    assert kb.store.load_stage("default", RELS[1], "raw_documents") is None
     assert instance.get_dynamic_partitions(CORPUS_FILES) == [FILES[0]]
+
+
+def test_unregistered_root_drops_partitions_keeps_documents(env):
+    root, rag, kb, instance = env
+    first = tick(instance, rag, None)
+    assert launch(instance, rag, first.run_requests[0]).success
+    kb.remove_root(root)  # the last root: its partitions still go, its documents stay
+    after = tick(instance, rag, first.cursor)
+    (delete,) = after.dynamic_partitions_requests
+    assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
+    assert not after.run_requests and instance.get_dynamic_partitions(CORPUS_FILES) == []
+    assert kb.show(RELS[0])["chunk_count"] > 0 and kb.show(RELS[1])["chunk_count"] > 0
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        assert isinstance(nightly_reconcile(ctx), SkipReason)  # nothing registered, nothing to do
 
 
 def test_many_new_files_become_one_run(env, tmp_path):
     root, rag, kb, instance = env
-    src = root / FILES[0]
+    src = root / RELS[0]
     (root / "bulk").mkdir()
     for i in range(25):
         shutil.copy(src, root / f"bulk/copy_{i:02d}.yaml")
@@ -132,9 +178,9 @@ def test_many_new_files_become_one_run(env, tmp_path):
 def test_run_failure_sensor_records_failure(env):
     root, rag, kb, instance = env
     tick(instance, rag, None)
-    (root / FILES[0]).unlink()  # the partition still exists; its run fails (file not found)
+    (root / RELS[0]).unlink()  # the partition still exists; its run fails (file not found)
     job = defs.resolve_job_def("ingest_files")
-    config = {"roots": rag.roots, "database_url": rag.database_url, "home": rag.home}
+    config = {"database_url": rag.database_url, "home": rag.home}
     result = job.execute_in_process(instance=instance, partition_key=FILES[0], raise_on_error=False,
                                     run_config={"resources": {"rag": {"config": config}}})
     assert not result.success
@@ -160,7 +206,7 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         assert isinstance(nightly_reconcile(ctx), SkipReason)
     # A new embed_version makes every published file stale for the re-embed schedule.
-    bumped = RagResource(database_url=rag.database_url, home=rag.home, roots=rag.roots, embed_version="2")
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
     preload_provider(bumped.settings(), kb.provider)
     with build_schedule_context(instance=instance, resources={"rag": bumped}, scheduled_execution_time=when) as ctx:
         (run,) = reembed_schedule(ctx)

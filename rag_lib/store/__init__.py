@@ -7,6 +7,7 @@ from rag_lib.store.checks import CheckStore
 from rag_lib.store.connection import Connections, apply_migrations, migration_files
 from rag_lib.store.documents import DocumentStore
 from rag_lib.store.lexical import LexicalStore
+from rag_lib.store.roots import RootStore
 from rag_lib.store.similar import SimilarStore
 from rag_lib.store.stages import StageStore
 from rag_lib.store.spaces import SpaceStore
@@ -16,7 +17,7 @@ from rag_lib.store.vectors import VectorStore
 
 
 class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, StageStore, CheckStore,
-            LexicalStore, SimilarStore):
+            LexicalStore, SimilarStore, RootStore):
     """Database access for one process: open once, share, `close()` at the end."""
 
     def __init__(self, settings: Settings):

@@ -1,0 +1,101 @@
+"""The corpus-roots registry: what ingest registers, `rag roots list|add|remove`, validation, and
+that removing a root stops the watching without deleting documents."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import rag_lib.api
+from rag_lib.cli import main
+from rag_lib.config import CorpusRootSettings, Settings, get_settings
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError
+
+LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
+TRADE = "tradegent/fixtures/sample_trade.yaml"
+
+
+def test_ingest_registers_directories_and_root_only(kb, corpus_copy, tmp_path):
+    root = corpus_copy(LEARNING, TRADE)
+    kb.ingest([root / TRADE])  # a single file without --root: its folder was not named as a corpus
+    assert kb.roots() == []
+    kb.ingest([root], "research")  # a directory is its own root
+    kb.ingest([root / LEARNING], root=root)  # --root is the root
+    assert {(r.path, r.collection, r.name) for r in kb.roots()} == {
+        (root.resolve(), "research", "corpus"), (root.resolve(), "default", "corpus-2")}
+    kb.ingest([root], "research")  # idempotent
+    assert len(kb.roots()) == 2
+
+
+def test_upload_folder_is_never_a_root(kb, tmp_path):
+    uploads = kb.upload_folder() / "default"
+    uploads.mkdir(parents=True)
+    (uploads / "note.md").write_text("# Note\n\nStops go below the prior swing low.\n")
+    kb.ingest([uploads / "note.md"], root=uploads)  # what the HTTP API's upload does
+    assert kb.roots() == []
+    with pytest.raises(ValidationError, match="upload folder"):
+        kb.add_root(uploads)
+
+
+def test_add_validates_and_remove_keeps_documents(kb, corpus_copy, tmp_path):
+    root = corpus_copy(TRADE)
+    with pytest.raises(ValidationError, match="not an existing directory"):
+        kb.add_root(tmp_path / "missing")
+    with pytest.raises(ValidationError, match="not an existing directory"):
+        kb.add_root(root / TRADE)
+    kb.ingest([root])
+    (removed,) = kb.remove_root(root)
+    assert removed.path == root.resolve() and kb.roots() == []
+    assert kb.show(TRADE)["chunk_count"] > 0  # documents stay
+    with pytest.raises(NotFoundError):
+        kb.remove_root(root)
+
+
+def test_configured_roots_are_merged_and_protected(database_url, provider, corpus_copy, tmp_path):
+    root = corpus_copy(TRADE)
+    settings = Settings(database_url=database_url, home=tmp_path / ".rag")
+    settings.pipeline.roots = [CorpusRootSettings(path=root, collection="desk")]
+    with rag_lib.api.KnowledgeBase(settings, provider=provider) as kb:
+        (configured,) = kb.roots()
+        assert (configured.path, configured.collection) == (root.resolve(), "desk")
+        with pytest.raises(ConfigError, match="pipeline.roots"):
+            kb.remove_root(root)
+
+
+@pytest.fixture
+def rag(monkeypatch, database_url, provider, tmp_path, capsys):
+    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
+    get_settings.cache_clear()
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["rag", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    get_settings.cache_clear()
+
+
+def test_cli_roots_list_add_remove(rag, corpus_copy, tmp_path):
+    root = corpus_copy(TRADE)
+    code, out, err = rag("roots", "add", str(root), "-c", "desk")
+    assert code == 0, err
+    code, out, _ = rag("roots", "list", "--json")
+    assert code == 0 and json.loads(out) == [{"name": "corpus", "path": str(root.resolve()), "collection": "desk"}]
+    code, _, err = rag("roots", "add", str(tmp_path / "nope"))
+    assert code == 1 and "not an existing directory" in err and "Traceback" not in err
+    code, out, err = rag("roots", "remove", str(root))
+    assert code == 0 and "documents are kept" in out
+    code, out, _ = rag("roots", "list", "--json")
+    assert json.loads(out) == []
+    code, _, err = rag("roots", "remove", str(root))
+    assert code == 1 and "not a registered corpus root" in err
