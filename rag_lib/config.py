@@ -194,6 +194,20 @@ class PipelineSettings(BaseModel):
     max_tiny_fraction: float = 0.2
 
 
+class ParseLimits(BaseModel):
+    """Bounds checked before a file is parsed (see `rag_lib.limits`); a file over one is skipped
+    with the limit's reason. Defaults sit far above the shared corpus (depth 7, 1,423 nodes,
+    545-character lines, 840-character values) and far below what stalls a parser."""
+
+    max_depth: int = Field(100, ge=1, le=900)  # nesting levels (YAML, JSON, front matter)
+    max_nodes: int = Field(100_000, ge=1)  # YAML nodes, aliases counted as expanded
+    max_document_chars: int = Field(5_000_000, ge=1)  # text of a document after alias expansion (as max_file_bytes)
+    max_section_chars: int = Field(2_000_000, ge=1)  # text of one top-level key / H2 section
+    max_line_chars: int = Field(200_000, ge=1)  # longest line of a YAML or markdown file
+    max_value_chars: int = Field(2_000_000, ge=1)  # longest YAML scalar / JSONL text
+    max_id_chars: int = Field(256, ge=1)  # longest JSONL `_id`
+
+
 class Settings(BaseSettings):
     """Everything configurable, in one place. Environment wins over `rag.yaml`."""
 
@@ -215,6 +229,7 @@ class Settings(BaseSettings):
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     search_metrics: SearchMetricsSettings = Field(default_factory=SearchMetricsSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    limits: ParseLimits = Field(default_factory=ParseLimits)
 
     @classmethod
     def settings_customise_sources(

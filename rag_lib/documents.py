@@ -7,13 +7,19 @@ import datetime as dt
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rag_lib.config import ParseLimits
+from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
+from rag_lib.log import get_logger
 from rag_lib.models import Document, Skipped
+
+log = get_logger(__name__)
 
 YAML_SUFFIXES = {".yaml", ".yml"}
 MARKDOWN_SUFFIXES = {".md", ".markdown"}
@@ -132,14 +138,16 @@ def _as_date(value: Any) -> dt.date | None:
 
 
 def _scalars(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, dict):
-        for value in obj.values():
-            yield from _scalars(value)
-    elif isinstance(obj, list):
-        for value in obj:
-            yield from _scalars(value)
-    else:
-        yield obj
+    """Every scalar of a nested value, depth first (iterative: no recursion limit to hit)."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            yield item
 
 
 def is_template(body: dict[str, Any]) -> bool:
@@ -206,13 +214,19 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 
 
-def _markdown_metadata(text: str, rel_path: str) -> dict[str, Any]:
+def front_matter(text: str) -> str | None:
+    """The YAML between a leading `---` line and the next `---` line, if the file has one."""
+    match = _FRONT_MATTER.match(text)
+    return match.group(1) if match else None
+
+
+def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) -> dict[str, Any]:
     front: dict[str, Any] = {}
-    if match := _FRONT_MATTER.match(text):
+    if front_text is not None:
         try:
-            loaded = parse_yaml(match.group(1))
+            loaded = parse_yaml(front_text)
             front = loaded if isinstance(loaded, dict) else {}
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError):
             front = {}  # front matter is optional decoration; its text is still indexed in _intro
     title_match = re.search(r"^# (.+)$", text, re.M)
     title = front.get("title") or front.get("name") or (title_match.group(1).strip() if title_match else None)
@@ -223,13 +237,13 @@ def _markdown_metadata(text: str, rel_path: str) -> dict[str, Any]:
         "doc_date": _as_date(front.get("date")),
         "version": str(front["version"]) if front.get("version") is not None else None,
         "title": str(title) if title else Path(rel_path).stem,
-        "metadata": {k: str(v) for k, v in front.items() if isinstance(v, (str, int, float))},
+        "metadata": {str(k): str(v) for k, v in front.items() if isinstance(v, (str, int, float))},
     }
 
 
 def _decode(raw: bytes) -> str | tuple[str, str]:
     """Text of a file, or (reason, detail) if it is binary or not UTF-8."""
-    if b"\x00" in raw[:8192]:
+    if b"\x00" in raw:
         return ("binary", "binary file (NUL bytes); only UTF-8 text is ingested")
     try:
         return raw.decode("utf-8-sig")
@@ -237,14 +251,38 @@ def _decode(raw: bytes) -> str | tuple[str, str]:
         return ("not_utf8", f"not valid UTF-8 at byte {exc.start}; re-save the file as UTF-8")
 
 
-def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[Document | Skipped]:
-    """Parse one file into documents (JSONL: one per record) or a skip record with its reason."""
+def load_file(
+    path: Path, root: Path, collection: str, max_bytes: int, limits: ParseLimits | None = None
+) -> list[Document | Skipped]:
+    """Parse one file into documents (JSONL: one per record) or a skip record with its reason.
+    Never raises for the file's content: any error reading or parsing it is the file's skip."""
     rel = path.relative_to(root).as_posix() if root.is_dir() else path.name
+    try:
+        return _load_file(path, rel, collection, max_bytes, limits or ParseLimits())
+    except RecursionError:
+        log.exception("loading %s hit the recursion limit", path)
+        return [Skipped(collection, rel, "too_deep", "nesting too deep to parse; lower its nesting depth")]
+    except MemoryError:
+        log.exception("loading %s ran out of memory", path)
+        return [Skipped(collection, rel, "too_large", "ran out of memory while parsing this file")]
+    except OSError as exc:
+        log.exception("reading %s failed", path)
+        return [Skipped(collection, rel, "unreadable", f"cannot read the file: {exc.strerror or exc}")]
+    except Exception as exc:  # noqa: BLE001 (a parser's unexpected error must fail this file only)
+        log.exception("loading %s failed", path)
+        return [Skipped(collection, rel, "load_error", f"cannot parse the file ({type(exc).__name__}: "
+                                                        f"{str(exc)[:200]}); see the log for details")]
+
+
+def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: ParseLimits) -> list[Document | Skipped]:
     suffix = path.suffix.lower()
 
     def skip(reason: str, detail: str, digest: str | None = None) -> list[Document | Skipped]:
         return [Skipped(collection, rel, reason, detail, digest)]
 
+    if ".jsonl#" in rel.lower():
+        # `<file>.jsonl#<_id>` is where JSONL records live; a file named like one could replace them.
+        return skip("reserved_path", "'.jsonl#' in a path is reserved for JSONL records; rename the file")
     if suffix not in SUPPORTED_SUFFIXES:
         return skip("unknown_format", f"unsupported file type '{suffix or path.name}'; use .yaml, .md or .jsonl")
     size = path.stat().st_size
@@ -261,15 +299,26 @@ def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[D
     common = {"collection": collection, "source_path": str(path.resolve()), "size_bytes": size}
 
     if suffix in JSONL_SUFFIXES:
-        return list(_load_jsonl(text, rel, digest, common, max_bytes))
+        return list(_load_jsonl(text, rel, digest, common, max_bytes, limits))
     if suffix in MARKDOWN_SUFFIXES:
-        meta = _markdown_metadata(text, rel)
+        front_text = front_matter(text)
+        problem = check_lines(text, limits) or (
+            check_yaml(front_text, limits, "front matter") if front_text is not None else None
+        ) or _check_markdown_sections(text, limits)
+        if problem:
+            return skip(problem.reason, problem.detail, digest)
+        meta = _markdown_metadata(text, rel, front_text)
         return [Document(path=rel, format="markdown", content_hash=digest, body=text, **meta, **common)]
 
+    problem = check_yaml(text, limits)
+    if problem:
+        return skip(problem.reason, problem.detail, digest)
     try:
         body = parse_yaml(text)
     except yaml.YAMLError as exc:
         return skip("malformed_yaml", _yaml_error_detail(exc), digest)
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp like 2024-02-30
+        return skip("malformed_yaml", f"malformed YAML: a value cannot be read ({exc})", digest)
     if body is None:
         return skip("empty", "YAML holds no data", digest)
     if not isinstance(body, dict):
@@ -280,35 +329,100 @@ def load_file(path: Path, root: Path, collection: str, max_bytes: int) -> list[D
     return [Document(path=rel, format="yaml", content_hash=digest, body=body, **meta, **common)]
 
 
+def _check_markdown_sections(text: str, limits: ParseLimits) -> LimitExceeded | None:
+    """The first H2 section (or intro) longer than `max_section_chars` (one pass over the lines)."""
+    if len(text) <= limits.max_section_chars:
+        return None
+    from rag_lib.flatten import flatten_markdown
+
+    for section in flatten_markdown(text):
+        if len(section.text) > limits.max_section_chars:
+            return LimitExceeded("section_too_large", f"section '{section.name[:80]}' at line {section.line} holds "
+                                 f"{len(section.text)} characters, over the limit of {limits.max_section_chars}; "
+                                 "raise limits.max_section_chars (RAG_LIMITS__MAX_SECTION_CHARS) to accept it")
+    return None
+
+
+def record_id_problem(raw: Any, limits: ParseLimits) -> str | None:
+    """Why a JSONL `_id` cannot name a document (None if it can): a string or integer of at most
+    `max_id_chars` printable characters that is not a path escape (`..`, leading `/`)."""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        return f"_id must be a string or an integer, not {type(raw).__name__}"
+    value = str(raw)
+    if not value.strip():
+        return "_id is empty"
+    if len(value) > limits.max_id_chars:
+        return f"_id has {len(value)} characters, over the limit of {limits.max_id_chars} (limits.max_id_chars)"
+    if value != value.strip():
+        return "_id starts or ends with whitespace"
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn")), None)
+    if bad is not None:
+        return f"_id contains the control or unassigned character U+{ord(bad):04X}"
+    if value.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", value) or value == ".":
+        return "_id looks like a path escape ('..' segment or leading '/'); use a plain identifier"
+    return None
+
+
 def _load_jsonl(
-    text: str, rel: str, digest: str, common: dict[str, Any], max_bytes: int
+    text: str, rel: str, digest: str, common: dict[str, Any], max_bytes: int, limits: ParseLimits
 ) -> Iterator[Document | Skipped]:
-    """BEIR-style records: `{"_id", "title", "text"}`; each is a document whose path is its id."""
+    """BEIR-style records: `{"_id", "title", "text"}`; each is a document at `<file>#<_id>`, so a
+    record can never replace a document of another file. Bad records are skipped at `<file>:<line>`."""
     collection = common["collection"]
+    first_line: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+
+        def skip(reason: str, detail: str) -> Skipped:
+            return Skipped(collection, f"{rel}:{lineno}", reason, f"line {lineno}: {detail}", digest)
+
         if len(line.encode()) > max_bytes:
-            yield Skipped(collection, f"{rel}:{lineno}", "too_large",
-                          f"line {lineno} is over the {max_bytes}-byte limit (max_file_bytes)", digest)
+            yield skip("too_large", f"over the {max_bytes}-byte limit (max_file_bytes)")
+            continue
+        problem = check_json(line, limits)
+        if problem:
+            yield skip(problem.reason, problem.detail)
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            yield Skipped(collection, f"{rel}:{lineno}", "malformed_json", f"line {lineno}: {exc.msg}", digest)
+            yield skip("malformed_json", exc.msg)
+            continue
+        except (RecursionError, ValueError) as exc:  # e.g. an integer with too many digits
+            yield skip("malformed_json", f"cannot be read ({type(exc).__name__}: {str(exc)[:200]})")
             continue
         if not isinstance(record, dict) or "_id" not in record:
-            yield Skipped(collection, f"{rel}:{lineno}", "missing_id", f"line {lineno}: record has no _id", digest)
+            yield skip("missing_id", "record has no _id")
+            continue
+        id_problem = record_id_problem(record["_id"], limits)
+        if id_problem:
+            yield skip("invalid_id", id_problem)
             continue
         doc_id = str(record["_id"])
-        body_text = str(record.get("text") or "").strip()
-        if not body_text:
-            yield Skipped(collection, doc_id, "empty", f"line {lineno}: record {doc_id} has no text", digest)
+        if doc_id in first_line:
+            yield skip("duplicate_id", f"_id {doc_id!r} is already used on line {first_line[doc_id]}; "
+                                       "the first record is kept")
             continue
-        title = str(record.get("title") or "").strip() or None
+        first_line[doc_id] = lineno
+        raw_text, raw_title = record.get("text"), record.get("title")
+        if not isinstance(raw_text, (str, int, float, type(None))) or not isinstance(
+                raw_title, (str, int, float, type(None))):
+            yield skip("unsupported_structure", f"record {doc_id}: text and title must be strings")
+            continue
+        body_text = str(raw_text or "").strip()
+        if not body_text:
+            yield skip("empty", f"record {doc_id} has no text")
+            continue
+        if len(body_text) > limits.max_value_chars:
+            yield skip("value_too_long", f"record {doc_id}: text of {len(body_text)} characters is over the limit of "
+                                         f"{limits.max_value_chars}; raise limits.max_value_chars "
+                                         "(RAG_LIMITS__MAX_VALUE_CHARS) to accept it")
+            continue
+        title = str(raw_title or "").strip() or None
         record_hash = content_hash(line.encode())
         yield Document(
-            path=doc_id,
+            path=f"{rel}#{doc_id}",
             doc_id=doc_id,
             doc_type=str(record.get("type") or "record"),
             format="jsonl",

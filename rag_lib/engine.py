@@ -116,7 +116,8 @@ class Engine:
     def load(self, source: SourceFile) -> Loaded:
         """Read and parse one file: documents, skip records (bad input, with a reason) and its hash."""
         digest = file_hash(source.path)
-        items = load_file(source.path, source.root, source.collection, self.settings.max_file_bytes)
+        items = load_file(source.path, source.root, source.collection, self.settings.max_file_bytes,
+                          self.settings.limits)
         return Loaded(source, [i for i in items if isinstance(i, Document)],
                       [i for i in items if isinstance(i, Skipped)], digest)
 

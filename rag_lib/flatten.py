@@ -57,37 +57,84 @@ def _scalar(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, (dt.date, dt.datetime)):
         return value.isoformat()
-    return re.sub(r"[ \t]+\n", "\n", str(value)).strip()
+    # Trailing blanks go line by line: the regex `[ \t]+\n` took quadratic time on a long run of spaces.
+    return "\n".join(line.rstrip(" \t") for line in str(value).split("\n")).strip()
+
+
+class _Blank:
+    """Blankness of nested values, each container computed once (alias-shared subtrees included)
+    and without recursion."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, bool] = {}
+        self.keep: list[Any] = []  # holds containers so their ids stay unique while memoized
+
+    def __call__(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if isinstance(value, str):
+            return not value.strip()
+        if not isinstance(value, (dict, list)):
+            return False
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        stack: list[tuple[Any, bool]] = [(value, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in self.memo:
+                continue
+            children = [c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list))]
+            if not expanded:
+                stack.append((node, True))
+                stack.extend((c, False) for c in children if id(c) not in self.memo)
+                continue
+            self.keep.append(node)
+            self.memo[id(node)] = all(
+                self.memo.get(id(c), True) if isinstance(c, (dict, list)) else self(c)
+                for c in (node.values() if isinstance(node, dict) else node)
+            )
+        return self.memo[id(value)]
 
 
 def _is_blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return not value.strip()
-    if isinstance(value, dict):
-        return all(_is_blank(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_is_blank(v) for v in value)
-    return False
+    return _Blank()(value)
 
 
 def render(value: Any, indent: int = 0) -> list[str]:
-    """Readable lines for a nested YAML value: `key: value`, bullets for lists, nulls dropped."""
-    pad = "  " * indent
+    """Readable lines for a nested YAML value: `key: value`, bullets for lists, nulls dropped.
+    Walks with an explicit stack, so depth is bounded by memory, not by Python's recursion limit."""
+    blank = _Blank()
     lines: list[str] = []
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            if _is_blank(sub):
-                continue
+    if not isinstance(value, (dict, list)):
+        if not blank(value):
+            pad = "  " * indent
+            lines.extend(f"{pad}{line}" for line in _scalar(value).splitlines())
+        return lines
+    # A frame: (iterator over the container's entries, its indent, (line index, parent pad) of the
+    # `- ` bullet to put on the frame's first line when it is a list item, or None).
+    stack: list[tuple[Any, int, tuple[int, str] | None]] = [(_entries(value), indent, None)]
+    while stack:
+        entries, level, bullet = stack[-1]
+        pad = "  " * level
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            if bullet is not None and bullet[0] < len(lines):
+                start, parent_pad = bullet
+                lines[start] = f"{parent_pad}- {lines[start].lstrip()}"
+            continue
+        key, sub = entry
+        if blank(sub):
+            continue
+        if key is not _ITEM:
             label = humanise(key)
             if isinstance(sub, (dict, list)):
-                inline = _inline(sub)
+                inline = _inline(sub, blank)
                 if inline is not None:
                     lines.append(f"{pad}{label}: {inline}")
                 else:
                     lines.append(f"{pad}{label}:")
-                    lines.extend(render(sub, indent + 1))
+                    stack.append((_entries(sub), level + 1, None))
             else:
                 text = _scalar(sub)
                 if "\n" in text:
@@ -95,49 +142,65 @@ def render(value: Any, indent: int = 0) -> list[str]:
                     lines.extend(f"{pad}  {line}" for line in text.splitlines())
                 else:
                     lines.append(f"{pad}{label}: {text}")
-    elif isinstance(value, list):
-        for item in value:
-            if _is_blank(item):
-                continue
-            if isinstance(item, (dict, list)):
-                inline = _inline(item)
-                if inline is not None:
-                    lines.append(f"{pad}- {inline}")
-                else:
-                    sub_lines = render(item, indent + 1)
-                    first = sub_lines[0].lstrip()
-                    lines.append(f"{pad}- {first}")
-                    lines.extend(sub_lines[1:])
+        elif isinstance(sub, (dict, list)):
+            inline = _inline(sub, blank)
+            if inline is not None:
+                lines.append(f"{pad}- {inline}")
             else:
-                text = _scalar(item)
-                lines.append(f"{pad}- {text.replace(chr(10), ' ')}")
-    elif not _is_blank(value):
-        lines.extend(f"{pad}{line}" for line in _scalar(value).splitlines())
+                stack.append((_entries(sub), level + 1, (len(lines), pad)))
+        else:
+            text = _scalar(sub)
+            lines.append(f"{pad}- {text.replace(chr(10), ' ')}")
     return lines
 
 
-def _inline(value: dict | list) -> str | None:
+_ITEM = object()  # the "key" of a list entry
+
+
+def _entries(value: dict | list):
+    return iter(value.items()) if isinstance(value, dict) else ((_ITEM, item) for item in value)
+
+
+def _inline(value: dict | list, blank=_is_blank) -> str | None:
     """One-line form for small all-scalar dicts/lists (e.g. an entry: date, price, qty)."""
     if isinstance(value, dict):
-        items = [(k, v) for k, v in value.items() if not _is_blank(v)]
+        items = [(k, v) for k, v in value.items() if not blank(v)]
         if any(isinstance(v, (dict, list)) for _, v in items):
             return None
         text = ", ".join(f"{humanise(k)}: {_scalar(v)}" for k, v in items)
     else:
-        items = [v for v in value if not _is_blank(v)]
+        items = [v for v in value if not blank(v)]
         if any(isinstance(v, (dict, list)) for v in items):
             return None
         text = "; ".join(_scalar(v) for v in items)
     return text if len(text) <= 160 and "\n" not in text else None
 
 
+def _top_key(line: str) -> str | None:
+    """The key of a `key: ...` / `"key": ...` line (what `^(['"]?)([^\\s#'"][^:]*?)\\1\\s*:(\\s|$)`
+    matched), found with one `find` instead of a regex that backtracks quadratically on spaces."""
+    quote = line[:1] if line[:1] in ("'", '"') else ""
+    start = len(quote)
+    if start >= len(line) or line[start].isspace() or line[start] in "#'\"":
+        return None
+    colon = line.find(":", start + 1)  # the first character may itself be a colon
+    if colon < 0 or (colon + 1 < len(line) and not line[colon + 1].isspace()):
+        return None
+    key = line[start:colon].rstrip()
+    if quote:
+        if not key.endswith(quote) or len(key) < 2:
+            return None
+        key = key[:-1]
+    return key or None
+
+
 def _key_lines(raw_text: str) -> dict[str, int]:
     """Line number (1-based) of each top-level key in the YAML source, for source positions."""
     found: dict[str, int] = {}
     for number, line in enumerate(raw_text.splitlines(), start=1):
-        match = re.match(r"^(['\"]?)([^\s#'\"][^:]*?)\1\s*:(\s|$)", line)
-        if match and match.group(2) not in found:
-            found[match.group(2)] = number
+        key = _top_key(line)
+        if key is not None and key not in found:
+            found[key] = number
     return found
 
 

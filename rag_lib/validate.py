@@ -39,7 +39,7 @@ def validate_paths(settings: Settings, paths: list[Path], root: Path | None = No
 
 def _validate_file(file: Path, base: Path, settings: Settings, mapping, chunker: Chunker, limit: int) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
-    for item in load_file(file, base, settings.collection, settings.max_file_bytes):
+    for item in load_file(file, base, settings.collection, settings.max_file_bytes, settings.limits):
         if isinstance(item, Skipped):
             entries.append({"path": item.path, "problem": f"{item.reason}: {item.detail}"})
             continue

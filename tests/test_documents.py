@@ -109,7 +109,7 @@ def test_jsonl_records_are_documents_and_bad_lines_are_skipped(tmp_path: Path):
     docs = [i for i in items if isinstance(i, Document)]
     skips = {i.reason for i in items if isinstance(i, Skipped)}
     assert [d.doc_id for d in docs] == ["1", "3"]
-    assert docs[0].path == "1" and docs[0].title == "Aspirin"
+    assert docs[0].path == "corpus.jsonl#1" and docs[0].title == "Aspirin"
     assert skips == {"malformed_json", "empty", "missing_id"}
 
 

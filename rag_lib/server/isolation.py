@@ -51,14 +51,15 @@ def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing parser must not write core files
 
 
-def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_file: str) -> Preflight:
+def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_file: str,
+               limits: Any = None) -> Preflight:
     from rag_lib.documents import load_file
     from rag_lib.flatten import flatten, load_mapping
 
     mapping = load_mapping(Path(sections_file))
     paths: list[str] = []
     skipped: list[tuple[str, str]] = []
-    for item in load_file(Path(path), Path(root), collection, max_bytes):
+    for item in load_file(Path(path), Path(root), collection, max_bytes, limits):
         if hasattr(item, "reason") and not hasattr(item, "body"):
             skipped.append((str(item.path), str(item.reason)))
             continue
@@ -92,9 +93,10 @@ class Sandbox:
         self.timeout = timeout
         self.memory_bytes = memory_mb * 1024 * 1024
 
-    def preflight(self, path: Path, root: Path, collection: str, max_bytes: int, sections_file: Path) -> Preflight:
+    def preflight(self, path: Path, root: Path, collection: str, max_bytes: int, sections_file: Path,
+                  limits: Any = None) -> Preflight:
         """Parse `path` in a worker; raise `DocumentRejectedError` if it crashes, times out or fails."""
-        args = (str(path), str(root), collection, max_bytes, str(sections_file))
+        args = (str(path), str(root), collection, max_bytes, str(sections_file), limits)
         if not self.slots.acquire(timeout=3 * self.timeout):  # queue behind a few slow parses, not forever
             raise ParserBusyError("the server is busy parsing other uploads; retry in a moment")
         try:
@@ -164,7 +166,7 @@ def preflight(kb: Any, path: Path, root: Path, collection: str) -> Preflight:
     """Sandboxed parse of one file with the knowledge base's settings (see `Sandbox.preflight`)."""
     settings = kb.settings
     return sandbox_for(settings).preflight(path, root, collection, settings.max_file_bytes,
-                                           Path(settings.sections_file))
+                                           Path(settings.sections_file), settings.limits)
 
 
 __all__ = ["Preflight", "Sandbox", "preflight", "sandbox_for", "warm_up"]
