@@ -132,11 +132,7 @@ class DocumentStore:
     def delete_document(self, collection: str, ref: str) -> list[str]:
         """Delete a document by path or doc id (all its sections, chunks, vectors, stage rows)."""
         with self.db.connection() as conn, conn.transaction():
-            rows = conn.execute(
-                "SELECT path FROM rag_documents WHERE collection = %s AND (path = %s OR doc_id = %s)",
-                (collection, ref, ref),
-            ).fetchall()
-            paths = [r[0] for r in rows]
+            paths = self._resolve_ref(conn, collection, ref, records=True)
             for path in paths:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(collection, path),))
             old_nodes = self._graph_keys(conn, collection, paths)
@@ -152,6 +148,21 @@ class DocumentStore:
             ).fetchall()
         return paths or [r[0] for r in skipped]
 
+    @staticmethod
+    def _resolve_ref(conn, collection: str, ref: str, records: bool = False) -> list[str]:
+        """Paths a reference names: the document at that path, else the documents with that id (a JSONL
+        record's id never shadows a real path), else, with `records`, every record of a JSONL file."""
+        queries = ["SELECT path FROM rag_documents WHERE collection = %s AND path = %s",
+                   "SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path"]
+        if records:
+            queries.append("SELECT path FROM rag_documents WHERE collection = %s AND starts_with(path, %s || '#')"
+                           " ORDER BY path")
+        for sql in queries:
+            paths = [r[0] for r in conn.execute(sql, (collection, ref)).fetchall()]
+            if paths:
+                return paths
+        return []
+
     def list_documents(self, collection: str | None, limit: int = 1000, offset: int = 0) -> list[dict[str, Any]]:
         with self.db.connection() as conn:
             cur = conn.execute(
@@ -166,11 +177,9 @@ class DocumentStore:
     def get_document(self, collection: str, ref: str) -> dict[str, Any]:
         """A document with its sections (empty ones included) and chunk summaries."""
         with self.db.connection() as conn:
-            cur = conn.execute(
-                "SELECT * FROM rag_documents WHERE collection = %s AND (path = %s OR doc_id = %s) ORDER BY path LIMIT 1",
-                (collection, ref, ref),
-            )
-            found = _dicts(cur)
+            paths = self._resolve_ref(conn, collection, ref)
+            found = _dicts(conn.execute("SELECT * FROM rag_documents WHERE collection = %s AND path = %s",
+                                        (collection, paths[0]))) if paths else []
             if not found:
                 raise NotFoundError(f"no document '{ref}' in collection '{collection}'; see `rag list`")
             doc = found[0]

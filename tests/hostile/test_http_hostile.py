@@ -323,9 +323,11 @@ def test_responses_leak_no_paths_or_internal_fields(keyed):
     doc = c.get("/api/rag/sources/good.md", headers=ro)
     assert doc.status_code == 200
     data = doc.json()
-    documented = {"collection", "path", "doc_id", "doc_type", "ticker", "doc_date", "title", "section_count",
-                  "chunk_count", "token_count", "ingested_at", "sections", "chunks"}
+    from rag_lib.server.schemas import SourceDetail
+
+    documented = set(SourceDetail.model_fields)  # the response model is the documentation
     assert set(data) <= documented, set(data) - documented
+    assert not {"source_path", "fingerprint", "metadata"} & set(data)
     for text in (doc.text, c.get("/api/rag/status", headers=ro).text,
                  c.post("/api/rag/embed", json={"path": "good.md", "force": True}).text,
                  c.post("/api/rag/embed", json={"name": "leak/bad.yaml", "content": "a: [x\n"}).text):
