@@ -25,6 +25,12 @@ from rag_lib.store import Store  # noqa: E402
 from rag_lib.store.vectors import index_name  # noqa: E402
 
 FILES = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml"]
+KEYS = [f"corpus/{rel}" for rel in FILES]  # partition keys: <root name>/<path under the root>
+
+
+def _registered(settings: Settings, provider, root) -> None:
+    with KnowledgeBase(settings, provider=provider) as kb:
+        kb.add_root(root)  # roots are registry state, not run config
 
 
 @pytest.fixture
@@ -34,10 +40,11 @@ def staged(corpus_copy, database_url, provider, tmp_path):
     home = tmp_path / ".rag"
     settings = Settings(database_url=database_url, home=home)
     preload_provider(settings, provider)
-    rag = RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"])
+    _registered(settings, provider, root)
+    rag = RagResource(database_url=database_url, home=str(home))
     with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CORPUS_FILES, FILES)
-        assert materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=range_tags(*FILES)).success
+        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+        assert materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=range_tags(*KEYS)).success
     kb = KnowledgeBase(settings, provider=provider)
     yield kb, rag, root
     kb.close()
@@ -73,15 +80,16 @@ def test_blocking_embeddings_check_stops_vector_table(corpus_copy, database_url,
     root = corpus_copy(FILES[0])
     home = tmp_path / ".rag"
     preload_provider(Settings(database_url=database_url, home=home), provider)
-    rag = RagResource(database_url=database_url, home=str(home), roots=[f"default={root}"])
+    _registered(Settings(database_url=database_url, home=home), provider, root)
+    rag = RagResource(database_url=database_url, home=str(home))
     Store(Settings(database_url=database_url, home=home)).close()  # schema in place before injecting
     _sql(database_url, "INSERT INTO rag_stage_vectors (collection, path, chunk_id, content_hash, model, dimensions,"
                         " embedding) VALUES ('default', 'elsewhere.yaml', 'wrong-model', 'x', 'other-model', 384, %s)",
          (np.ones(384, dtype=np.float32),))
     with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CORPUS_FILES, [FILES[0]])
+        instance.add_dynamic_partitions(CORPUS_FILES, [KEYS[0]])
         result = materialize([raw_documents, flattened_sections, chunks, embeddings, vector_table, embeddings_valid],
-                             instance=instance, resources={"rag": rag}, partition_key=FILES[0], raise_on_error=False)
+                             instance=instance, resources={"rag": rag}, partition_key=KEYS[0], raise_on_error=False)
     assert not result.success
     (check,) = result.get_asset_check_evaluations()
     assert not check.passed and check.metadata["bad_wrong_model"].value == 1
@@ -138,9 +146,9 @@ def test_skipped_inputs_check(staged):
     (root / "templates").mkdir()
     (root / "templates" / "broken.yaml").write_text("a: [1, 2\n")
     with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CORPUS_FILES, ["templates/broken.yaml"])
+        instance.add_dynamic_partitions(CORPUS_FILES, ["corpus/templates/broken.yaml"])
         assert materialize([raw_documents], instance=instance, resources={"rag": rag},
-                           partition_key="templates/broken.yaml").success
+                           partition_key="corpus/templates/broken.yaml").success
     warn = quality.check_skipped(kb.store)
     assert not warn.passed and warn.severity == "warn" and warn.metadata["reason_malformed_yaml"] == 1
     assert "templates/broken.yaml" in warn.markdown["skipped_inputs"]
