@@ -282,7 +282,7 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, ca
 
     # HTTP
     app = create_app(kb.settings, kb=kb, keys=KeyRing())
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         r = client.get("/api/rag/graph/TRD-2025-001", params={"depth": 1})
         assert r.status_code == 200, r.text
         assert ("trd-2025-001", "traded", "ticker:NVDA") in {(e["src"], e["predicate"], e["dst"]) for e in r.json()["edges"]}
