@@ -45,7 +45,7 @@ ModeArg = Annotated[
 TopK = Annotated[int, Field(ge=1, le=100, description="How many results to return.")]
 OneOrMany = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
                       Field(max_length=50, description="One value or a list (any of).")]
-Ticker = Annotated[Annotated[str, Field(min_length=1, max_length=10)] | list[Annotated[str, Field(min_length=1, max_length=10)]] | None,
+Ticker = Annotated[Annotated[str, Field(min_length=1, max_length=16)] | list[Annotated[str, Field(min_length=1, max_length=16)]] | None,
                    Field(max_length=50, description="Ticker filter, e.g. NVDA, or a list of tickers (any of).")]
 DocType = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
                     Field(max_length=50, description="Document type filter, e.g. earnings-analysis, stock-analysis, "

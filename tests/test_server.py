@@ -379,10 +379,12 @@ def test_seed000_embed_text_stores_a_document(client: TestClient, corpus_db_url:
     assert client.post("/api/rag/embed-text", json={
         "text": "NVIDIA reported strong Q4...", "doc_id": "external-001", "doc_type": "article",
         "ticker": "NVDA"}).json()["status"] == "unchanged"
-    # storing needs a full-access key; the vector alone does not
+    # storing needs a full-access key
     ro = client.post("/api/rag/embed-text", json={"text": "x", "doc_id": "ro-1"}, headers={"X-API-Key": READ})
     assert ro.status_code == 403
-    assert "vector" in client.post("/api/rag/embed-text", json={"text": "x"}, headers={"X-API-Key": READ}).json()
+    # issue 15: read-only keys cannot embed at all (not even a raw vector)
+    assert client.post("/api/rag/embed-text", json={"text": "x"}, headers={"X-API-Key": READ}).status_code == 403
+    assert "vector" in client.post("/api/rag/embed-text", json={"text": "x"}).json()
     orphan = client.post("/api/rag/embed-text", json={"text": "x", "ticker": "NVDA"})
     assert orphan.status_code == 422 and "doc_id" in orphan.json()["error"]["message"]
 
