@@ -117,3 +117,31 @@ def corpus_kb(corpus_db_url: str, provider: LocalProvider, tmp_path: Path) -> Kn
     base = KnowledgeBase(Settings(database_url=corpus_db_url, home=tmp_path / ".rag"), provider=provider)
     yield base
     base.close()
+
+
+@pytest.fixture
+def rag(monkeypatch, database_url, provider, tmp_path, capsys):
+    """Run `rag ARGS…` in-process against a fresh database; returns (exit code, stdout, stderr)."""
+    import sys
+
+    import rag_lib.api
+    from rag_lib.cli import main
+    from rag_lib.config import get_settings
+
+    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        get_settings.cache_clear()  # a test may change the environment between commands
+        monkeypatch.setattr(sys, "argv", ["rag", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    get_settings.cache_clear()

@@ -8,37 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-import rag_lib.api
-from rag_lib.cli import main
-from rag_lib.config import get_settings
 
 LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
 MALFORMED = "tradegent/templates/post-trade-review.yaml"
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def rag(monkeypatch, database_url, provider, tmp_path, capsys):
-    """Run `rag ARGS…` in-process against a fresh database; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
-    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
-    get_settings.cache_clear()
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["rag", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    get_settings.cache_clear()
 
 
 def test_ingest_search_show_delete_round_trip(rag, corpus_copy):

@@ -4,13 +4,11 @@ that removing a root stops the watching without deleting documents."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 import rag_lib.api
-from rag_lib.cli import main
-from rag_lib.config import CorpusRootSettings, Settings, get_settings
+from rag_lib.config import CorpusRootSettings, Settings
 from rag_lib.errors import ConfigError, NotFoundError, ValidationError
 
 LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
@@ -64,25 +62,6 @@ def test_configured_roots_are_merged_and_protected(database_url, provider, corpu
             kb.remove_root(root)
 
 
-@pytest.fixture
-def rag(monkeypatch, database_url, provider, tmp_path, capsys):
-    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
-    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
-    get_settings.cache_clear()
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["rag", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    get_settings.cache_clear()
 
 
 def test_cli_roots_list_add_remove(rag, corpus_copy, tmp_path):

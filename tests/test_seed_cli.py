@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import psycopg
 import pytest
 
 import rag_lib.api
-from rag_lib.cli import main
-from rag_lib.config import get_settings
 
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
 NFLX = "tradegent/knowledge/analysis/earnings/NFLX_20250118T0800.yaml"
@@ -21,28 +18,6 @@ MSFT = "tradegent/knowledge/analysis/stock/MSFT_20260220T1805.yaml"
 RESEARCH = "tradegent/knowledge/analysis/research/AI_CAPEX_20250110T0800.yaml"
 
 
-@pytest.fixture
-def rag(monkeypatch, database_url, provider, tmp_path, capsys):
-    """Run `rag ARGS…` in-process against a fresh database; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("RAG_DATABASE_URL", database_url)
-    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
-    monkeypatch.delenv("RAG_METRICS", raising=False)
-    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
-    get_settings.cache_clear()
-
-    def run(*args: str) -> tuple[int, str, str]:
-        get_settings.cache_clear()  # a test may change the environment between commands
-        monkeypatch.setattr(sys, "argv", ["rag", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    get_settings.cache_clear()
 
 
 @pytest.fixture
