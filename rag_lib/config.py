@@ -98,6 +98,9 @@ class SearchSettings(BaseModel):
     # builds each; the graph differs per build), same search time, index build 37 -> 55 s
     hnsw_ef_construction: int = 256
     max_scan_tuples: int = 20000
+    # HNSW index element type: halfvec halves the index (2 bytes per dimension) at the same recall
+    # (benchmarks/scale.py, docs/scale.md); the stored vectors stay float32 either way.
+    vector_type: Literal["vector", "halfvec"] = "vector"
     # Filters leaving at most this many chunks are ranked exactly (recall 1; ~26 ms for 4,840 rows on
     # 2 cores, vs ~95 ms and recall 0.49 for a graph walk that starts far from the filtered rows).
     exact_max_rows: int = 10000

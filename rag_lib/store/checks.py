@@ -8,13 +8,13 @@ from typing import Any
 from psycopg import sql
 
 from rag_lib.store.documents import _dicts
-from rag_lib.store.vectors import index_name
+from rag_lib.store.vectors import index_name, vector_sql_type
 
 ID_LIMIT = 50  # offending ids reported per problem (counts are always complete)
 
 
 class CheckStore:
-    """Mixin: needs `self.db` (Connections)."""
+    """Mixin: needs `self.db` (Connections) and `self.settings`."""
 
     def bad_staged_vectors(self, model: str, dimensions: int, paths: list[tuple[str, str]] | None = None) -> dict[str, Any]:
         """Staged vectors with the wrong model or dimension, NaN norm or all zeros (optionally only `paths`)."""
@@ -98,7 +98,7 @@ class CheckStore:
 
     def measure_recall(self, space: str, dimensions: int, sample: int, k: int, ef_search: int) -> dict[str, Any]:
         """recall@k of the HNSW index against exact search, using `sample` stored vectors as queries."""
-        vec = sql.SQL("vector({})").format(sql.Literal(dimensions))
+        vec = vector_sql_type(self.settings.search.vector_type, dimensions)
         knn = sql.SQL(
             "SELECT chunk_id FROM rag_chunk_vectors WHERE space = {s} ORDER BY embedding::{t} <=> %s::{t} LIMIT {k}"
         ).format(s=sql.Literal(space), t=vec, k=sql.Literal(k))

@@ -19,6 +19,13 @@ def index_name(space: str) -> str:
     return "rag_vec_hnsw_" + hashlib.sha1(space.encode()).hexdigest()[:12]
 
 
+def vector_sql_type(vector_type: str, dimensions: int) -> sql.Composable:
+    """The cast the HNSW index is built on and queries use: `vector(d)` or `halfvec(d)`."""
+    if vector_type not in ("vector", "halfvec"):
+        raise ValueError(f"search.vector_type must be vector or halfvec, not {vector_type!r}")
+    return sql.SQL(f"{vector_type}({int(dimensions)})")
+
+
 def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composable, list[Any]]:
     """WHERE fragments for the shared filters; every value is a bound parameter."""
     col = lambda name: sql.SQL(f"{alias}.") + sql.Identifier(name)  # noqa: E731
@@ -145,16 +152,21 @@ class VectorStore:
             conn.autocommit = True
             try:
                 exists = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
+                opclass = f"{s.vector_type}_cosine_ops"
                 if exists and not rebuild:
-                    return {"index": name, "created": False}
+                    built = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (name,)).fetchone()[0]
+                    if f" {opclass}" in built:
+                        return {"index": name, "created": False}
+                    rebuild = True  # search.vector_type changed: queries cast to the other type now
                 if exists:
                     conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
                 conn.execute(
                     sql.SQL(
-                        "CREATE INDEX {} ON rag_chunk_vectors USING hnsw ((embedding::vector({})) vector_cosine_ops)"
+                        "CREATE INDEX {} ON rag_chunk_vectors USING hnsw ((embedding::{}) {})"
                         " WITH (m = {}, ef_construction = {}) WHERE space = {}"
                     ).format(
-                        sql.Identifier(name), sql.Literal(dimensions), sql.Literal(s.hnsw_m),
+                        sql.Identifier(name), vector_sql_type(s.vector_type, dimensions), sql.Identifier(opclass),
+                        sql.Literal(s.hnsw_m),
                         sql.Literal(s.hnsw_ef_construction), sql.Literal(space),
                     )
                 )
@@ -216,7 +228,7 @@ class VectorStore:
                 # the planner ranks the filtered rows exactly and can still use the filter indexes.
                 distance = sql.SQL("v.embedding <=> %s::vector")
             else:
-                distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=sql.SQL(f"vector({int(dimensions)})"))
+                distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=vector_sql_type(s.vector_type, dimensions))
                 local.update({"hnsw.ef_search": str(max(s.ef_search, limit)), "hnsw.iterative_scan": "relaxed_order",
                               "hnsw.max_scan_tuples": str(s.max_scan_tuples)})
             conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(local)),
