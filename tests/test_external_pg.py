@@ -133,7 +133,8 @@ def test_no_session_level_settings_in_the_code():
             offenders.append(f"{path.relative_to(REPO)}: {match.group(0)}")
         if re.search(r"pg_(try_)?advisory_lock(_shared)?\(|ALTER SYSTEM", text) and path.name != "db.py":
             offenders.append(f"{path.relative_to(REPO)}: session advisory lock or ALTER SYSTEM")
-    assert not offenders, offenders
+    assert not offenders, ("session-level state breaks behind PgBouncer's transaction pooling; use SET LOCAL or "
+                           f"set_config(name, value, true) inside the query's transaction, pg_advisory_xact_lock: {offenders}")
 
 
 def test_search_through_pgbouncer_transaction_pooling_leaks_no_setting(cluster, corpus_copy, provider, tmp_path):
