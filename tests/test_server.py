@@ -423,8 +423,26 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     yaml_only = client.post("/rag/retrieve", json={"query": "backtesting splits", "top_k": 5,
                                                    "filters": {"source_type": ["yaml"]}}).json()["results"]
     assert yaml_only and all(h["source_path"].endswith((".yaml", ".yml")) for h in yaml_only)
-    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"category": "documentation"}})
-    assert unsupported.status_code == 422  # refused, not silently ignored
+    # seed 003's request as written: source types and the category given at indexing
+    r = client.post("/rag/retrieve", json={
+        "query": "How does backtesting prevent data leakage?", "top_k": 5, "similarity_threshold": 0.2,
+        "filters": {"source_type": ["markdown", "openapi"], "category": "documentation"}})
+    assert r.status_code == 200, r.text
+    documentation = r.json()["results"]
+    assert documentation and {h["source_path"] for h in documentation} == {"docs/ARCHITECTURE.md"}
+    assert documentation[0]["metadata"]["category"] == "documentation"
+    overview = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
+                                                  "filters": {"category": ["overview"]}}).json()["results"]
+    assert overview and {h["source_path"] for h in overview} == {"README.md"}
+    # tags are kept with the document: a forced re-index without metadata keeps them
+    assert client.post("/rag/index", json={"source_path": "README.md", "force": True}).json()["status"] == "indexed"
+    tagged = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
+                                                "filters": {"tags": {"category": "overview"}}}).json()["results"]
+    assert {h["source_path"] for h in tagged} == {"README.md"}
+    nothing = client.post("/rag/retrieve", json={"query": "backtesting", "filters": {"category": "nope"}})
+    assert nothing.status_code == 200 and nothing.json()["results"] == []
+    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"colour": "documentation"}})
+    assert unsupported.status_code == 422  # unknown filter keys are refused, not silently ignored
 
     listing = client.get("/rag/sources").json()
     mine = {s["source_path"]: s for s in listing["sources"]}
