@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
@@ -19,6 +20,7 @@ import pytest
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import AdminRequiredError
+from rag_lib.store import apply_migrations, migration_files
 from pg_standalone import Cluster, url, wait_for_replay
 
 ROLE, PASSWORD = "rag_app", "app-secret"
@@ -38,7 +40,7 @@ def cluster():
     try:
         c.init_primary()
         c.create_role(ROLE, PASSWORD)
-        for name in ("rag", "rag_bouncer", "rag_replica"):
+        for name in ("rag", "rag_bouncer", "rag_replica", "rag_migrate"):
             c.create_database(name, ROLE)
         c.create_database("dagster", ROLE, vector=False)
         c.create_database("rag_noext", ROLE, vector=False)
@@ -142,7 +144,8 @@ def test_search_through_pgbouncer_transaction_pooling_leaks_no_setting(cluster, 
     if exe is None:
         pytest.skip("the `pgbouncer` binary is not installed (Debian/Ubuntu package `pgbouncer`): "
                     "PgBouncer transaction pooling is not tested on this machine")
-    port = cluster.start_bouncer(exe, {"rag_bouncer": "rag_bouncer"}, {ROLE: PASSWORD}, pool_size=1)
+    port = cluster.start_bouncer(exe, {"rag_bouncer": "rag_bouncer", "rag_migrate": "rag_migrate"}, {ROLE: PASSWORD},
+                                 pool_size=1)
     bouncer_url = role_url(cluster, "rag_bouncer", port=port)
     root = corpus_copy(LEARNING, TRADE)
     query = "loss aversion before earnings"
@@ -175,6 +178,17 @@ def test_search_through_pgbouncer_transaction_pooling_leaks_no_setting(cluster, 
     assert [(h.chunk_id, round(h.score, 5)) for h in via_bouncer.hits] == \
         [(h.chunk_id, round(h.score, 5)) for h in expected.hits]
     assert hybrid.hits and hybrid.hits[0].path == LEARNING
+
+    # Four clients migrating one empty database at once through the bouncer: each migration applied
+    # exactly once (a session advisory lock would be shared by every client of the one server session).
+    def migrate(_: int) -> list[str]:
+        with psycopg.connect(role_url(cluster, "rag_migrate", port=port), autocommit=True,
+                             prepare_threshold=None) as conn:
+            return apply_migrations(conn)
+
+    with ThreadPoolExecutor(4) as pool:
+        applied = [name for names in pool.map(migrate, range(4)) for name in names]
+    assert sorted(applied) == sorted(path.name for _, path in migration_files())
 
 
 def test_search_reads_from_a_streaming_replica(cluster, corpus_copy, provider, tmp_path):

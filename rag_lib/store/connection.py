@@ -111,7 +111,7 @@ def library_url(settings: Settings) -> str:
 def ensure_database(admin_url: str, name: str) -> None:
     """Create database `name` if missing (a concurrent creator is fine); a role that may not create
     databases gets `AdminRequiredError` naming the statement an administrator must run."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True, prepare_threshold=None) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             try:
@@ -137,11 +137,12 @@ class Connections:
         try:
             if read_url is not None:
                 self.url = read_url
-                with psycopg.connect(self.url, autocommit=True) as conn:
+                with psycopg.connect(self.url, autocommit=True, prepare_threshold=None) as conn:
                     conn.execute("SELECT 1")
             else:
                 self.url = library_url(settings)
-                with psycopg.connect(self.url, autocommit=True) as conn:
+                # no prepared statements: a transaction-mode PgBouncer would hand them to other clients
+                with psycopg.connect(self.url, autocommit=True, prepare_threshold=None) as conn:
                     check_vector_extension(conn)
                     try:
                         apply_migrations(conn)
