@@ -95,6 +95,12 @@ def test_what_needs_an_admin_is_a_typed_error_naming_the_statement(cluster, tmp_
     with psycopg.connect(role_url(cluster, "rag_noext")) as conn:  # nothing half-made was left behind
         assert conn.execute("SELECT to_regclass('rag_schema_migrations')").fetchone()[0] is None
 
+    # a database the role does not own (PostgreSQL 15+: no CREATE on its public schema)
+    cluster.create_database("rag_notowner", "postgres")
+    settings = Settings(database_url=role_url(cluster, "rag_notowner"), home=tmp_path / ".rag")
+    with pytest.raises(AdminRequiredError, match=f"ALTER DATABASE rag_notowner OWNER TO {ROLE};"):
+        KnowledgeBase(settings, provider=provider).store
+
     # no CREATEDB: the Dagster database must come from the admin, and the message says so
     from pipelines.instance import dagster_pg_url
 
