@@ -355,7 +355,9 @@ class KnowledgeBase:
         cfg = self.settings.embedding
         self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
         self.provider.embed(["warm-up"])
-        return {"database": self.store.db.url, "space": self.provider.space}
+        from rag_lib.db import redacted_url
+
+        return {"database": redacted_url(self.store.db.url), "space": self.provider.space}
 
     def reindex(self) -> dict[str, Any]:
         """Rebuild the active space's HNSW index (records build time and parameters)."""

@@ -110,9 +110,31 @@ def database_url(settings: Settings, dbname: str | None = None, start: bool = Tr
     return base
 
 
+def redacted_url(url: str) -> str:
+    """`url` with its password replaced by `***` (for status lines and logs)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        info = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as nothing rather than leaked
+        return "<unparsable database URL>"
+    if not info.get("password"):
+        return url
+    if "://" in url:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        if parts.password is not None:
+            netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+            masked = urlunsplit(parts._replace(netloc=netloc))
+            if "password=" not in masked:
+                return masked
+    return make_conninfo(**{**info, "password": "***"})
+
+
 def server_status(settings: Settings) -> ServerStatus:
     if settings.database_url:
-        return ServerStatus(embedded=False, running=True, url=settings.database_url, pgdata=None)
+        return ServerStatus(embedded=False, running=True, url=redacted_url(settings.database_url), pgdata=None)
     running = embedded_running(settings.pgdata)
     url = None
     if running:

@@ -120,6 +120,11 @@ def test_what_needs_an_admin_is_a_typed_error_naming_the_statement(cluster, tmp_
     assert code == 1 and "Traceback" not in err
     assert "CREATE EXTENSION vector;" in err and len(err.strip().splitlines()) == 1, err
 
+    # status lines name the server without its password
+    monkeypatch.setenv("RAG_DATABASE_URL", role_url(cluster, "rag"))
+    code, out, _ = rag("db", "status")
+    assert code == 0 and f"{ROLE}:***@127.0.0.1" in out and PASSWORD not in out
+
 
 SESSION_SET = re.compile(r"""(?<![\w.])SET\s+(?!LOCAL\b)(?:SESSION\s+)?[a-z_]+(?:\.[a-z_]+)?\s*(?:=|TO\b)""",
                          re.IGNORECASE)
