@@ -105,6 +105,30 @@ def test_search_returns_scored_units_with_filters(client: TestClient):
     assert client.post("/api/rag/search", json={"query": "momentum"}).json()["mode"] in ("hybrid", "semantic")
 
 
+def test_metrics_summary_counts_the_searches_it_served(client: TestClient):
+    def summary() -> dict:
+        r = client.get("/api/rag/metrics", params={"days": 1}, headers={"X-API-Key": READ})  # read-only is enough
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    before = summary()
+    found = client.post("/api/rag/search", json={"query": "NVDA guidance", "mode": "lexical", "top_k": 3}).json()
+    assert found["count"] > 0
+    empty = client.post("/api/rag/search", json={"query": "NVDA guidance", "mode": "lexical",
+                                                  "filters": {"ticker": "ZZZZ"}}).json()
+    assert empty["count"] == 0
+    after = summary()
+    assert after["searches"] == before["searches"] + 2
+    lexical_before = before["by_mode"].get("lexical", {}).get("searches", 0)
+    assert after["by_mode"]["lexical"]["searches"] == lexical_before + 2
+    assert after["by_mode"]["lexical"]["p95_ms"] >= after["by_mode"]["lexical"]["p50_ms"] > 0
+    zero = lambda m: round(m["zero_result_rate"] * m["searches"])  # noqa: E731
+    assert zero(after) == zero(before) + 1
+    assert set(after["embedding"]) >= {"calls", "failure_rate", "fallback_share", "p95_ms"}
+    assert client.get("/api/rag/metrics", params={"days": 0}).status_code == 422
+    assert client.get("/api/rag/metrics", headers={"X-API-Key": "wrong"}).status_code == 401
+
+
 def test_keys_required_and_compared(client: TestClient):
     body = {"query": "earnings"}
     missing = client.post("/api/rag/search", json=body, headers={"X-API-Key": ""})
