@@ -351,17 +351,21 @@ def helm_merge(defaults: Any, override: Any) -> Any:
 
 
 def offline_validator(schema: dict[str, Any]):
-    """A validator for a chart schema whose Kubernetes `$ref`s (kubernetesjsonschema.dev) resolve to
-    `{}`: nothing is fetched; the chart's own definitions are still checked."""
+    """A Draft 7 validator (Helm's JSON-schema dialect: a `$ref` replaces its siblings) for a chart
+    schema with its Kubernetes `$ref`s (kubernetesjsonschema.dev) dropped, so nothing is fetched:
+    the chart's own structure, required keys and types are checked, Kubernetes objects only as
+    objects/arrays."""
     import jsonschema
-    from referencing import Registry, Resource
-    from referencing.jsonschema import DRAFT7
 
-    def retrieve(uri: str):
-        return Resource.from_contents({"definitions": {}}, default_specification=DRAFT7)
+    def local(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            return {k: local(v) for k, v in node.items() if not (k == "$ref" and not ref.startswith("#"))}
+        if isinstance(node, list):
+            return [local(v) for v in node]
+        return node
 
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema, registry=Registry(retrieve=retrieve))
+    return jsonschema.Draft7Validator(local(schema))
 
 
 def test_values_validate_against_the_charts_published_schema():
