@@ -249,7 +249,7 @@ def test_run_pod_job_is_what_dagster_k8s_submits_for_our_ingest_job(kube_api):
     assert labels["app.kubernetes.io/component"] == "run_worker"
 
 
-def test_values_queue_storage_and_secrets_say_what_the_chart_docs_say():
+def test_values_queue_storage_and_secrets_say_what_the_chart_docs_say(monkeypatch):
     """Run launcher, queued coordinator, tag limits (valid instance config, matching the tags our
     runs carry, and holding back the right runs), external dagster-postgres storage, secrets."""
     import inspect
@@ -324,13 +324,9 @@ def test_values_queue_storage_and_secrets_say_what_the_chart_docs_say():
     # the ConfigMap's settings are ones rag_lib reads
     env = env_file(RAG_ENV)
     assert all(k.startswith(("RAG_", "HF_", "TRANSFORMERS_")) for k in env)
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        os.environ.update(env)
-        settings = Settings()
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
     assert [str(r.path) for r in settings.pipeline.roots] == ["/data/corpus"]
     assert settings.pool_max_size == int(env["RAG_POOL_MAX_SIZE"])
     # the secret's keys are the names the settings read (docs/deploy.md creates them)
