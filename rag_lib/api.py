@@ -120,6 +120,15 @@ class KnowledgeBase:
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
         return deleted
 
+    def set_tags(self, path: str, tags: dict[str, Any], collection: str | None = None) -> int:
+        """Attach client tags to a document (seed 003's index `metadata`); they survive re-ingests and
+        filter searches (`tags=`). Returns how many documents were tagged (a JSONL file: its records)."""
+        return self.store.set_tags(self._collection(collection), path, tags)
+
+    def tags_of(self, paths: Sequence[str], collection: str | None = None) -> dict[str, dict[str, Any]]:
+        """Client tags by document path."""
+        return self.store.tags_of(self._collection(collection), paths)
+
     # ---- corpus roots (the folders the Dagster code location watches) ----------------------
 
     def upload_folder(self) -> Path:
@@ -193,6 +202,7 @@ class KnowledgeBase:
         path: str | None = None,
         group: bool = True,
         rerank: bool | None = None,
+        tags: dict[str, str | list[str]] | None = None,
     ) -> SearchResult:
         """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk).
         `rerank` (default: settings) reorders the head with the reranker; hits keep the fused `score`
@@ -201,7 +211,7 @@ class KnowledgeBase:
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
-            path=path, date_from=date_from, date_to=date_to,
+            path=path, date_from=date_from, date_to=date_to, tags=tags or None,
         )
         store, provider = self.search_context()
         reranked = self.rerank_enabled(rerank)

@@ -23,6 +23,11 @@ MIGRATION_LOCK = 7_406_130_001  # advisory lock id: one migrator at a time acros
 LIBRARY_DB = "rag"
 
 
+def like_escape(text: str) -> str:
+    """`text` with LIKE's wildcards and escape character escaped, to match it literally."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
     """`NNN_name.sql` files in order."""
     files = []

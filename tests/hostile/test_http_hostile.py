@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -141,14 +140,16 @@ class HealthProbe:
 
 
 def assert_responsive(server: dict, probe: HealthProbe) -> None:
-    """`/health` answered every probe during the case, typically (median) within 100 ms and never
-    frozen (the old failures were seconds to minutes, or a dead process; single probes on the
-    shared, overloaded 2-core test machine can take longer), and answers within 100 ms after it."""
+    """`/health` answered every probe during the case, 95% of them within 100 ms and none frozen
+    (the old failures were seconds to minutes, or a dead process; measured at load 8-12 on the
+    shared 2-core machine: p95 12-31 ms, worst single probe 102 ms), and every probe after it
+    within 100 ms."""
     assert not probe.failures, probe.failures
     assert server["proc"].poll() is None, "the server process died"
     if probe.latencies:
         lat = sorted(probe.latencies)
-        assert statistics.median(lat) < 100 and lat[-1] < 2000, (statistics.median(lat), lat[-5:])
+        p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))]
+        assert p95 < 100 and lat[-1] < 500, (p95, lat[-5:])
     after = []
     with httpx.Client(base_url=server["url"], timeout=5) as c:  # one client: time the server, not TLS/client setup
         c.get("/health")
@@ -156,7 +157,7 @@ def assert_responsive(server: dict, probe: HealthProbe) -> None:
             t0 = time.perf_counter()
             assert c.get("/health").status_code == 200
             after.append((time.perf_counter() - t0) * 1000)
-    assert statistics.median(after) < 100, after
+    assert max(after) < 100, after
 
 
 def good_still_found(c: httpx.Client) -> None:
