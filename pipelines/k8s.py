@@ -27,7 +27,7 @@ EXECUTOR_TAG = {"rag/executor": "k8s"}
 ENCODER_STEP = "embeddings"
 # Sized as the run pods in deploy/helm/values.yaml (docs/deploy.md, "Resource requests").
 ENCODER_RESOURCES: dict[str, Any] = {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "3Gi"}}
-STAGE_RESOURCES: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+STAGE_RESOURCES: dict[str, Any] = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def step_executor(max_concurrent: int = 2) -> ExecutorDefinition:
