@@ -468,6 +468,9 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"colour": "documentation"}})
     assert unsupported.status_code == 422  # unknown filter keys are refused, not silently ignored
 
+    shown = client.get("/api/rag/sources/docs/ARCHITECTURE.md").json()
+    assert shown["tags"] == {"category": "documentation", "version": "1.0.0"} and "source_path" not in shown
+
     listing = client.get("/rag/sources").json()
     mine = {s["source_path"]: s for s in listing["sources"]}
     assert mine["docs/ARCHITECTURE.md"]["source_type"] == "markdown"

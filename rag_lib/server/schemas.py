@@ -288,7 +288,9 @@ class StatusResponse(BaseModel):
 
 
 class SourceOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A document as clients see it; other columns (absolute source paths, fingerprints) are dropped
+    when a response is validated against this model."""
+
     collection: str
     path: str
     doc_id: str
@@ -311,6 +313,7 @@ class SourcesPage(BaseModel):
 
 
 class SourceDetail(SourceOut):
+    tags: dict[str, Any] = Field(default_factory=dict, description="Tags given at `/rag/index` (`metadata`).")
     sections: list[dict[str, Any]] = Field(default_factory=list)
     chunks: list[dict[str, Any]] = Field(default_factory=list)
 
