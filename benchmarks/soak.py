@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,11 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
 
+from rag_lib.testing import RAG, child_env, start_server  # noqa: E402
+
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import psycopg  # noqa: E402
 
-RAG = str(Path(sys.executable).with_name("rag"))
 KEY = "soak-" + os.urandom(8).hex()
 QUERIES = ["NVDA data center revenue", "earnings guidance risk", "momentum breakout setup", "AMD thesis risks",
            "options implied volatility", "sector rotation", "gap fill", "capex cycle semiconductors",
@@ -66,12 +66,6 @@ HOSTILE = [  # (method, path, json body, extra headers): each must be refused or
     ("POST", "/api/rag/search", {"query": "x"}, {"X-API-Key": "wrong"}),
     ("POST", "/api/rag/search", {"query": "x"}, {"Origin": "http://evil.example", "X-API-Key": "wrong"}),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -230,26 +224,10 @@ def main() -> None:
         root = work / "corpus"
         files = pick_files(args.files, root)
         url = create_database(admin, "soak")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-        env.update(RAG_DATABASE_URL=url, RAG_HOME=str(work / "home"), HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false", RAG_API_KEYS=KEY,
-                   RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
-        port = free_port()
-        log = open(work / "server.log", "w")
-        proc = subprocess.Popen([RAG, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
+        env = child_env(url, work / "home", RAG_API_KEYS=KEY, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
+        server = start_server(["serve", "--log-level", "warning"], env, work / "server.log", timeout=300)
+        proc, base = server.proc, server.url
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"server did not start: {(work / 'server.log').read_text()[-2000:]}")
-                time.sleep(0.5)
             with httpx.Client(base_url=base, timeout=600, headers={"X-API-Key": KEY}) as c:
                 for rel in files:  # the corpus through the API, once, before the clock starts
                     r = c.post("/api/rag/embed", json={"path": rel})
@@ -268,12 +246,7 @@ def main() -> None:
                     c.delete(f"/api/rag/sources/{name}", params={"collection": "soak"})
                 left_in_soak = c.get("/api/rag/sources", params={"collection": "soak", "limit": 1000}).json()["items"]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+            server.stop(timeout=20)
 
         served = db_counts(url, "default")
         clean_url = create_database(admin, "soak_clean")

@@ -127,6 +127,9 @@ class SearchSettings(BaseModel):
     rerank_api_key_env: str = "RERANK_API_KEY"
     rerank_timeout: float = 10.0
     rerank_max_retries: int = 4
+    # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
+    # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
+    database_url: str | None = None
 
 
 class SearchMetricsSettings(BaseModel):
@@ -314,6 +317,7 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         ("CHUNK_OVERLAP", "chunking.overlap_tokens", "RAG_CHUNKING__OVERLAP_TOKENS", int),
         ("RAG_RERANKING", "search.rerank", "RAG_SEARCH__RERANK", lambda v: _flag("RAG_RERANKING", v)),
         ("RAG_ADAPTIVE", "search.routing", "RAG_SEARCH__ROUTING", lambda v: _flag("RAG_ADAPTIVE", v)),
+        ("RAG_SEARCH_DATABASE_URL", "search.database_url", "RAG_SEARCH__DATABASE_URL", str),
     ]
     provider = env.get("EMBED_PROVIDER")
     if provider:
