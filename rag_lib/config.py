@@ -124,6 +124,12 @@ class SearchSettings(BaseModel):
     rerank_api_key_env: str = "RERANK_API_KEY"
     rerank_timeout: float = 10.0
     rerank_max_retries: int = 4
+    # graph fusion (hybrid mode): a third ranked list of documents linked to, or sharing graph entities
+    # with, the first pass's top documents (see benchmarks/graph_fusion.py for the evaluation)
+    graph_fusion: bool = False
+    graph_weight: float = 0.5  # its RRF weight (semantic and lexical lists weigh 1.0)
+    graph_seeds: int = 5  # top documents of the first pass whose graph neighbours are looked up
+    graph_candidates: int = 20  # graph-related documents in the list at most
 
 
 class SearchMetricsSettings(BaseModel):

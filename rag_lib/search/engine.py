@@ -14,7 +14,7 @@ from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.search.classify import QueryPlan, classify
-from rag_lib.search.fusion import Candidates, boost, rrf
+from rag_lib.search.fusion import Candidates, boost, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -33,6 +33,10 @@ class SearchOptions:
     hint_boost: float = 0.15
     routing: bool = True
     rerank_depth: int = 30
+    graph_fusion: bool = False
+    graph_weight: float = 0.5
+    graph_seeds: int = 5
+    graph_candidates: int = 20
 
     @classmethod
     def from_settings(cls, settings) -> SearchOptions:
@@ -188,6 +192,12 @@ def search(
     else:
         ranked = rrf(lists, opts.rrf_k)
     ranked = boost(ranked, plan.tickers, plan.doc_types, opts.hint_boost)
+    if mode == "hybrid" and opts.graph_fusion and ranked:
+        t_g = time.perf_counter()
+        related = graph_candidates(store, vectors[0], space["space"], filters, ranked, opts)
+        if related is not None:
+            ranked = boost(rrf(lists + [related], opts.rrf_k), plan.tickers, plan.doc_types, opts.hint_boost)
+        timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)
     if reranker is not None and ranked:
         t_r = time.perf_counter()
         head = ranked[: opts.rerank_depth]

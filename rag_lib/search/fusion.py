@@ -1,11 +1,16 @@
-"""Reciprocal rank fusion of ranked candidate lists, and soft boosts from query hints."""
+"""Reciprocal rank fusion of ranked candidate lists, the knowledge graph's list, and soft boosts from
+query hints."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
-from rag_lib.models import SearchHit
+import numpy as np
+
+from rag_lib.graph.extract import STRUCTURAL
+from rag_lib.models import SearchFilters, SearchHit
 
 
 @dataclass
@@ -48,3 +53,27 @@ def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], facto
             bonus += factor / 2
         hit.score = min(1.0, hit.score * (1.0 + bonus))  # only raises: min_similarity still holds
     return sorted(hits, key=lambda h: -h.score)
+
+
+def graph_candidates(store, vector: np.ndarray, space: str, filters: SearchFilters, ranked: list[SearchHit],
+                     opts) -> Candidates | None:
+    """The graph's ranked list: documents linked to, or sharing graph nodes (entities, tickers) with,
+    the first pass's top `opts.graph_seeds` documents, most connected first, each shown by its chunk
+    nearest the query. None when the first pass's collection is unknown or nothing is related."""
+    seeds: list[str] = []
+    for hit in ranked:
+        if hit.path not in seeds:
+            seeds.append(hit.path)
+            if len(seeds) >= opts.graph_seeds:
+                break
+    collection = filters.collection or (ranked[0].collection if ranked else None)
+    if not seeds or not collection:
+        return None
+    related = store.graph_related_paths(collection, seeds, STRUCTURAL, opts.graph_candidates)
+    if not related:
+        return None
+    best = store.graph_best_chunks(vector, space, dataclasses.replace(filters, collection=collection),
+                                   [p for p, _ in related])
+    weight = dict(related)
+    hits = sorted(best.values(), key=lambda h: (-weight[h.path], -h.score, h.chunk_id))
+    return Candidates("graph", hits, opts.graph_weight) if hits else None

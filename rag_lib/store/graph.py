@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import psycopg
+from psycopg import sql
 
-from rag_lib.models import Document, DocumentGraph
+from rag_lib.models import Document, DocumentGraph, SearchFilters, SearchHit
+from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
 
 MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
 MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
@@ -211,6 +214,23 @@ class GraphStore:
             ).fetchall()
         return [(p, int(n)) for p, n in rows]
 
+    def graph_best_chunks(self, vector: np.ndarray, space: str, filters: SearchFilters,
+                          paths: Sequence[str]) -> dict[str, SearchHit]:
+        """path → the chunk of that document nearest to `vector` (exact, the filters honoured): how a
+        document the graph brings in is shown in a ranked list."""
+        if not paths:
+            return {}
+        where, params = _filter_sql(filters)
+        query = sql.SQL(
+            "SELECT DISTINCT ON (c.path) {cols}, v.embedding <=> %s::vector AS distance"
+            " FROM rag_chunks c JOIN rag_chunk_vectors v USING (chunk_id)"
+            " WHERE v.space = %s AND c.path = ANY(%s) AND {where} ORDER BY c.path, distance, c.chunk_id"
+        ).format(cols=HIT_COLUMNS, where=where)
+        with self.db.connection() as conn:
+            cur = conn.execute(query, [vector, space, list(paths), *params])
+            rows = _dicts(cur)
+        return {r["path"]: hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows}
+
     # ---- checks and export ---------------------------------------------------------------
 
     def graph_counts(self, collection: str | None = None) -> dict[str, Any]:
@@ -263,6 +283,46 @@ class GraphStore:
                      AND predicate <> 'has_entity'
                    ORDER BY path, id LIMIT %(l)s""", {"c": collection, "l": limit})
             return _dicts(cur)
+
+    def graph_file_reports(self, collection: str, paths: Sequence[str], sample: int = 5) -> dict[str, dict[str, Any]]:
+        """Per document path: its nodes by kind, edges by predicate, dangling `_links` and a few
+        triples (its `_graph` ones first), for many documents in four queries."""
+        paths = list(paths)
+        out: dict[str, dict[str, Any]] = {p: {"nodes_by_kind": {}, "edges_by_predicate": {}, "dangling": [],
+                                               "sample": []} for p in paths}
+        if not paths:
+            return out
+        params = {"c": collection, "p": paths, "n": sample}
+        with self.db.connection() as conn:
+            for path, pred, n in conn.execute(
+                    """SELECT path, predicate, count(*) FROM rag_graph_edges WHERE collection = %(c)s
+                       AND path = ANY(%(p)s) GROUP BY 1, 2 ORDER BY 1, 2""", params).fetchall():
+                out[path]["edges_by_predicate"][pred] = int(n)
+            for path, kind, n in conn.execute(
+                    """SELECT x.path, n.kind, count(DISTINCT n.key) FROM (
+                           SELECT path, src AS key FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)
+                           UNION SELECT path, dst FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)) x
+                       JOIN rag_graph_nodes n ON n.collection = %(c)s AND n.key = x.key
+                       GROUP BY 1, 2 ORDER BY 1, 2""", params).fetchall():
+                out[path]["nodes_by_kind"][kind] = int(n)
+            for path, role, target in conn.execute(
+                    """SELECT e.path, e.role, substr(e.dst, 5) FROM rag_graph_edges e
+                       WHERE e.collection = %(c)s AND e.path = ANY(%(p)s) AND e.predicate = 'links_to'
+                         AND e.dst LIKE 'doc:%%'
+                         AND NOT EXISTS (SELECT 1 FROM rag_documents d
+                                         WHERE d.collection = e.collection AND d.path = substr(e.dst, 5))
+                       ORDER BY 1, 3""", params).fetchall():
+                out[path]["dangling"].append({"role": role, "target": target})
+            cur = conn.execute(
+                """SELECT path, src, predicate, dst, section FROM (
+                       SELECT path, src, predicate, dst, section, row_number() OVER (
+                           PARTITION BY path ORDER BY section <> '_graph', id) AS r
+                       FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)
+                         AND predicate NOT IN ('has_entity', 'has_type', 'dated')) s
+                   WHERE r <= %(n)s ORDER BY path, r""", params)
+            for row in _dicts(cur):
+                out[row.pop("path")]["sample"].append(row)
+        return out
 
     def graph_export_rows(self, collection: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(nodes, edges) of a collection, for export."""
