@@ -5,7 +5,7 @@ and on, for a small grid of graph weights and seed counts. Prints ONE JSON line.
 The shared corpus is ingested once into a reusable benchmark database (collection `default`, root
 shared/corpus, so unit ids match the qrels); later runs only search.
 
-    nice -n 19 .venv/bin/python benchmarks/graph_fusion.py [--weights 0.25,0.5,1.0] [--seeds 3,5]
+    nice -n 19 .venv/bin/python benchmarks/graph_fusion.py [--weights 0.15,0.25,0.35] [--seeds 5,10]
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def per_type(report, types: dict[str, str]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--weights", default="0.25,0.5,1.0")
-    ap.add_argument("--seeds", default="3,5")
+    ap.add_argument("--weights", default="0.15,0.25,0.35")
+    ap.add_argument("--seeds", default="5,10")
     ap.add_argument("--candidates", type=int, default=20)
     args = ap.parse_args()
     url, work = bench_database("graph_fusion")

@@ -325,3 +325,32 @@ def test_documents_without_parsed_body_reread_their_source_for_the_graph(corpus_
     assert ("trd-2025-001", "traded", "ticker:NVDA") in document_graph(bare).triples()
     (root / TRADE).write_text((root / TRADE).read_text() + "\n# edited\n")  # content no longer what was chunked
     assert not any(e.section == "_graph" for e in document_graph(bare).edges)
+
+
+def test_graph_fusion_lifts_linked_documents_in_hybrid_search(corpus_kb):
+    from rag_lib.models import SearchFilters
+    from rag_lib.search.fusion import graph_candidates
+
+    query = "NVDA trade exit and what the trader learned"
+    s = corpus_kb.settings.search
+    assert s.graph_fusion  # on by default: benchmarks/graph_fusion.py (tradegent-dev, per query type)
+    on = corpus_kb.search(query, mode="hybrid", top_k=50)
+    assert "graph" in on.timings_ms
+    s.graph_fusion = False
+    off = corpus_kb.search(query, mode="hybrid", top_k=50)
+    assert "graph" not in off.timings_ms
+    # the strategy the trade links to (`_links.strategy`) ranks higher with the graph's list
+    rank = lambda hits: next(i for i, h in enumerate(hits) if h.path == STRATEGY)  # noqa: E731
+    assert rank(on.hits) < rank(off.hits)
+
+    # the list itself: first-pass hits of documents linked to / sharing nodes with the top documents, in order
+    first = corpus_kb.search(query, mode="hybrid", top_k=300, group=False).hits
+    listed = graph_candidates(corpus_kb.store, SearchFilters(collection="default"), first, s)
+    seeds = list(dict.fromkeys(h.path for h in first))[: s.graph_seeds]
+    assert TRADE in seeds and listed.source == "graph" and listed.weight == s.graph_weight
+    paths = {h.path for h in listed.hits}
+    assert STRATEGY in paths and not paths & set(seeds)
+    assert [h.chunk_id for h in listed.hits] == [h.chunk_id for h in first if h.path in paths]
+    # queries naming no ticker or document type keep plain hybrid fusion
+    s.graph_fusion = True
+    assert "graph" not in corpus_kb.search("max log file size before rotation", mode="hybrid").timings_ms

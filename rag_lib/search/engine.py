@@ -33,9 +33,9 @@ class SearchOptions:
     hint_boost: float = 0.15
     routing: bool = True
     rerank_depth: int = 30
-    graph_fusion: bool = False
-    graph_weight: float = 0.5
-    graph_seeds: int = 5
+    graph_fusion: bool = True
+    graph_weight: float = 0.25
+    graph_seeds: int = 10
     graph_candidates: int = 20
 
     @classmethod
@@ -192,9 +192,11 @@ def search(
     else:
         ranked = rrf(lists, opts.rrf_k)
     ranked = boost(ranked, plan.tickers, plan.doc_types, opts.hint_boost)
-    if mode == "hybrid" and opts.graph_fusion and ranked:
+    # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
+    # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
+    if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
         t_g = time.perf_counter()
-        related = graph_candidates(store, vectors[0], space["space"], filters, ranked, opts)
+        related = graph_candidates(store, filters, ranked, opts)
         if related is not None:
             ranked = boost(rrf(lists + [related], opts.rrf_k), plan.tickers, plan.doc_types, opts.hint_boost)
         timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)

@@ -6,12 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import psycopg
-from psycopg import sql
 
-from rag_lib.models import Document, DocumentGraph, SearchFilters, SearchHit
-from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
+from rag_lib.models import Document, DocumentGraph
 
 MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
 MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
@@ -213,23 +210,6 @@ class GraphStore:
                 {"k": keys, "c": collection, "x": list(exclude), "l": limit},
             ).fetchall()
         return [(p, int(n)) for p, n in rows]
-
-    def graph_best_chunks(self, vector: np.ndarray, space: str, filters: SearchFilters,
-                          paths: Sequence[str]) -> dict[str, SearchHit]:
-        """path → the chunk of that document nearest to `vector` (exact, the filters honoured): how a
-        document the graph brings in is shown in a ranked list."""
-        if not paths:
-            return {}
-        where, params = _filter_sql(filters)
-        query = sql.SQL(
-            "SELECT DISTINCT ON (c.path) {cols}, v.embedding <=> %s::vector AS distance"
-            " FROM rag_chunks c JOIN rag_chunk_vectors v USING (chunk_id)"
-            " WHERE v.space = %s AND c.path = ANY(%s) AND {where} ORDER BY c.path, distance, c.chunk_id"
-        ).format(cols=HIT_COLUMNS, where=where)
-        with self.db.connection() as conn:
-            cur = conn.execute(query, [vector, space, list(paths), *params])
-            rows = _dicts(cur)
-        return {r["path"]: hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows}
 
     # ---- checks and export ---------------------------------------------------------------
 
