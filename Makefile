@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean test-external-pg
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# Also part of `make test`: ingest, search and a Dagster run against a standalone PostgreSQL under a
+# non-superuser role, PgBouncer (skipped without the `pgbouncer` package) and a streaming replica.
+test-external-pg: $(STAMP)
+	$(BIN)/pytest -q tests/test_external_pg.py
 
 clean:
 	rm -rf .rag

@@ -14,27 +14,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import psycopg  # noqa: E402
 
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
+from rag_lib.testing import create_database  # noqa: E402, F401  (the benchmarks import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 if not SHARED.is_dir():
     SHARED = Path(os.environ.get("RAG_SHARED", "/work/shared"))
-
-
-def create_database(admin: str, name: str, template: str | None = None) -> str:
-    """URL of database `name` on the server behind `admin`, created when missing (as a copy of
-    `template` when that exists)."""
-    with psycopg.connect(admin, autocommit=True) as conn:
-        exists = lambda db: conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone()  # noqa: E731
-        if exists(name) is None:
-            if template and exists(template):
-                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-            else:
-                conn.execute(f'CREATE DATABASE "{name}"')
-    return admin.replace("/postgres?", f"/{name}?", 1)
 
 
 def bench_database(name: str, work: Path | None = None, template: str | None = None) -> tuple[str, Path]:

@@ -13,9 +13,8 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import database_url  # noqa: E402
 from rag_lib.server.service import default_mode  # noqa: E402
 from rag_lib.store.connection import ensure_database  # noqa: E402
+from rag_lib.testing import start_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RAG_SHARED_CORPUS", REPO.parent / "shared" / "corpus"))
@@ -85,33 +85,6 @@ def summary(latencies: list[float]) -> dict:
             "p99_ms": pct(latencies, 99)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(url: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "RAG_DATABASE_URL": url, "RAG_API_KEYS": KEY}
-    rag = str(Path(sys.executable).with_name("rag"))
-    proc = subprocess.Popen([rag, "serve", "--port", str(port), "--log-level", "warning"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("server did not start")
-
-
 async def load(base: str, queries: list[str], mode: str, clients: int, seconds: float) -> dict:
     """`clients` concurrent loops, each sending one search at a time until the time is up."""
     latencies: list[float] = []
@@ -156,13 +129,15 @@ def main() -> None:
     queries = load_queries()
     # half before and half after the HTTP levels, so a shared machine's load swings hit both alike
     local_ms = in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
-    proc, base = start_server(url)
+    # the server's env keeps this process's settings (e.g. RAG_EMBEDDING__*) and adds the bench key
+    server = start_server(["serve", "--log-level", "warning"], {**os.environ, "RAG_DATABASE_URL": url,
+                          "RAG_API_KEYS": KEY}, Path(tempfile.mkdtemp(prefix="rag-api-bench-")) / "server.log")
+    base = server.url
     try:
         asyncio.run(load(base, queries, mode, 2, 3))  # warm-up: pool connections, JIT-free paths
         levels = [asyncio.run(load(base, queries, mode, int(n), args.seconds)) for n in args.levels.split(",")]
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        server.stop(timeout=20)
     local_ms += in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
     local = summary(local_ms)
     at8 = next((lv for lv in levels if lv["clients"] == 8), None)

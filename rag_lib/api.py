@@ -37,6 +37,16 @@ class KnowledgeBase:
         return Store(self.settings)
 
     @cached_property
+    def search_store(self) -> Store:
+        """Where searches read: a read-only store on `search.database_url` (a replica) when set, else
+        `store`. Writes, metrics included, always go to the primary."""
+        url = self.settings.search.database_url
+        if not url:
+            return self.store
+        self.store  # noqa: B018 - the primary opens (and migrates) first; the replica follows it
+        return Store(self.settings, read_url=url)
+
+    @cached_property
     def provider(self) -> EmbeddingProvider:
         return self._provider or get_provider(self.settings)
 
@@ -46,7 +56,7 @@ class KnowledgeBase:
 
     def search_context(self) -> tuple[Any, EmbeddingProvider]:
         """(store, provider) pinned to the active space for one search (safe across a re-embed switch)."""
-        return self.spaces.pinned(self.store)
+        return self.spaces.pinned(self.search_store)
 
     @cached_property
     def pipeline(self) -> Engine:
@@ -57,6 +67,9 @@ class KnowledgeBase:
         recorder = self.__dict__.pop("metrics", None)
         if recorder is not None:
             recorder.close()  # write queued records while the store is still open
+        search_store = self.__dict__.pop("search_store", None)
+        if search_store is not None and search_store is not self.__dict__.get("store"):
+            search_store.close()
         if "store" in self.__dict__:
             self.store.close()
             del self.__dict__["store"]
@@ -119,6 +132,15 @@ class KnowledgeBase:
         if not deleted:
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
         return deleted
+
+    def set_tags(self, path: str, tags: dict[str, Any], collection: str | None = None) -> int:
+        """Attach client tags to a document (seed 003's index `metadata`); they survive re-ingests and
+        filter searches (`tags=`). Returns how many documents were tagged (a JSONL file: its records)."""
+        return self.store.set_tags(self._collection(collection), path, tags)
+
+    def tags_of(self, paths: Sequence[str], collection: str | None = None) -> dict[str, dict[str, Any]]:
+        """Client tags by document path."""
+        return self.store.tags_of(self._collection(collection), paths)
 
     # ---- corpus roots (the folders the Dagster code location watches) ----------------------
 
@@ -193,6 +215,7 @@ class KnowledgeBase:
         path: str | None = None,
         group: bool = True,
         rerank: bool | None = None,
+        tags: dict[str, str | list[str]] | None = None,
     ) -> SearchResult:
         """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk).
         `rerank` (default: settings) reorders the head with the reranker; hits keep the fused `score`
@@ -201,7 +224,7 @@ class KnowledgeBase:
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
-            path=path, date_from=date_from, date_to=date_to,
+            path=path, date_from=date_from, date_to=date_to, tags=tags or None,
         )
         store, provider = self.search_context()
         reranked = self.rerank_enabled(rerank)
@@ -275,6 +298,10 @@ class KnowledgeBase:
         applied = self.store.recreate_schema()
         self.store.__dict__.pop("_term_statistics", None)
         self.store.__dict__.pop("_ticker_cache", None)
+        replica = self.__dict__.get("search_store")
+        if replica is not None:  # a replica's search caches describe the dropped data too
+            replica.__dict__.pop("_term_statistics", None)
+            replica.__dict__.pop("_ticker_cache", None)
         return applied
 
     def validate_database(self) -> dict[str, Any]:
@@ -328,7 +355,9 @@ class KnowledgeBase:
         cfg = self.settings.embedding
         self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
         self.provider.embed(["warm-up"])
-        return {"database": self.store.db.url, "space": self.provider.space}
+        from rag_lib.db import redacted_url
+
+        return {"database": redacted_url(self.store.db.url), "space": self.provider.space}
 
     def reindex(self) -> dict[str, Any]:
         """Rebuild the active space's HNSW index (records build time and parameters)."""

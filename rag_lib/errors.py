@@ -42,3 +42,10 @@ class NotFoundError(RagError):
 
 class ValidationError(RagError):
     code = "invalid_input"
+
+
+class AdminRequiredError(DatabaseError):
+    """The database role lacks something only an administrator can grant (an extension, a database,
+    a privilege); `str(err)` names the statement the admin must run."""
+
+    code = "admin_required"

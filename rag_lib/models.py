@@ -126,6 +126,7 @@ class SearchFilters:
     path: str | None = None
     date_from: dt.date | None = None
     date_to: dt.date | None = None
+    tags: dict[str, str | list[str]] | None = None  # client tags set at indexing (`/rag/index` metadata)
 
 
 @dataclass

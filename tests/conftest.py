@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,6 +17,7 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
+from rag_lib.testing import create_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CORPUS = REPO.parent / "shared" / "corpus"
@@ -39,10 +38,7 @@ def pg_server(tmp_path_factory) -> str:
 @pytest.fixture
 def database_url(pg_server: str) -> str:
     """A fresh, empty database for one test."""
-    name = "t_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return pg_server.replace("/postgres?", f"/{name}?", 1)
+    return create_database(pg_server)
 
 
 @pytest.fixture(scope="session")
@@ -91,9 +87,7 @@ def corpus_template(pg_server: str, provider: LocalProvider, tmp_path_factory) -
     (collection `default`, root = shared/corpus, so unit ids match the eval sets). Its embedding
     cache makes any later ingest of shared-corpus files free of model calls."""
     name = "corpus_template"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = pg_server.replace("/postgres?", f"/{name}?", 1)
+    url = create_database(pg_server, name)
     home = tmp_path_factory.mktemp("template_home")
     with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
         report = base.ingest([SHARED_CORPUS])
@@ -105,10 +99,7 @@ def corpus_template(pg_server: str, provider: LocalProvider, tmp_path_factory) -
 @pytest.fixture
 def corpus_db_url(pg_server: str, corpus_template: str) -> str:
     """A fresh database that already holds the whole shared corpus (copied from the template)."""
-    name = "t_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{corpus_template}"')
-    return pg_server.replace("/postgres?", f"/{name}?", 1)
+    return create_database(pg_server, template=corpus_template)
 
 
 @pytest.fixture

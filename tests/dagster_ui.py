@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from rag_lib.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -31,12 +32,6 @@ _META = """fragment Meta on MetadataEntry { label __typename
   ... on PathMetadataEntry { path } ... on UrlMetadataEntry { url } }"""
 
 _PYERR = "fragment Err on PythonError { message stack }"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metadata_dict(entries: list[dict[str, Any]]) -> dict[str, Any]:

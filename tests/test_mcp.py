@@ -6,13 +6,8 @@ paths. A stub chat server on 127.0.0.1 plays the query-expansion model."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,7 +18,8 @@ from mcp import Client, StdioServerParameters
 
 from conftest import SHARED_CORPUS
 
-RAG = str(Path(sys.executable).with_name("rag"))
+from rag_lib.testing import RAG, child_env, start_server
+
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
 SEED_FILE = "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml"  # seed 000's example path
 SEED_TOOLS = {"rag_embed", "rag_embed_text", "rag_search", "rag_similar", "rag_hybrid_context", "rag_status",
@@ -85,10 +81,8 @@ def server_env(db_url: str, tmp_path: Path, chat: ChatStub) -> dict[str, str]:
     seed_file = root / SEED_FILE
     seed_file.parent.mkdir(parents=True, exist_ok=True)
     seed_file.write_bytes((SHARED_CORPUS / NVDA).read_bytes())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATABASE_URL=db_url, RAG_HOME=str(tmp_path / ".rag"), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]),
-               RAG_SEARCH__EXPANSION_MODEL="stub-chat", RAG_SEARCH__EXPANSION_BASE_URL=chat.base_url,
+    env = child_env(db_url, tmp_path / ".rag", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]),
+                    RAG_SEARCH__EXPANSION_MODEL="stub-chat", RAG_SEARCH__EXPANSION_BASE_URL=chat.base_url,
                RAG_EVAL__JUDGE_MODEL="stub-judge", RAG_EVAL__JUDGE_BASE_URL=chat.base_url, OPENAI_API_KEY="stub-key")
     return env
 
@@ -251,23 +245,12 @@ def test_mcp_tools_over_streamable_http(corpus_db_url: str, tmp_path: Path, chat
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = {**server_env(corpus_db_url, tmp_path, chat_stub),
            "RAG_API_KEYS": "mcp-full-1", "RAG_API_READ_ONLY_KEYS": "mcp-read-1"}
-    proc = subprocess.Popen([RAG, "mcp", "--transport", "http", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/mcp"
+    server = start_server(["mcp", "--transport", "http"], env, tmp_path / "mcp.log", health=None)
+    url = f"{server.url}/mcp"
     try:
-        deadline = time.monotonic() + 240  # model import + load is slow on a busy 2-core box
-        while True:
-            try:
-                refused = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, "MCP HTTP server did not start"
-                time.sleep(0.3)
+        refused = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=30)
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
 
         async def run() -> None:
@@ -284,9 +267,4 @@ def test_mcp_tools_over_streamable_http(corpus_db_url: str, tmp_path: Path, chat
 
         anyio.run(run)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # an idle SSE stream can hold graceful shutdown open
-            proc.kill()
-            proc.wait()
+        server.stop(timeout=5)  # an idle SSE stream can hold graceful shutdown open: killed after 5 s

@@ -105,6 +105,30 @@ def test_search_returns_scored_units_with_filters(client: TestClient):
     assert client.post("/api/rag/search", json={"query": "momentum"}).json()["mode"] in ("hybrid", "semantic")
 
 
+def test_metrics_summary_counts_the_searches_it_served(client: TestClient):
+    def summary() -> dict:
+        r = client.get("/api/rag/metrics", params={"days": 1}, headers={"X-API-Key": READ})  # read-only is enough
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    before = summary()
+    found = client.post("/api/rag/search", json={"query": "NVDA guidance", "mode": "lexical", "top_k": 3}).json()
+    assert found["count"] > 0
+    empty = client.post("/api/rag/search", json={"query": "NVDA guidance", "mode": "lexical",
+                                                  "filters": {"ticker": "ZZZZ"}}).json()
+    assert empty["count"] == 0
+    after = summary()
+    assert after["searches"] == before["searches"] + 2
+    lexical_before = before["by_mode"].get("lexical", {}).get("searches", 0)
+    assert after["by_mode"]["lexical"]["searches"] == lexical_before + 2
+    assert after["by_mode"]["lexical"]["p95_ms"] >= after["by_mode"]["lexical"]["p50_ms"] > 0
+    zero = lambda m: round(m["zero_result_rate"] * m["searches"])  # noqa: E731
+    assert zero(after) == zero(before) + 1
+    assert set(after["embedding"]) >= {"calls", "failure_rate", "fallback_share", "p95_ms"}
+    assert client.get("/api/rag/metrics", params={"days": 0}).status_code == 422
+    assert client.get("/api/rag/metrics", headers={"X-API-Key": "wrong"}).status_code == 401
+
+
 def test_keys_required_and_compared(client: TestClient):
     body = {"query": "earnings"}
     missing = client.post("/api/rag/search", json=body, headers={"X-API-Key": ""})
@@ -423,8 +447,29 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     yaml_only = client.post("/rag/retrieve", json={"query": "backtesting splits", "top_k": 5,
                                                    "filters": {"source_type": ["yaml"]}}).json()["results"]
     assert yaml_only and all(h["source_path"].endswith((".yaml", ".yml")) for h in yaml_only)
-    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"category": "documentation"}})
-    assert unsupported.status_code == 422  # refused, not silently ignored
+    # seed 003's request as written: source types and the category given at indexing
+    r = client.post("/rag/retrieve", json={
+        "query": "How does backtesting prevent data leakage?", "top_k": 5, "similarity_threshold": 0.2,
+        "filters": {"source_type": ["markdown", "openapi"], "category": "documentation"}})
+    assert r.status_code == 200, r.text
+    documentation = r.json()["results"]
+    assert documentation and {h["source_path"] for h in documentation} == {"docs/ARCHITECTURE.md"}
+    assert documentation[0]["metadata"]["category"] == "documentation"
+    overview = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
+                                                  "filters": {"category": ["overview"]}}).json()["results"]
+    assert overview and {h["source_path"] for h in overview} == {"README.md"}
+    # tags are kept with the document: a forced re-index without metadata keeps them
+    assert client.post("/rag/index", json={"source_path": "README.md", "force": True}).json()["status"] == "indexed"
+    tagged = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
+                                                "filters": {"tags": {"category": "overview"}}}).json()["results"]
+    assert {h["source_path"] for h in tagged} == {"README.md"}
+    nothing = client.post("/rag/retrieve", json={"query": "backtesting", "filters": {"category": "nope"}})
+    assert nothing.status_code == 200 and nothing.json()["results"] == []
+    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"colour": "documentation"}})
+    assert unsupported.status_code == 422  # unknown filter keys are refused, not silently ignored
+
+    shown = client.get("/api/rag/sources/docs/ARCHITECTURE.md").json()
+    assert shown["tags"] == {"category": "documentation", "version": "1.0.0"} and "source_path" not in shown
 
     listing = client.get("/rag/sources").json()
     mine = {s["source_path"]: s for s in listing["sources"]}

@@ -4,64 +4,28 @@ a database that already holds the shared corpus."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from rag_lib.testing import RAG, child_env, free_port, start_server
+
 FULL = "proc-full-key-0b1c"
 READ = "proc-read-key-9d2e"
-RAG = str(Path(sys.executable).with_name("rag"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_env(db_url: str, home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATABASE_URL=db_url, RAG_HOME=str(home), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               **extra)
-    return env
 
 
 @pytest.fixture
 def server(corpus_db_url: str, tmp_path: Path):
-    port = free_port()
     root = tmp_path / "root"
     root.mkdir()
-    env = server_env(corpus_db_url, tmp_path / ".rag", RAG_API_KEYS=FULL, RAG_API_READ_ONLY_KEYS=READ,
-                     RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]), RAG_SERVER__MAX_BODY_BYTES="32768")
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([RAG, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240  # model import + load is slow on a busy 2-core box
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.3)
-    yield {"url": base, "root": root, "log": tmp_path / "server.log"}
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    env = child_env(corpus_db_url, tmp_path / ".rag", RAG_API_KEYS=FULL, RAG_API_READ_ONLY_KEYS=READ,
+                    RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]), RAG_SERVER__MAX_BODY_BYTES="32768")
+    proc = start_server(["serve"], env, tmp_path / "server.log")
+    yield {"url": proc.url, "root": root, "log": proc.log_path}
+    proc.stop()
 
 
 def test_real_server_end_to_end(server):
@@ -103,7 +67,7 @@ def test_real_server_end_to_end(server):
 
 
 def test_refuses_public_bind_without_keys(tmp_path: Path):
-    env = server_env("postgresql://nobody@127.0.0.1:1/none", tmp_path / ".rag")
+    env = child_env("postgresql://nobody@127.0.0.1:1/none", tmp_path / ".rag")
     done = subprocess.run([RAG, "serve", "--host", "0.0.0.0", "--port", str(free_port())], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1

@@ -6,7 +6,7 @@ import typer
 
 from rag_lib.cli.app import app, console, print_json
 from rag_lib.config import get_settings
-from rag_lib.db import server_status, stop_embedded
+from rag_lib.db import redacted_url, server_status, stop_embedded
 from rag_lib.store.connection import library_url
 
 db_app = typer.Typer(help="Manage the database server (embedded unless RAG_DATABASE_URL is set).", no_args_is_help=True)
@@ -20,7 +20,7 @@ def start() -> None:
 
     settings = get_settings()
     Store(settings).close()
-    console.print(f"database ready: {library_url(settings)}")
+    console.print(f"database ready: {redacted_url(library_url(settings))}")
 
 
 @db_app.command("stop")

@@ -41,7 +41,6 @@ from rag_lib.server.security import (
     PathNotAllowedError,
     Scope,
     key_from_headers,
-    only_documented,
 )
 
 log = logging.getLogger("rag_lib.server")
@@ -312,7 +311,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     @app.get("/api/rag/sources/{ref:path}", response_model=s.SourceDetail, dependencies=read, tags=["sources"])
     def source(ref: Ref, kb: KB, collection: Collection = None) -> dict[str, Any]:
         """One document with its sections (empty ones too) and chunk summaries."""
-        return only_documented(s.SourceDetail, kb.show(ref, collection))
+        return kb.show(ref, collection)
 
     @app.delete("/api/rag/sources/{ref:path}", response_model=s.DeleteResponse, dependencies=write,
                 tags=["sources"])

@@ -20,6 +20,8 @@ Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]
 Mode = Literal["semantic", "lexical", "hybrid"]
 
 _STR = dict(min_length=1, max_length=200)
+# a tag value given to `/rag/index` (`metadata`) and matched by `/rag/retrieve` (`filters`)
+TagValue = typing.Annotated[str, Field(max_length=200)] | int | float | bool | None
 
 
 class Request(BaseModel):
@@ -286,7 +288,9 @@ class StatusResponse(BaseModel):
 
 
 class SourceOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A document as clients see it; other columns (absolute source paths, fingerprints) are dropped
+    when a response is validated against this model."""
+
     collection: str
     path: str
     doc_id: str
@@ -309,6 +313,7 @@ class SourcesPage(BaseModel):
 
 
 class SourceDetail(SourceOut):
+    tags: dict[str, Any] = Field(default_factory=dict, description="Tags given at `/rag/index` (`metadata`).")
     sections: list[dict[str, Any]] = Field(default_factory=list)
     chunks: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -327,10 +332,11 @@ class IndexRequest(Request):
     source_type: str | None = Field(None, max_length=50, description="markdown | yaml | jsonl (informational; "
                                     "the format comes from the file).")
     source_path: str = Field(..., min_length=1, max_length=4096, description="A file inside a corpus root.")
-    metadata: dict[str, str | int | float | bool | None] = Field(
+    metadata: dict[str, TagValue] = Field(
         default_factory=dict, max_length=50,
-        description="Accepted for compatibility and returned as given; document metadata comes from the "
-        "file itself (YAML `_meta` / markdown front matter).")
+        description="Tags kept with the document (e.g. `{\"category\": \"documentation\"}`): they survive "
+        "re-ingests and `/rag/retrieve` filters on them. The document's own metadata comes from the file "
+        "(YAML `_meta` / markdown front matter).")
     collection: str | None = Field(None, **_STR)
     force: bool = False
 
@@ -352,11 +358,16 @@ class IndexResponse(BaseModel):
 
 
 class RetrieveFilters(Request):
-    """Seed 003's filters: `source_type` is the file format (markdown, yaml, jsonl); `doc_type` and
-    `ticker` as in `/api/rag/search`. Other metadata keys are refused (422), not ignored."""
+    """Seed 003's filters: `source_type` is the file format (markdown, yaml, jsonl); `category` and
+    `tags` match the tags given to `/rag/index` as `metadata`; `doc_type` and `ticker` as in
+    `/api/rag/search`. Other keys are refused (422), not ignored."""
 
     source_type: str | list[str] | None = Field(None, max_length=50, description="markdown | yaml | jsonl "
                                                 "(other formats match nothing).")
+    category: str | list[str] | None = Field(None, max_length=50, description="Tag `category` set at "
+                                             "`/rag/index` (a list: any of them).")
+    tags: dict[str, TagValue | list[TagValue]] | None = Field(
+        None, max_length=20, description="Tags set at `/rag/index`; every key must match (a list: any of its values).")
     doc_type: str | list[str] | None = Field(None, max_length=50)
     ticker: str | list[str] | None = Field(None, max_length=50)
 

@@ -267,10 +267,3 @@ class HostPolicy:
         origins = [f"{scheme}://{n}" for scheme in ("http", "https") for name in names for n in (name, f"{name}:*")]
         return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins + list(self.extra_origins))
-
-
-def only_documented(model: type, data: dict) -> dict:
-    """`data` restricted to the fields `model` (a pydantic model) documents: internal columns such as
-    absolute source paths and fingerprints never reach a client, even where a schema allows extras."""
-    fields = getattr(model, "model_fields", {})
-    return {k: v for k, v in data.items() if k in fields}

@@ -114,17 +114,6 @@ def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: st
     return result.to_dict()
 
 
-def hybrid_context(kb: KnowledgeBase, query: str, *, ticker: str | None = None, analysis_type: str | None = None,
-                   token_budget: int = 2000, collection: str | None = None) -> dict[str, Any]:
-    """Seed 001's `rag_hybrid_context`: classification + context for a ticker. Vector context for now
-    (the knowledge-graph half is not in the library yet); `strategy` says which was used."""
-    out = context(kb, query, token_budget=token_budget, collection=collection,
-                  filters={"ticker": ticker.upper() if ticker else None, "doc_type": analysis_type})
-    plan = classify_query(kb, query, collection)
-    return {**out, "ticker": ticker.upper() if ticker else None, "query_type": plan["query_type"],
-            "strategy": "vector", "graph": None}
-
-
 def similar(kb: KnowledgeBase, ref: str, *, top_k: int = 10, collection: str | None = None) -> dict[str, Any]:
     """Documents most similar to a stored unit / chunk / document."""
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
@@ -276,6 +265,8 @@ def index_source(kb: KnowledgeBase, source_path: str, *, metadata: dict[str, Any
     started = time.perf_counter()
     out = embed_path(kb, source_path, collection=collection, force=force)
     status = {"embedded": "indexed"}.get(out.get("status") or "", out.get("status") or "failed")
+    if metadata and status in ("indexed", "unchanged") and out["files"]:
+        kb.set_tags(out["files"][0]["path"], metadata, out["collection"])
     return {"source_id": out.get("doc_id"), "source_path": out["files"][0]["path"] if out["files"] else source_path,
             "chunks_created": out["chunks"] if status == "indexed" else 0,
             "tokens_processed": out["tokens_processed"], "duration_ms": round((time.perf_counter() - started) * 1000, 2),
@@ -288,6 +279,9 @@ def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_thresh
     filters = _clean(filters)
     formats = filters.pop("source_type", None)
     formats = {formats} if isinstance(formats, str) else set(formats or [])
+    tags = {**filters.pop("tags", {}), **({"category": filters.pop("category")} if "category" in filters else {})}
+    if tags:
+        filters["tags"] = tags
     depth = top_k if not formats else min(kb.settings.server.max_top_k, top_k * 5)
     found = search(kb, query, mode=mode or "semantic", filters=filters, top_k=depth,
                    min_similarity=similarity_threshold, collection=collection)
@@ -295,10 +289,11 @@ def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_thresh
     timings = found["timings_ms"]
     embed_ms = float(timings.get("embed", 0.0))
     total = status(kb, collection)["chunks"]
+    tagged = kb.tags_of([h["path"] for h in hits], collection) if hits else {}
     return {
         "results": [{"chunk_id": h["chunk_id"], "source_id": h["doc_id"], "source_path": h["path"],
                      "content": h["text"], "relevance_score": h["score"],
-                     "metadata": {**h["metadata"], "heading": h["section"], "section_path": h["section_path"].split(" > "),
+                     "metadata": {**h["metadata"], **tagged.get(h["path"], {}), "heading": h["section"], "section_path": h["section_path"].split(" > "),
                                   "unit_id": h["unit_id"], "doc_type": h["doc_type"], "ticker": h["ticker"]}}
                     for h in hits],
         "query_embedding_time_ms": round(embed_ms, 2),

@@ -23,9 +23,10 @@ class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, Sta
             LexicalStore, SimilarStore, RootStore, GraphStore, MetricsStore, SchemaStore):
     """Database access for one process: open once, share, `close()` at the end."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, read_url: str | None = None):
+        """`read_url`: a read-only store on that server (a replica for searches), never migrated."""
         self.settings = settings
-        self.db = Connections(settings)
+        self.db = Connections(settings, read_url=read_url)
 
     def close(self) -> None:
         self.db.close()

@@ -13,7 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
 from rag_lib.db import database_url
-from rag_lib.errors import DatabaseError
+from rag_lib.errors import AdminRequiredError, DatabaseError
 from rag_lib.log import get_logger
 
 log = get_logger(__name__)
@@ -21,6 +21,11 @@ log = get_logger(__name__)
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 MIGRATION_LOCK = 7_406_130_001  # advisory lock id: one migrator at a time across processes
 LIBRARY_DB = "rag"
+
+
+def like_escape(text: str) -> str:
+    """`text` with LIKE's wildcards and escape character escaped, to match it literally."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
@@ -34,28 +39,64 @@ def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:
 
 
 def apply_migrations(conn: psycopg.Connection, sql_dir: Path = SQL_DIR) -> list[str]:
-    """Apply each migration once (recorded in `rag_schema_migrations`) under an advisory lock."""
+    """Apply each migration once (recorded in `rag_schema_migrations`), each in its own transaction
+    under a transaction-level advisory lock: one migrator at a time across processes, and nothing
+    held on the session, which PgBouncer's transaction pooling would hand to another client."""
     applied_now: list[str] = []
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
-    try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS rag_schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {row[0] for row in conn.execute("SELECT version FROM rag_schema_migrations")}
-        for version, path in migration_files(sql_dir):
-            if version in done:
-                continue
-            with conn.transaction():
-                conn.execute(path.read_text())
-                conn.execute(
-                    "INSERT INTO rag_schema_migrations (version, name) VALUES (%s, %s)", (version, path.name)
-                )
-            applied_now.append(path.name)
-            log.info("applied migration %s", path.name)
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        # checked first: CREATE TABLE IF NOT EXISTS needs CREATE on the schema even when the table exists
+        if conn.execute("SELECT to_regclass('rag_schema_migrations')").fetchone()[0] is None:
+            conn.execute(
+                "CREATE TABLE rag_schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+    done = {row[0] for row in conn.execute("SELECT version FROM rag_schema_migrations")}
+    for version, path in migration_files(sql_dir):
+        if version in done:
+            continue
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            if conn.execute("SELECT 1 FROM rag_schema_migrations WHERE version = %s", (version,)).fetchone():
+                continue  # another process applied it while we waited for the lock
+            conn.execute(path.read_text())
+            conn.execute(
+                "INSERT INTO rag_schema_migrations (version, name) VALUES (%s, %s)", (version, path.name)
+            )
+        applied_now.append(path.name)
+        log.info("applied migration %s", path.name)
     return applied_now
+
+
+def check_vector_extension(conn: psycopg.Connection) -> None:
+    """Raise `AdminRequiredError` when pgvector is missing and this role cannot create it itself
+    (pgvector is not a trusted extension: only a superuser may run CREATE EXTENSION vector)."""
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+        return
+    db, user, superuser = conn.execute(
+        "SELECT current_database(), current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    available = conn.execute(
+        """SELECT v.trusted FROM pg_available_extensions a
+           JOIN pg_available_extension_versions v ON v.name = a.name AND v.version = a.default_version
+           WHERE a.name = 'vector'""").fetchone()
+    if available is None:
+        raise AdminRequiredError(
+            f"the pgvector extension is not installed on the server of database {db}: an administrator must "
+            f"install pgvector (e.g. package postgresql-NN-pgvector) and run `CREATE EXTENSION vector;` in {db}")
+    may_create = conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]
+    if superuser or (available[0] and may_create):
+        return  # migration 001 creates it
+    raise AdminRequiredError(
+        f"extension vector is missing in database {db} and role {user} is not allowed to create it: an "
+        f"administrator must connect to {db} as a superuser and run `CREATE EXTENSION vector;` once")
+
+
+def _privilege_error(conn: psycopg.Connection, exc: psycopg.Error) -> AdminRequiredError:
+    db, user = conn.execute("SELECT current_database(), current_user").fetchone()
+    return AdminRequiredError(
+        f"role {user} may not create the schema in database {db} ({str(exc).strip()}): an administrator must "
+        f"run `ALTER DATABASE {db} OWNER TO {user};` (or `GRANT CREATE ON SCHEMA public TO {user};`), "
+        f"or apply the migrations once as the owner")
 
 
 def library_url(settings: Settings) -> str:
@@ -68,27 +109,48 @@ def library_url(settings: Settings) -> str:
 
 
 def ensure_database(admin_url: str, name: str) -> None:
-    """Create database `name` if missing (a concurrent creator is fine)."""
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    """Create database `name` if missing (a concurrent creator is fine); a role that may not create
+    databases gets `AdminRequiredError` naming the statement an administrator must run."""
+    with psycopg.connect(admin_url, autocommit=True, prepare_threshold=None) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             try:
                 conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
             except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
                 pass
+            except psycopg.errors.InsufficientPrivilege as exc:
+                user = conn.execute("SELECT current_user").fetchone()[0]
+                raise AdminRequiredError(
+                    f"database {name} does not exist and role {user} may not create it: an administrator must run "
+                    f"`CREATE DATABASE {name} OWNER {user};` (or point DAGSTER_PG_URL at an existing database)"
+                ) from exc
 
 
 class Connections:
     """Owns the pool. Created once per process (or per test) and shared by every store method."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, read_url: str | None = None):
+        """The library's database (migrated on open); or, with `read_url`, a read-only pool on that
+        server (a replica: `search.database_url`), never migrated nor written."""
         self.settings = settings
+        self.read_only = read_url is not None
         try:
-            self.url = library_url(settings)
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                apply_migrations(conn)
+            if read_url is not None:
+                self.url = read_url
+                with psycopg.connect(self.url, autocommit=True, prepare_threshold=None) as conn:
+                    conn.execute("SELECT 1")
+            else:
+                self.url = library_url(settings)
+                # no prepared statements: a transaction-mode PgBouncer would hand them to other clients
+                with psycopg.connect(self.url, autocommit=True, prepare_threshold=None) as conn:
+                    check_vector_extension(conn)
+                    try:
+                        apply_migrations(conn)
+                    except psycopg.errors.InsufficientPrivilege as exc:
+                        raise _privilege_error(conn, exc) from exc
         except psycopg.OperationalError as exc:
-            raise DatabaseError(f"cannot connect to the database: {exc}".strip()) from exc
+            which = "the search database (search.database_url)" if read_url is not None else "the database"
+            raise DatabaseError(f"cannot connect to {which}: {exc}".strip()) from exc
         self.pool = ConnectionPool(
             self.url,
             min_size=1,
@@ -99,7 +161,7 @@ class Connections:
             # such plan turned a 1 ms index-only count into a 45 ms sequential scan.
             kwargs={"prepare_threshold": None},
             open=True,
-            name="rag_lib",
+            name="rag_lib_search" if self.read_only else "rag_lib",
         )
 
     @contextmanager

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from rag_lib.errors import DatabaseError, DimensionMismatchError, NotFoundError
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
+from rag_lib.store.connection import like_escape
 
 
 def _lock_key(collection: str, path: str) -> str:
@@ -63,16 +64,21 @@ class DocumentStore:
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)
             )
             old_nodes = self._graph_keys(conn, doc.collection, [doc.path])
-            conn.execute("DELETE FROM rag_documents WHERE collection = %s AND path = %s", (doc.collection, doc.path))
+            # Client tags are not in the file: the new version keeps the old one's.
+            kept = conn.execute(
+                "DELETE FROM rag_documents WHERE collection = %s AND path = %s RETURNING tags",
+                (doc.collection, doc.path),
+            ).fetchone()
             conn.execute(
                 """INSERT INTO rag_documents (collection, path, doc_id, doc_type, title, ticker, doc_date, version,
                        format, content_hash, fingerprint, source_path, size_bytes, metadata, section_count,
-                       chunk_count, token_count)
-                   VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
+                       chunk_count, token_count, tags)
+                   VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)""",
                 (
                     doc.collection, doc.path, doc.doc_id, doc.doc_type, doc.title, doc.ticker, doc.doc_date,
                     doc.version, doc.format, doc.content_hash, fingerprint, doc.source_path, doc.size_bytes,
                     Jsonb(doc.metadata), len(sections), len(chunks), sum(c.token_count for c in chunks),
+                    Jsonb(kept[0] if kept else {}),
                 ),
             )
             with conn.cursor() as cur:
@@ -104,6 +110,26 @@ class DocumentStore:
                 self._graph_write(conn, doc, graph)
             self._graph_drop_orphans(conn, doc.collection, old_nodes)
             conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (doc.collection, doc.path))
+
+    def set_tags(self, collection: str, path: str, tags: dict[str, Any]) -> int:
+        """Replace the client tags of a document (a JSONL file: of each of its records); returns how
+        many documents were tagged."""
+        pattern = like_escape(path) + "#%"
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                "UPDATE rag_documents SET tags = %s WHERE collection = %s AND (path = %s OR path LIKE %s)",
+                (Jsonb(tags), collection, path, pattern),
+            )
+            return cur.rowcount
+
+    def tags_of(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Client tags by document path (documents without tags are left out)."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT path, tags FROM rag_documents WHERE collection = %s AND path = ANY(%s) AND tags <> '{}'",
+                (collection, list(paths)),
+            ).fetchall()
+        return {path: tags for path, tags in rows}
 
     def record_skip(self, skipped: Skipped) -> None:
         """Remember why an input was skipped; the live version of the document (if any) stays."""

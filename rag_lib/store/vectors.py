@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from rag_lib.errors import DimensionMismatchError
 from rag_lib.models import SearchFilters, SearchHit
+from rag_lib.store.connection import like_escape
 
 
 def index_name(space: str) -> str:
@@ -44,13 +46,19 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
         params.append(filters.section)
     if filters.path:
         parts.append(col("path") + sql.SQL(" LIKE %s"))
-        params.append(filters.path.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        params.append(like_escape(filters.path) + "%")
     if filters.date_from:
         parts.append(col("doc_date") + sql.SQL(" >= %s"))
         params.append(filters.date_from)
     if filters.date_to:
         parts.append(col("doc_date") + sql.SQL(" <= %s"))
         params.append(filters.date_to)
+    for key, value in (filters.tags or {}).items():
+        # a document matches when its tag equals the value (a list: any of them)
+        parts.append(sql.SQL(
+            "EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = {a}.collection AND d.path = {a}.path"
+            " AND d.tags @> ANY(%s::jsonb[]))").format(a=sql.Identifier(alias)))
+        params.append([Jsonb({key: v}) for v in (value if isinstance(value, list) else [value])])
     if not parts:
         return sql.SQL("TRUE"), params
     return sql.SQL(" AND ").join(parts), params

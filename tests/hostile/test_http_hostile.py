@@ -5,30 +5,19 @@ good documents stay searchable and nothing else in the database changes."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import statistics
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from rag_lib.testing import ServerProcess, child_env, create_database, start_server
+
 FULL = "hostile-full-key-7a1"
 READ = "hostile-read-key-3c9"
-RAG = str(Path(sys.executable).with_name("rag"))
 GOOD = "# Good desk note\n\n## Thesis\n\nZirconium refiners gain from the new reactor build-out.\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alias_bomb(levels: int) -> str:
@@ -38,46 +27,10 @@ def alias_bomb(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fresh_db(pg_server: str) -> str:
-    """An empty database of its own (the cases need only the documents they ingest)."""
-    name = "t_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return pg_server.replace("/postgres?", f"/{name}?", 1)
-
-
-def start_server(db_url: str, home: Path, keys: bool, **extra: str) -> tuple[subprocess.Popen, str, Path]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATABASE_URL=db_url, RAG_HOME=str(home), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               **extra)
-    if keys:
-        env.update(RAG_API_KEYS=FULL, RAG_API_READ_ONLY_KEYS=READ)
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "server.log"
-    proc = subprocess.Popen([RAG, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 480  # model load on a busy shared 2-core machine
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base, log_path
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {log_path.read_text()[-2000:]}")
-        time.sleep(0.3)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def serve(db_url: str, home: Path, keys: bool, **extra: str) -> ServerProcess:
+    """`rag serve` on 127.0.0.1 over `db_url`, with the test keys or in loopback mode (no keys)."""
+    env = child_env(db_url, home, **({"RAG_API_KEYS": FULL, "RAG_API_READ_ONLY_KEYS": READ} if keys else {}), **extra)
+    return start_server(["serve"], env, home / "server.log")
 
 
 def db_state(url: str) -> dict[str, list[tuple]]:
@@ -98,13 +51,14 @@ def keyed(pg_server: str, tmp_path_factory):
     root = tmp / "root"
     root.mkdir()
     (root / "good.md").write_text(GOOD)
-    url = fresh_db(pg_server)
-    proc, base, log = start_server(url, tmp / ".rag", keys=True, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
-    client = httpx.Client(base_url=base, timeout=120, headers={"X-API-Key": FULL})
+    url = create_database(pg_server)
+    server = serve(url, tmp / ".rag", keys=True, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
+    client = httpx.Client(base_url=server.url, timeout=120, headers={"X-API-Key": FULL})
     assert client.post("/api/rag/embed", json={"path": "good.md"}).json()["new"] == 1
-    yield {"c": client, "url": base, "db": url, "root": root, "home": tmp / ".rag", "log": log, "proc": proc}
+    yield {"c": client, "url": server.url, "db": url, "root": root, "home": tmp / ".rag", "log": server.log_path,
+           "proc": server.proc}
     client.close()
-    stop(proc)
+    server.stop()
 
 
 class HealthProbe:
@@ -141,14 +95,16 @@ class HealthProbe:
 
 
 def assert_responsive(server: dict, probe: HealthProbe) -> None:
-    """`/health` answered every probe during the case, typically (median) within 100 ms and never
-    frozen (the old failures were seconds to minutes, or a dead process; single probes on the
-    shared, overloaded 2-core test machine can take longer), and answers within 100 ms after it."""
+    """`/health` answered every probe during the case, 95% of them within 100 ms and none frozen
+    (the old failures were seconds to minutes, or a dead process; measured at load 8-12 on the
+    shared 2-core machine: p95 12-31 ms, worst single probe 102 ms), and every probe after it
+    within 100 ms."""
     assert not probe.failures, probe.failures
     assert server["proc"].poll() is None, "the server process died"
     if probe.latencies:
         lat = sorted(probe.latencies)
-        assert statistics.median(lat) < 100 and lat[-1] < 2000, (statistics.median(lat), lat[-5:])
+        p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))]
+        assert p95 < 100 and lat[-1] < 500, (p95, lat[-5:])
     after = []
     with httpx.Client(base_url=server["url"], timeout=5) as c:  # one client: time the server, not TLS/client setup
         c.get("/health")
@@ -156,7 +112,7 @@ def assert_responsive(server: dict, probe: HealthProbe) -> None:
             t0 = time.perf_counter()
             assert c.get("/health").status_code == 200
             after.append((time.perf_counter() - t0) * 1000)
-    assert statistics.median(after) < 100, after
+    assert max(after) < 100, after
 
 
 def good_still_found(c: httpx.Client) -> None:
@@ -433,11 +389,10 @@ def test_every_500_carries_its_request_id_and_no_detail(database_url: str, provi
 def loopback(pg_server: str, tmp_path_factory):
     """A server without keys (loopback mode) on 127.0.0.1."""
     tmp = tmp_path_factory.mktemp("hostile_loopback")
-    url = fresh_db(pg_server)
-    proc, base, log = start_server(url, tmp / ".rag", keys=False,
-                                   RAG_SERVER__ALLOWED_ORIGINS=json.dumps(["https://desk.example"]))
-    yield {"url": base, "proc": proc}
-    stop(proc)
+    server = serve(create_database(pg_server), tmp / ".rag", keys=False,
+                   RAG_SERVER__ALLOWED_ORIGINS=json.dumps(["https://desk.example"]))
+    yield {"url": server.url, "proc": server.proc}
+    server.stop()
 
 
 def test_loopback_mode_refuses_foreign_host_and_origin(loopback):

@@ -5,11 +5,6 @@ bombs never take the server down, and loopback mode refuses DNS-rebinding Host/O
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -17,7 +12,8 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-RAG = str(Path(sys.executable).with_name("rag"))
+from rag_lib.testing import RAG, child_env, start_server
+
 GOOD = "# Good\n\n## Thesis\n\nZirconium refiners gain from the new reactor build-out.\n"
 
 
@@ -25,10 +21,7 @@ def env_for(db_url: str, tmp_path: Path) -> dict[str, str]:
     root = tmp_path / "root"
     root.mkdir(exist_ok=True)
     (root / "good.md").write_text(GOOD)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(RAG_DATABASE_URL=db_url, RAG_HOME=str(tmp_path / ".rag"), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
-    return env
+    return child_env(db_url, tmp_path / ".rag", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
 
 
 def payload(result) -> dict:
@@ -100,12 +93,6 @@ def test_mcp_stdio_hostile_inputs(database_url: str, tmp_path: Path):
     anyio.run(run)
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(600)
 def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(database_url: str, tmp_path: Path):
     """`rag mcp --transport http` on 127.0.0.2 without keys: a foreign Host or Origin is refused (the
@@ -114,23 +101,14 @@ def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(database
     from mcp.client.streamable_http import streamable_http_client
 
     host = "127.0.0.2"
-    port = free_port(host)
-    proc = subprocess.Popen([RAG, "mcp", "--transport", "http", "--host", host, "--port", str(port)],
-                            env=env_for(database_url, tmp_path), stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "mcp.log", "w"))
-    url = f"http://{host}:{port}/mcp"
+    server = start_server(["mcp", "--transport", "http"], env_for(database_url, tmp_path), tmp_path / "mcp.log",
+                          host=host, health=None)
+    port, proc = server.url.rsplit(":", 1)[1], server.proc
+    url = f"{server.url}/mcp"
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     accept = {"Accept": "application/json, text/event-stream"}
     try:
-        deadline = time.monotonic() + 480  # model load on a busy shared 2-core machine
-        while True:
-            try:
-                httpx.get(f"http://{host}:{port}/", timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "mcp.log").read_text()[-2000:]
-                time.sleep(0.3)
         for bad_host in ("evil.example", f"evil.example:{port}", f"127.0.0.2.nip.io:{port}"):
             r = httpx.post(url, json=init, headers={**accept, "Host": bad_host}, timeout=30)
             assert r.status_code == 421, (bad_host, r.status_code, r.text)
@@ -148,9 +126,4 @@ def test_mcp_http_loopback_refuses_rebinding_and_survives_hostile_calls(database
         anyio.run(run)
         assert proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(timeout=5)

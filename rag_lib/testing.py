@@ -1,0 +1,102 @@
+"""Helpers for tests and benchmarks: a scratch database, a free loopback port, a clean environment
+for a child `rag` process, and a `rag serve` / `rag mcp --transport http` child that is waited for
+and stopped."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psycopg
+
+RAG = str(Path(sys.executable).with_name("rag"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def create_database(admin_url: str, name: str | None = None, template: str | None = None) -> str:
+    """URL of database `name` (default: a new unique `t_<hex>`) on the server behind `admin_url`,
+    created when missing, as a copy of `template` when that exists."""
+    name = name or "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = lambda db: conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone()  # noqa: E731
+        if exists(name) is None:
+            if template and exists(template):
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            else:
+                conn.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.replace("/postgres?", f"/{name}?", 1)
+
+
+def child_env(database_url: str, home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without any `RAG_*` setting, pointed at `database_url` and `home`,
+    offline, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(RAG_DATABASE_URL=database_url, RAG_HOME=str(home), HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """A running `rag` server child; `url` is its base URL."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+    _log: IO[str] = field(repr=False)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 15) -> None:
+        """Terminate, then kill if it does not exit within `timeout` seconds."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def start_server(args: Sequence[str], env: dict[str, str], log_path: Path, *, host: str = "127.0.0.1",
+                 port: int | None = None, health: str | None = "/health", timeout: float = 480) -> ServerProcess:
+    """Run `rag <args> --host <host> --port <port>` and wait until `health` answers 200 (`None`: until
+    any HTTP answer, for `rag mcp`). The wait is long: importing and loading the model on a busy
+    2-core machine takes minutes. Raises RuntimeError with the log's tail if it dies or never answers."""
+    port = port or free_port(host)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([RAG, *args, "--host", host, "--port", str(port)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    server = ServerProcess(proc, f"http://{host}:{port}", log_path, log)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(server.url + (health or "/"), timeout=2)
+            if health is None or r.status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        if not server.alive() or time.monotonic() > deadline:
+            server.stop(timeout=5)
+            raise RuntimeError(f"`rag {' '.join(args)}` did not start: {server.log_tail()}")
+        time.sleep(0.3)
