@@ -1,5 +1,5 @@
 """The code location loads: `dagster definitions validate` on workspace.yaml, and a webserver on
-the workspace serves the asset graph (six assets, their lineage) over GraphQL."""
+the workspace serves the asset graph (seven assets, their lineage) over GraphQL."""
 
 from __future__ import annotations
 
