@@ -220,41 +220,20 @@ def test_graph_checks_fail_on_planted_dangling_link_orphan_and_stale_edge(kb, co
     assert kb.graph_checks()[2].passed
 
 
-def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, capsys, tmp_path):
+def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
     import json
-    import sys
 
     import anyio
     from fastapi.testclient import TestClient
     from mcp import Client
 
-    import rag_lib.api
-    from rag_lib.cli import main
-    from rag_lib.config import get_settings
     from rag_lib.mcp_server import create_mcp
     from rag_lib.server import create_app
     from rag_lib.server.security import KeyRing
 
     assert kb.ingest([corpus_copy(TRADE, EARNINGS, LEARNING, AMD)]).count("failed") == 0
 
-    # CLI, in process against the same database
-    monkeypatch.setenv("RAG_DATABASE_URL", kb.settings.database_url)
-    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag-cli"))
-    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: kb.provider)
-    get_settings.cache_clear()
-
-    def rag(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["rag", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    from rag_lib.cli.app import STATE
-    STATE["kb"] = None
+    # CLI, in process against the same database (the `rag` fixture uses this test's database)
     code, out, _ = rag("graph", "loss-aversion", "--depth", "2", "--json")
     assert code == 0
     data = json.loads(out)
@@ -276,9 +255,6 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, ca
     assert code == 0
     ctx = json.loads(out)
     assert ctx["route"] == "graph-first" and ctx["tokens"] <= 400 and ctx["hits"]
-    STATE["kb"].close() if STATE["kb"] else None
-    STATE["kb"] = None
-    get_settings.cache_clear()
 
     # HTTP
     app = create_app(kb.settings, kb=kb, keys=KeyRing())
