@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The ingest runs through Dagster on the Postgres-backed instance (one run, all six assets and
+# The ingest runs through Dagster on the Postgres-backed instance (one run, all seven assets and
 # their checks); `rag dev` afterwards shows the run, checks and lineage in the UI.
 demo: $(STAMP)
 	$(BIN)/rag materialize examples/corpus

@@ -4,14 +4,16 @@ from dagster import Definitions
 
 from pipelines.assets import ASSETS
 from pipelines.checks import CHECKS
+from pipelines.graph_assets import GRAPH_ASSETS
+from pipelines.graph_checks import GRAPH_CHECKS
 from pipelines.jobs import index_maintenance_job, ingest_job, reembed_job
 from pipelines.resources import RagResource
 from pipelines.schedules import index_maintenance_schedule, nightly_reconcile, reembed_schedule
 from pipelines.sensors import corpus_sensor, record_run_failures
 
 defs = Definitions(
-    assets=ASSETS,
-    asset_checks=CHECKS,
+    assets=ASSETS + GRAPH_ASSETS,
+    asset_checks=CHECKS + GRAPH_CHECKS,
     jobs=[ingest_job, reembed_job, index_maintenance_job],
     sensors=[corpus_sensor, record_run_failures],
     schedules=[nightly_reconcile, reembed_schedule, index_maintenance_schedule],

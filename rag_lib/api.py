@@ -514,6 +514,19 @@ class KnowledgeBase:
 
         return graph_checks(self.store, collection)
 
+    def graph_check(self, name: str, collection: str | None = None) -> Any:
+        """One graph check by name (`rag_lib.graph.checks.GRAPH_CHECKS`): dangling_links, orphan_nodes,
+        stale_edges or counts; a `QualityResult`."""
+        from rag_lib.graph.checks import GRAPH_CHECKS
+
+        if name not in GRAPH_CHECKS:
+            raise ValidationError(f"unknown graph check '{name}'; use one of {', '.join(GRAPH_CHECKS)}")
+        return GRAPH_CHECKS[name](self.store, collection)
+
+    def graph_file_reports(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Per document: its graph nodes by kind, edges by predicate, dangling `_links`, a few triples."""
+        return self.store.graph_file_reports(collection, paths)
+
     def status(self, collection: str | None = None) -> dict[str, Any]:
         counts = self.store.status_counts(collection)
         space = self.store.active_space()

@@ -220,41 +220,20 @@ def test_graph_checks_fail_on_planted_dangling_link_orphan_and_stale_edge(kb, co
     assert kb.graph_checks()[2].passed
 
 
-def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, capsys, tmp_path):
+def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
     import json
-    import sys
 
     import anyio
     from fastapi.testclient import TestClient
     from mcp import Client
 
-    import rag_lib.api
-    from rag_lib.cli import main
-    from rag_lib.config import get_settings
     from rag_lib.mcp_server import create_mcp
     from rag_lib.server import create_app
     from rag_lib.server.security import KeyRing
 
     assert kb.ingest([corpus_copy(TRADE, EARNINGS, LEARNING, AMD)]).count("failed") == 0
 
-    # CLI, in process against the same database
-    monkeypatch.setenv("RAG_DATABASE_URL", kb.settings.database_url)
-    monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag-cli"))
-    monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: kb.provider)
-    get_settings.cache_clear()
-
-    def rag(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["rag", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    from rag_lib.cli.app import STATE
-    STATE["kb"] = None
+    # CLI, in process against the same database (the `rag` fixture uses this test's database)
     code, out, _ = rag("graph", "loss-aversion", "--depth", "2", "--json")
     assert code == 0
     data = json.loads(out)
@@ -276,9 +255,6 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, monkeypatch, ca
     assert code == 0
     ctx = json.loads(out)
     assert ctx["route"] == "graph-first" and ctx["tokens"] <= 400 and ctx["hits"]
-    STATE["kb"].close() if STATE["kb"] else None
-    STATE["kb"] = None
-    get_settings.cache_clear()
 
     # HTTP
     app = create_app(kb.settings, kb=kb, keys=KeyRing())
@@ -325,3 +301,32 @@ def test_documents_without_parsed_body_reread_their_source_for_the_graph(corpus_
     assert ("trd-2025-001", "traded", "ticker:NVDA") in document_graph(bare).triples()
     (root / TRADE).write_text((root / TRADE).read_text() + "\n# edited\n")  # content no longer what was chunked
     assert not any(e.section == "_graph" for e in document_graph(bare).edges)
+
+
+def test_graph_fusion_lifts_linked_documents_in_hybrid_search(corpus_kb):
+    from rag_lib.models import SearchFilters
+    from rag_lib.search.fusion import graph_candidates
+
+    query = "NVDA trade exit and what the trader learned"
+    s = corpus_kb.settings.search
+    assert s.graph_fusion  # on by default: benchmarks/graph_fusion.py (tradegent-dev, per query type)
+    on = corpus_kb.search(query, mode="hybrid", top_k=50)
+    assert "graph" in on.timings_ms
+    s.graph_fusion = False
+    off = corpus_kb.search(query, mode="hybrid", top_k=50)
+    assert "graph" not in off.timings_ms
+    # the strategy the trade links to (`_links.strategy`) ranks higher with the graph's list
+    rank = lambda hits: next(i for i, h in enumerate(hits) if h.path == STRATEGY)  # noqa: E731
+    assert rank(on.hits) < rank(off.hits)
+
+    # the list itself: first-pass hits of documents linked to / sharing nodes with the top documents, in order
+    first = corpus_kb.search(query, mode="hybrid", top_k=300, group=False).hits
+    listed = graph_candidates(corpus_kb.store, SearchFilters(collection="default"), first, s)
+    seeds = list(dict.fromkeys(h.path for h in first))[: s.graph_seeds]
+    assert TRADE in seeds and listed.source == "graph" and listed.weight == s.graph_weight
+    paths = {h.path for h in listed.hits}
+    assert STRATEGY in paths and not paths & set(seeds)
+    assert [h.chunk_id for h in listed.hits] == [h.chunk_id for h in first if h.path in paths]
+    # queries naming no ticker or document type keep plain hybrid fusion
+    s.graph_fusion = True
+    assert "graph" not in corpus_kb.search("max log file size before rotation", mode="hybrid").timings_ms

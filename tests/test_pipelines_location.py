@@ -1,5 +1,5 @@
 """The code location loads: `dagster definitions validate` on workspace.yaml, and a webserver on
-the workspace serves the asset graph (six assets, their lineage) over GraphQL."""
+the workspace serves the asset graph (seven assets, their lineage) over GraphQL."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def test_webserver_serves_asset_graph(tmp_path):
         "embeddings": {"chunks"},
         "vector_table": {"embeddings"},
         "hnsw_index": {"vector_table"},
+        "knowledge_graph": {"raw_documents", "vector_table"},
     }
     partitioned = {n["assetKey"]["path"][0] for n in nodes if n["isPartitioned"]}
     assert partitioned == set(graph) - {"hnsw_index"}

@@ -59,3 +59,7 @@ def graph_summary(store, collection: str | None = None) -> QualityResult:
 def graph_checks(store, collection: str | None = None) -> list[QualityResult]:
     return [check_dangling_links(store, collection), check_orphan_nodes(store, collection),
             check_stale_edges(store, collection), graph_summary(store, collection)]
+
+
+GRAPH_CHECKS = {"dangling_links": check_dangling_links, "orphan_nodes": check_orphan_nodes,
+                "stale_edges": check_stale_edges, "counts": graph_summary}

@@ -18,6 +18,8 @@ import yaml
 from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, iter_corpus_files, parse_yaml
 from rag_lib.models import Document, DocumentGraph, GraphEdge, GraphNode, Section
 
+# Bump when extraction changes what a document contributes (the Dagster asset's code version).
+GRAPH_VERSION = "1"
 GRAPH_SECTION = "_graph"
 LINKS_SECTION = "_links"
 META_SECTION = "_meta"

@@ -14,7 +14,7 @@ from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.search.classify import QueryPlan, classify
-from rag_lib.search.fusion import Candidates, boost, rrf
+from rag_lib.search.fusion import Candidates, boost, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -33,6 +33,10 @@ class SearchOptions:
     hint_boost: float = 0.15
     routing: bool = True
     rerank_depth: int = 30
+    graph_fusion: bool = True
+    graph_weight: float = 0.25
+    graph_seeds: int = 10
+    graph_candidates: int = 20
 
     @classmethod
     def from_settings(cls, settings) -> SearchOptions:
@@ -188,6 +192,14 @@ def search(
     else:
         ranked = rrf(lists, opts.rrf_k)
     ranked = boost(ranked, plan.tickers, plan.doc_types, opts.hint_boost)
+    # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
+    # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
+    if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
+        t_g = time.perf_counter()
+        related = graph_candidates(store, filters, ranked, opts)
+        if related is not None:
+            ranked = boost(rrf(lists + [related], opts.rrf_k), plan.tickers, plan.doc_types, opts.hint_boost)
+        timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)
     if reranker is not None and ranked:
         t_r = time.perf_counter()
         head = ranked[: opts.rerank_depth]

@@ -13,6 +13,41 @@ from rag_lib.models import Document, DocumentGraph
 MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
 MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
 
+# Edges reached within `depth` steps of `start`, either direction, never revisiting a node on a trail;
+# at most `fanout` edges out of one node per step and `rows` edges in all.
+_WALK_SQL = """
+WITH RECURSIVE walk(node, depth, trail, id, src, predicate, dst, path, section, role) AS (
+    SELECT %(start)s::text, 0, ARRAY[%(start)s::text], NULL::bigint,
+           NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text
+  UNION ALL
+    SELECT nxt.other, w.depth + 1, w.trail || nxt.other, nxt.id,
+           nxt.src, nxt.predicate, nxt.dst, nxt.path, nxt.section, nxt.role
+    FROM walk w
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT e.id, e.dst AS other, e.src, e.predicate, e.dst, e.path, e.section, e.role
+            FROM rag_graph_edges e
+            WHERE e.collection = %(c)s AND e.src = w.node
+              AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
+              AND NOT (e.predicate = ANY(%(excl)s))
+            UNION ALL
+            SELECT e.id, e.src, e.src, e.predicate, e.dst, e.path, e.section, e.role
+            FROM rag_graph_edges e
+            WHERE e.collection = %(c)s AND e.dst = w.node
+              AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
+              AND NOT (e.predicate = ANY(%(excl)s))
+        ) s LIMIT %(fanout)s
+    ) nxt
+    WHERE w.depth < %(depth)s AND NOT nxt.other = ANY(w.trail)
+),
+-- the edge's columns ride along the walk (read with the index lookups) rather than being fetched
+-- again by id afterwards: that second lookup was three quarters of a hub walk's buffer reads
+capped AS (SELECT * FROM walk WHERE id IS NOT NULL LIMIT %(rows)s)
+SELECT src, predicate, dst, path, section, role, depth FROM (
+    SELECT DISTINCT ON (id) src, predicate, dst, path, section, role, depth FROM capped ORDER BY id, depth) first_reach
+ORDER BY depth, predicate, src, dst
+"""
+
 
 class GraphStore:
     """Mixin: needs `self.db` (Connections). `_graph_*` helpers run on the caller's connection."""
@@ -95,37 +130,22 @@ class GraphStore:
     ) -> list[dict[str, Any]]:
         """Edges reached from `start` within `depth` steps (either direction), each with the depth at
         which it was first reached; cycle-safe (a walk never revisits a node) and capped."""
-        sql = """
-        WITH RECURSIVE walk(node, depth, trail, edge_id) AS (
-            SELECT %(start)s::text, 0, ARRAY[%(start)s::text], NULL::bigint
-          UNION ALL
-            SELECT nxt.other, w.depth + 1, w.trail || nxt.other, nxt.id
-            FROM walk w
-            CROSS JOIN LATERAL (
-                SELECT * FROM (
-                    SELECT e.id, e.dst AS other FROM rag_graph_edges e
-                    WHERE e.collection = %(c)s AND e.src = w.node
-                      AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
-                      AND NOT (e.predicate = ANY(%(excl)s))
-                    UNION ALL
-                    SELECT e.id, e.src FROM rag_graph_edges e
-                    WHERE e.collection = %(c)s AND e.dst = w.node
-                      AND (%(preds)s::text[] IS NULL OR e.predicate = ANY(%(preds)s))
-                      AND NOT (e.predicate = ANY(%(excl)s))
-                ) s LIMIT %(fanout)s
-            ) nxt
-            WHERE w.depth < %(depth)s AND NOT nxt.other = ANY(w.trail)
-        ),
-        capped AS (SELECT edge_id, depth FROM walk WHERE edge_id IS NOT NULL LIMIT %(rows)s)
-        SELECT e.src, e.predicate, e.dst, e.path, e.section, e.role, min(c.depth) AS depth
-        FROM capped c JOIN rag_graph_edges e ON e.id = c.edge_id
-        GROUP BY e.id ORDER BY depth, e.predicate, e.src, e.dst
-        """
-        params = {"start": start, "c": collection, "preds": list(predicates) if predicates else None,
-                  "excl": list(exclude), "depth": depth, "fanout": fanout, "rows": max_rows}
         with self.db.connection() as conn:
-            cur = conn.execute(sql, params)
+            cur = conn.execute(_WALK_SQL, self._walk_params(collection, start, depth, predicates, exclude, max_rows,
+                                                            fanout))
             return _dicts(cur)
+
+    def graph_walk_plan(self, collection: str, start: str, depth: int) -> list[str]:
+        """EXPLAIN (ANALYZE, BUFFERS) of `graph_walk` (benchmarks, tuning)."""
+        with self.db.connection() as conn:
+            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + _WALK_SQL,
+                                self._walk_params(collection, start, depth, None, (), MAX_ROWS, MAX_FANOUT)).fetchall()
+        return [r[0] for r in rows]
+
+    @staticmethod
+    def _walk_params(collection, start, depth, predicates, exclude, max_rows, fanout) -> dict[str, Any]:
+        return {"start": start, "c": collection, "preds": list(predicates) if predicates else None,
+                "excl": list(exclude), "depth": depth, "fanout": fanout, "rows": max_rows}
 
     def graph_path(self, collection: str, a: str, b: str, max_depth: int = 4,
                    exclude: Sequence[str] = (), fanout: int = 50) -> list[dict[str, Any]]:
@@ -263,6 +283,46 @@ class GraphStore:
                      AND predicate <> 'has_entity'
                    ORDER BY path, id LIMIT %(l)s""", {"c": collection, "l": limit})
             return _dicts(cur)
+
+    def graph_file_reports(self, collection: str, paths: Sequence[str], sample: int = 5) -> dict[str, dict[str, Any]]:
+        """Per document path: its nodes by kind, edges by predicate, dangling `_links` and a few
+        triples (its `_graph` ones first), for many documents in four queries."""
+        paths = list(paths)
+        out: dict[str, dict[str, Any]] = {p: {"nodes_by_kind": {}, "edges_by_predicate": {}, "dangling": [],
+                                               "sample": []} for p in paths}
+        if not paths:
+            return out
+        params = {"c": collection, "p": paths, "n": sample}
+        with self.db.connection() as conn:
+            for path, pred, n in conn.execute(
+                    """SELECT path, predicate, count(*) FROM rag_graph_edges WHERE collection = %(c)s
+                       AND path = ANY(%(p)s) GROUP BY 1, 2 ORDER BY 1, 2""", params).fetchall():
+                out[path]["edges_by_predicate"][pred] = int(n)
+            for path, kind, n in conn.execute(
+                    """SELECT x.path, n.kind, count(DISTINCT n.key) FROM (
+                           SELECT path, src AS key FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)
+                           UNION SELECT path, dst FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)) x
+                       JOIN rag_graph_nodes n ON n.collection = %(c)s AND n.key = x.key
+                       GROUP BY 1, 2 ORDER BY 1, 2""", params).fetchall():
+                out[path]["nodes_by_kind"][kind] = int(n)
+            for path, role, target in conn.execute(
+                    """SELECT e.path, e.role, substr(e.dst, 5) FROM rag_graph_edges e
+                       WHERE e.collection = %(c)s AND e.path = ANY(%(p)s) AND e.predicate = 'links_to'
+                         AND e.dst LIKE 'doc:%%'
+                         AND NOT EXISTS (SELECT 1 FROM rag_documents d
+                                         WHERE d.collection = e.collection AND d.path = substr(e.dst, 5))
+                       ORDER BY 1, 3""", params).fetchall():
+                out[path]["dangling"].append({"role": role, "target": target})
+            cur = conn.execute(
+                """SELECT path, src, predicate, dst, section FROM (
+                       SELECT path, src, predicate, dst, section, row_number() OVER (
+                           PARTITION BY path ORDER BY section <> '_graph', id) AS r
+                       FROM rag_graph_edges WHERE collection = %(c)s AND path = ANY(%(p)s)
+                         AND predicate NOT IN ('has_entity', 'has_type', 'dated')) s
+                   WHERE r <= %(n)s ORDER BY path, r""", params)
+            for row in _dicts(cur):
+                out[row.pop("path")]["sample"].append(row)
+        return out
 
     def graph_export_rows(self, collection: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(nodes, edges) of a collection, for export."""

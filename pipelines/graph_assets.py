@@ -1,0 +1,155 @@
+"""The `knowledge_graph` asset: per file partition, the graph its documents contributed. The graph
+is written by `vector_table` in the same transaction as the chunks (so graph and vectors never
+disagree); this asset reads it back from the store and reports it per file: node and edge counts
+per kind and predicate, dangling `_links`, a few triples. A file whose graph is the same as at its
+last materialization is `unchanged` and re-emits the same metadata."""
+
+
+import hashlib
+import json
+from collections import Counter
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    BackfillPolicy,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from rag_lib.errors import RagError
+from rag_lib.graph.extract import GRAPH_VERSION
+
+from pipelines.assets import GROUP, raw_documents, vector_table
+from pipelines.partitions import corpus_files
+from pipelines.resources import RagResource
+from pipelines.stage_runner import RAW, VECTORS, StageOutcome
+
+GRAPH = "knowledge_graph"
+SAMPLE_TRIPLES = 5
+
+
+def _merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One file's report from its documents' reports (a JSONL file holds many documents)."""
+    kinds: Counter[str] = Counter()
+    preds: Counter[str] = Counter()
+    dangling: list[dict[str, Any]] = []
+    sample: list[dict[str, Any]] = []
+    for r in reports:
+        kinds.update(r["nodes_by_kind"])
+        preds.update(r["edges_by_predicate"])
+        dangling += r["dangling"]
+        sample += r["sample"][: max(0, SAMPLE_TRIPLES - len(sample))]
+    return {"nodes_by_kind": dict(sorted(kinds.items())), "edges_by_predicate": dict(sorted(preds.items())),
+            "dangling": dangling, "sample": sample}
+
+
+def _digest(report: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def triples_table(rows: list[dict[str, Any]]) -> str:
+    """A few triples as a markdown table (pipes in names escaped so the table holds)."""
+    clean = lambda v: str(v).replace("|", "/").replace("\n", " ")  # noqa: E731
+    lines = ["| subject | predicate | object | section |", "|---|---|---|---|"]
+    lines += [f"| {clean(r['src'])} | {clean(r['predicate'])} | {clean(r['dst'])} | {clean(r['section'])} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def _metadata(outcome: StageOutcome) -> dict[str, Any]:
+    meta: dict[str, Any] = {"status": outcome.status}
+    m = outcome.metadata
+    if "nodes_by_kind" in m:
+        meta.update(
+            documents=m["documents"], nodes=sum(m["nodes_by_kind"].values()), edges=sum(m["edges_by_predicate"].values()),
+            nodes_by_kind=MetadataValue.json(m["nodes_by_kind"]),
+            edges_by_predicate=MetadataValue.json(m["edges_by_predicate"]),
+            dangling_links=len(m["dangling"]),
+            triples=MetadataValue.md(triples_table(m["sample"])))
+        if m["dangling"]:
+            meta["dangling"] = MetadataValue.json([f"{d['role']}: {d['target']}" for d in m["dangling"]][:50])
+    elif m.get("skip_reason"):
+        meta["skip_reason"] = m["skip_reason"]
+    if outcome.error:
+        meta["error"] = outcome.error
+    return meta
+
+
+def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
+    """Each partition's graph report from the store (one query per kind of fact per collection),
+    stored as the file's `knowledge_graph` stage output."""
+    kb = rag.kb()
+    pmap = rag.partition_map()
+    outcomes: dict[str, StageOutcome] = {}
+    targets = []
+    for key in keys:
+        try:
+            targets.append(pmap.target(key))
+        except RagError as exc:
+            outcomes[key] = StageOutcome(key, "failed", error=str(exc))
+    rows = kb.load_stage_outputs((RAW, VECTORS, GRAPH), [(t.collection, t.rel) for t in targets])
+    ready: dict[str, tuple[Any, dict, list[str]]] = {}
+    for t in targets:
+        raw, published = rows.get((t.collection, t.rel, RAW)), rows.get((t.collection, t.rel, VECTORS))
+        if raw is None:
+            outcomes[t.key] = StageOutcome(t.key, "failed", error=f"{RAW} has not been materialized for {t.key}")
+        elif raw["status"] == "skipped":
+            outcomes[t.key] = StageOutcome(t.key, "skipped", {"skip_reason": raw.get("skip_reason")})
+        elif raw["status"] == "failed" or (published or {}).get("status") in ("failed", "upstream_failed"):
+            outcomes[t.key] = StageOutcome(t.key, "upstream_failed",
+                                           error=(published or {}).get("error") or raw.get("error"))
+        elif published is None or published.get("file_hash") != raw["file_hash"]:
+            outcomes[t.key] = StageOutcome(t.key, "failed", error=f"{VECTORS} is missing or older than {RAW} for "
+                                                                  f"{t.key}; rematerialize it")
+        else:
+            ready[t.key] = (t, raw, [d["path"] for d in raw["documents"]])
+    by_collection: dict[str, list[str]] = {}
+    for t, _, paths in ready.values():
+        by_collection.setdefault(t.collection, []).extend(paths)
+    reports = {c: kb.graph_file_reports(c, paths) for c, paths in by_collection.items()}
+    saves = []
+    for key, (t, raw, paths) in ready.items():
+        report = _merge([reports[t.collection][p] for p in paths])
+        digest = _digest(report)
+        mine = rows.get((t.collection, t.rel, GRAPH)) or {}
+        same = mine.get("digest") == digest and mine.get("file_hash") == raw["file_hash"] \
+            and mine.get("version") == GRAPH_VERSION
+        meta = {"documents": len(paths), **report}
+        outcomes[key] = StageOutcome(key, "unchanged" if same else "ok", meta)
+        if not same:
+            saves.append((t.collection, t.rel, GRAPH, {"status": "ok", "file_hash": raw["file_hash"], "digest": digest,
+                                                       "version": GRAPH_VERSION, "meta": meta}, raw["file_hash"]))
+    kb.save_stage_outputs(saves)
+    return [outcomes[k] for k in keys]
+
+
+@asset(partitions_def=corpus_files, backfill_policy=BackfillPolicy.single_run(), group_name=GROUP,
+       deps=[raw_documents, vector_table], code_version=f"graph-{GRAPH_VERSION}",
+       description="The file's knowledge graph (entities, `_graph` triples, `_links`, ticker/type/date facts), "
+                   "written with its chunks by vector_table: counts per node kind and predicate, dangling links, "
+                   "a sample of triples.")
+def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
+    outcomes = graph_outcomes(rag, list(context.partition_keys))
+    for outcome in outcomes:
+        context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
+    statuses = Counter(o.status for o in outcomes)
+    summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
+    summary["run_partitions"] = len(outcomes)
+    summary["run_edges"] = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        kb = rag.kb()
+        for o in failed:
+            kb.record_failure(f"dagster:{GRAPH}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+        summary["run_failed_partitions"] = MetadataValue.json([o.key for o in failed][:100])
+        if len(outcomes) == 1:
+            raise Failure(description=f"{GRAPH} failed for {failed[0].key}: {failed[0].error}", metadata=summary)
+        context.log.warning("%s: %d of %d files failed (recorded in rag_failures): %s", GRAPH, len(failed),
+                            len(outcomes), ", ".join(o.key for o in failed[:10]))
+    return MaterializeResult(metadata=summary)
+
+
+GRAPH_ASSETS = [knowledge_graph]
