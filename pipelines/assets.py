@@ -1,4 +1,4 @@
-"""The six assets. Five are partitioned per file and run many partitions in one run
+"""The six stage assets (the seventh, `knowledge_graph`, is in graph_assets.py). Five are partitioned per file and run many partitions in one run
 (`BackfillPolicy.single_run()`); `hnsw_index` depends on every partition of `vector_table`.
 
 Failure policy: a bad file is `skipped` (materialized, reason in metadata). An unexpected error in
@@ -10,6 +10,8 @@ raises instead, so that partition is marked failed in the UI."""
 
 import warnings
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import (
@@ -68,6 +70,27 @@ def _partition_metadata(outcome: StageOutcome) -> dict[str, Any]:
     return meta
 
 
+@contextmanager
+def partition_keys_read_once(context: AssetExecutionContext) -> Iterator[None]:
+    """Within the block, the instance reads the dynamic partition keys from its database once.
+    `add_asset_metadata(partition_key=)` re-reads all of them on every call to check the key is in
+    the run's range: n files made n reads of n keys per asset (seconds per run at a few hundred
+    files). The keys of a running step do not change."""
+    instance = context.instance
+    cache: dict[str, Any] = {}
+
+    def read_once(partitions_def_name: str) -> Any:
+        if partitions_def_name not in cache:
+            cache[partitions_def_name] = type(instance).get_dynamic_partitions(instance, partitions_def_name)
+        return cache[partitions_def_name]
+
+    instance.get_dynamic_partitions = read_once  # an attribute on this instance only, removed below
+    try:
+        yield
+    finally:
+        del instance.get_dynamic_partitions
+
+
 def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extra: dict[str, Any] | None = None) -> MaterializeResult:
     """Run one stage over the run's partitions, attach per-partition metadata, record failures."""
     runner = rag.runner()
@@ -79,8 +102,9 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extr
         except RagError as exc:
             outcomes.append(StageOutcome(key, "failed", error=str(exc)))
     outcomes += getattr(runner, stage)(targets)
-    for outcome in outcomes:
-        context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)
+    with partition_keys_read_once(context):
+        for outcome in outcomes:
+            context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)
     return finish(context, rag, stage, outcomes, extra or {}, runner)
 
 

@@ -22,7 +22,7 @@ from dagster import (
 from rag_lib.errors import RagError
 from rag_lib.graph.extract import GRAPH_VERSION
 
-from pipelines.assets import GROUP, raw_documents, vector_table
+from pipelines.assets import GROUP, partition_keys_read_once, raw_documents, vector_table
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
 from pipelines.stage_runner import RAW, VECTORS, StageOutcome
@@ -133,8 +133,9 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
                    "a sample of triples.")
 def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     outcomes = graph_outcomes(rag, list(context.partition_keys))
-    for outcome in outcomes:
-        context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
+    with partition_keys_read_once(context):
+        for outcome in outcomes:
+            context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
     statuses = Counter(o.status for o in outcomes)
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)

@@ -42,7 +42,7 @@ def dagster_pg_url(settings: Settings) -> str:
     if os.environ.get("DAGSTER_PG_URL"):
         return os.environ["DAGSTER_PG_URL"]
     admin = database_url(settings, dbname="postgres")
-    ensure_database(admin, DAGSTER_DB)
+    ensure_database(admin, DAGSTER_DB, event_log=True)
     return sqlalchemy_url(admin, DAGSTER_DB)
 
 

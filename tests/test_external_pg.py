@@ -138,9 +138,10 @@ def test_no_session_level_settings_in_the_code():
         text = path.read_text()
         for match in SESSION_SET.finditer(text):
             line = text[: match.start()].count("\n") + 1
-            if re.search(r"\bUPDATE\b|ON CONFLICT|ALTER (TABLE|COLUMN)|MERGE \(|\bDO UPDATE\b",
+            if re.search(r"\bUPDATE\b|ON CONFLICT|ALTER (TABLE|COLUMN|DATABASE)|MERGE \(|\bDO UPDATE\b",
                          text[max(0, match.start() - 200): match.start()].split("\n")[-1] + text[match.start(): match.end()]):
-                continue  # UPDATE … SET col = …, ALTER TABLE … SET (…) are not settings
+                continue  # UPDATE … SET col = …, ALTER TABLE … SET (…) are not settings; ALTER DATABASE … SET is
+                # a default every new server connection gets alike
             offenders.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)}")
         for match in re.finditer(r"set_config\([^)]*\b(false|False)\s*\)", text):
             offenders.append(f"{path.relative_to(REPO)}: {match.group(0)}")
