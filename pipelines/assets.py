@@ -73,22 +73,27 @@ def _partition_metadata(outcome: StageOutcome) -> dict[str, Any]:
 @contextmanager
 def partition_keys_read_once(context: AssetExecutionContext) -> Iterator[None]:
     """Within the block, the instance reads the dynamic partition keys from its database once.
-    `add_asset_metadata(partition_key=)` re-reads all of them on every call to check the key is in
-    the run's range: n files made n reads of n keys per asset (seconds per run at a few hundred
-    files). The keys of a running step do not change."""
+    `add_asset_metadata(partition_key=)` checks the key against the run's range by reading all
+    keys (n files: n reads of n keys per asset) and then each key again (two queries per call).
+    The keys of a running step do not change."""
     instance = context.instance
-    cache: dict[str, Any] = {}
+    cache: dict[str, list[str]] = {}
 
-    def read_once(partitions_def_name: str) -> Any:
+    def read_once(partitions_def_name: str) -> list[str]:
         if partitions_def_name not in cache:
-            cache[partitions_def_name] = type(instance).get_dynamic_partitions(instance, partitions_def_name)
+            cache[partitions_def_name] = list(type(instance).get_dynamic_partitions(instance, partitions_def_name))
         return cache[partitions_def_name]
 
-    instance.get_dynamic_partitions = read_once  # an attribute on this instance only, removed below
+    def has_key(partitions_def_name: str, partition_key: str) -> bool:
+        return partition_key in key_sets.setdefault(partitions_def_name, set(read_once(partitions_def_name)))
+
+    key_sets: dict[str, set[str]] = {}
+    # attributes on this instance only, removed below
+    instance.get_dynamic_partitions, instance.has_dynamic_partition = read_once, has_key
     try:
         yield
     finally:
-        del instance.get_dynamic_partitions
+        del instance.get_dynamic_partitions, instance.has_dynamic_partition
 
 
 def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extra: dict[str, Any] | None = None) -> MaterializeResult:

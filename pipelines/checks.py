@@ -31,7 +31,9 @@ def vector_table_orphans(context: AssetCheckExecutionContext, rag: RagResource) 
     return to_check_result(rag.kb().quality_check("vector_table"))
 
 
-@asset_check(asset=chunks,
+# Lowest priority: it runs after the stages, by when the resource's background import of Great
+# Expectations (seconds) is done.
+@asset_check(asset=chunks, op_tags={"dagster/priority": "-1"},
              description="Great Expectations suite on the chunk frame: token_count in [1, model limit], "
                          "text present, unique ids; warns on too many tiny chunks.")
 def chunk_sizes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:

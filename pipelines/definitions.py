@@ -6,10 +6,13 @@ from pipelines.assets import ASSETS
 from pipelines.checks import CHECKS
 from pipelines.graph_assets import GRAPH_ASSETS
 from pipelines.graph_checks import GRAPH_CHECKS
+from pipelines.instance import tune_event_writes
 from pipelines.jobs import index_maintenance_job, ingest_job, reembed_job
 from pipelines.resources import RagResource
 from pipelines.schedules import index_maintenance_schedule, nightly_reconcile, reembed_schedule
 from pipelines.sensors import corpus_sensor, record_run_failures
+
+tune_event_writes()  # the code server's run workers inherit the setting
 
 defs = Definitions(
     assets=ASSETS + GRAPH_ASSETS,

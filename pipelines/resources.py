@@ -12,6 +12,7 @@ from pydantic import PrivateAttr
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
+from rag_lib.quality import preload_great_expectations
 
 from pipelines.stage_runner import StageRunner
 
@@ -75,6 +76,15 @@ class RagResource(ConfigurableResource):
 
     def runner(self) -> StageRunner:
         return StageRunner(self.kb(), force=self.force)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        from pipelines.instance import tune_event_writes
+
+        if context.instance is not None:  # the run worker's instance: pooled connections
+            tune_event_writes(context.instance)
+        if context.run is not None:  # a run (not a sensor tick): chunk_sizes runs last
+            # (priority -1), by when the validation process has imported Great Expectations
+            preload_great_expectations()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._kb is not None:

@@ -4,8 +4,11 @@ Great Expectations suite on the chunk frame), skipped inputs, and HNSW validity 
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.util
 import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +96,49 @@ def chunk_frame(store: Store):
     return pd.DataFrame(rows, columns=["chunk_id", "collection", "path", "section", "token_count", "text"])
 
 
-def validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
-    """Run the Great Expectations suite; one dict per expectation (type, success, counts, samples)."""
+# A process that imports Great Expectations (seconds of imports) beside the caller, so that the
+# import runs on another core while the caller works; validations then run there. Importing it
+# in a background thread instead races with the caller's own first imports (partially
+# initialised modules), so it is a process.
+_validator: ProcessPoolExecutor | None = None
+
+
+def _import_great_expectations() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    import great_expectations as gx  # slow import (seconds): only when the check runs
+    import great_expectations  # noqa: F401
+
+
+def preload_great_expectations() -> None:
+    """Start the validation process (importing Great Expectations) now; later chunk-frame
+    validations in this process run there. Idempotent."""
+    global _validator
+    if _validator is None:
+        _validator = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_import_great_expectations)
+        _validator.submit(int)  # start the worker now, not on first use
+        # A spawned process (a Dagster run worker) joins its children before interpreter exit:
+        # stop the worker first, or the caller never exits.
+        multiprocessing.util.Finalize(None, _stop_validator, exitpriority=100)
+
+
+def _stop_validator() -> None:
+    global _validator
+    if _validator is not None:
+        _validator.shutdown(wait=True, cancel_futures=True)
+        _validator = None
+
+
+def validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Run the Great Expectations suite (in the preloaded validation process if one was started);
+    one dict per expectation (type, success, counts, samples)."""
+    if _validator is not None:
+        return _validator.submit(_validate_chunk_frame, frame, min_tokens, max_tokens).result()
+    return _validate_chunk_frame(frame, min_tokens, max_tokens)
+
+
+def _validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+    _import_great_expectations()
+    import great_expectations as gx  # slow import (seconds): only when the check runs, or preloaded
 
     context = gx.get_context(mode="ephemeral")
     try:
