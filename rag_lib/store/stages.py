@@ -37,6 +37,9 @@ class StageStore:
         """Store many files' stage outputs: rows of (collection, path, stage, payload, content hash)."""
         if not rows:
             return
+        # Rows in one order: concurrent runs over the same files lock them in the same order and
+        # cannot deadlock.
+        rows = sorted(rows, key=lambda r: (r[0], r[1], r[2]))
         with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
             cur.executemany(
                 """INSERT INTO rag_stage_outputs (collection, path, stage, content_hash, payload)
@@ -57,7 +60,13 @@ class StageStore:
         [(chunk_id, content_hash)], vectors in that order) each."""
         if not files:
             return
+        files = sorted(files, key=lambda f: (f[0], f[1]))
         with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            # Two runs staging the same file would both delete nothing the other has not committed
+            # and then collide on the primary key: one stager per file at a time (locks taken in
+            # sorted order, released at commit).
+            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest(%s::text[]) AS k",
+                        ([f"stage\x1f{f[0]}\x1f{f[1]}" for f in files],))
             cur.execute(
                 """DELETE FROM rag_stage_vectors v USING unnest(%s::text[], %s::text[]) AS f(collection, path)
                    WHERE v.collection = f.collection AND v.path = f.path""",

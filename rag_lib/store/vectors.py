@@ -158,6 +158,9 @@ class VectorStore:
         started = time.perf_counter()
         with self.db.connection() as conn:
             conn.autocommit = True
+            # Concurrent runs finish together: one builds, the others wait and find it built.
+            lock = f"hnsw\x1f{space}"
+            conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock,))
             try:
                 exists = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
                 opclass = f"{s.vector_type}_cosine_ops"
@@ -186,6 +189,7 @@ class VectorStore:
                     (space, name, s.hnsw_m, s.hnsw_ef_construction, rows, seconds),
                 )
             finally:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock,))
                 conn.autocommit = False
         return {"index": name, "created": True, "rows": rows, "seconds": seconds}
 
