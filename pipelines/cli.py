@@ -48,7 +48,12 @@ def _print_summary(summary, as_json: bool) -> None:
     if as_json:
         print_json(summary.to_dict())
         return
-    table = Table(title=f"pipeline run: {summary.partitions} files, {len(summary.run_ids)} run(s), {summary.seconds:.1f}s")
+    if not summary.run_ids:
+        console.print(f"all {summary.partitions} files are current: nothing to run (--force runs them again)"
+                      + (f"; removed {len(summary.removed)} files that are gone" if summary.removed else ""))
+        return
+    table = Table(title=f"pipeline run: {summary.partitions} files ({summary.current} current), "
+                        f"{len(summary.run_ids)} run(s), {summary.seconds:.1f}s")
     table.add_column("asset")
     table.add_column("partitions by status")
     for asset, counts in summary.stages.items():
@@ -87,7 +92,7 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 
 
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
-         as_json: bool) -> None:
+         as_json: bool, parallel: Optional[int] = None) -> None:
     from pipelines.instance import get_instance
     from pipelines.runner import materialize_corpus
 
@@ -96,7 +101,8 @@ def _run(paths: list[str], collection: Optional[str], force: bool, job: str, emb
     instance = get_instance(settings)
     try:
         with _stdout_to_stderr(as_json):  # the code server and runs inherit fd 1: keep --json clean
-            summary = materialize_corpus(instance, roots, force=force, job_name=job, embed_version=embed_version)
+            summary = materialize_corpus(instance, roots, force=force, job_name=job, embed_version=embed_version,
+                                         parallel=parallel)
     finally:
         instance.dispose()
     _print_summary(summary, as_json)
@@ -108,13 +114,17 @@ def materialize(
     paths: list[str] = typer.Argument(None, help="Corpus folders (`path` or `collection=path`); default: every registered root."),
     collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection for PATHS without one."),
     force: bool = typer.Option(False, "--force", help="Redo every stage, even for current files."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-p", min=1, max=32,
+                                           help="Split the files into N ranges run at once (default: "
+                                                "pipeline.parallel_runs)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Ingest through the Dagster code location (roots registered, one run per partition range).
 
     Each folder is registered as a corpus root, every file is a partition, and the runs of the
-    code location's `ingest_files` job go to the instance (visible and re-executable in the UI)."""
-    _run(paths or [], collection, force, "ingest_files", None, as_json)
+    code location's `ingest_files` job go to the instance (visible and re-executable in the UI).
+    Files that are current (and materialized on this instance) get no run unless --force."""
+    _run(paths or [], collection, force, "ingest_files", None, as_json, parallel)
 
 
 def dev(

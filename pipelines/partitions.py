@@ -158,12 +158,17 @@ def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[s
     return sync
 
 
-def plan_ranges(wanted: list[str], ordered: list[str]) -> list[tuple[str, str]]:
-    """Contiguous (start, end) ranges, in partition insertion order, covering `wanted`."""
+def plan_ranges(wanted: list[str], ordered: list[str], parallel: int = 1) -> list[tuple[str, str]]:
+    """Contiguous (start, end) ranges, in partition insertion order, covering `wanted`: one run
+    each. With `parallel` > 1, `parallel` disjoint ranges of near-equal numbers of wanted files
+    (current files inside a span are cheap no-ops)."""
     position = {k: i for i, k in enumerate(ordered)}
     idx = sorted({position[k] for k in wanted if k in position})
     if not idx:
         return []
+    if parallel > 1:
+        size = -(-len(idx) // parallel)
+        return [(ordered[g[0]], ordered[g[-1]]) for g in (idx[i:i + size] for i in range(0, len(idx), size))]
     ranges: list[list[int]] = [[idx[0], idx[0]]]
     for i in idx[1:]:
         if i == ranges[-1][1] + 1:

@@ -1,13 +1,16 @@
 """`rag materialize` through the code location: register the roots, sync the partitions, then
 create each run for the code location's own job (a remote job origin, as the UI's launch does),
-submit it to the instance (the run queue when a daemon is running, else launch it directly),
-wait, and summarize stages, checks and failed partitions from the event log."""
+submit it to the instance (the run queue when a daemon is running, else launch it directly,
+`--parallel` at a time), wait, and summarize stages, checks and failed partitions from the event log.
+Files that are current and materialized get no run unless forced."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,9 @@ from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
 from rag_lib.models import CorpusRoot
 
+from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
-from pipelines.stage_runner import StageRunner
+from pipelines.stage_runner import StageRunner, plan_reconcile
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -40,6 +44,7 @@ class PipelineRunSummary:
     success: bool = True
     partitions: int = 0
     removed: list[str] = field(default_factory=list)
+    current: int = 0  # files left alone: current, and materialized on this instance
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # asset → status → partitions
     checks: list[CheckSummary] = field(default_factory=list)
     failed_partitions: list[str] = field(default_factory=list)
@@ -48,7 +53,7 @@ class PipelineRunSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_ids": self.run_ids, "success": self.success, "partitions": self.partitions,
-            "removed": self.removed, "stages": self.stages,
+            "removed": self.removed, "current": self.current, "stages": self.stages,
             "checks": [c.__dict__ for c in self.checks], "failed_partitions": self.failed_partitions,
             "seconds": round(self.seconds, 3),
         }
@@ -67,6 +72,17 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     sync.apply(instance)
     keys = [k for k in files if pmap.root_of(k).name in chosen]
     return keys, sync.ordered, sync.removed
+
+
+def keys_needing_runs(instance, kb: KnowledgeBase, keys: list[str]) -> list[str]:
+    """The files a run would change: missing, failed or stale for the library (as the nightly
+    reconcile plans), or never materialized on this instance (e.g. a new Dagster database)."""
+    from dagster import AssetKey
+
+    pmap = PartitionMap(kb.roots())
+    plan = plan_reconcile(kb, [pmap.target(k) for k in keys], kb.settings.pipeline_fingerprint())
+    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
+    return sorted(set(plan.keys) | (set(keys) - materialized))
 
 
 def daemon_running(instance) -> bool:
@@ -116,12 +132,65 @@ def create_location_run(instance, workspace, job_name: str, run_config: dict[str
     )
 
 
+def run_finished(instance, run_id: str) -> bool:
+    return instance.get_run_by_id(run_id).status.value in FINISHED
+
+
+@contextmanager
+def location_workspace(instance, log_level: str = "WARNING") -> Iterator[Any]:
+    """A request context on the code location (its code server started for the block)."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    from pipelines.instance import WORKSPACE_YAML
+
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]),
+                                 code_server_log_level=log_level) as process:
+        workspace = process.create_request_context()
+        if workspace.has_code_location_error(LOCATION):
+            raise ConfigError(f"code location {LOCATION} failed to load: "
+                              f"{workspace.get_code_location_error(LOCATION)}")
+        yield workspace
+        _wait_for_run_processes(workspace.get_code_location(LOCATION))
+
+
+def _wait_for_run_processes(location, timeout: float = 30.0) -> None:
+    """A run's status is final before its process exits, and the code server only stops after
+    clearing every run process (it reads the run from the database to do so): wait for that while
+    the database is certainly up, or the server can outlive us."""
+    from dagster._serdes import deserialize_value
+
+    deadline = time.monotonic() + timeout
+    while deserialize_value(location.client.get_current_runs()).current_runs and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], ranges: list[tuple[str, str]],
+                parallel: int = 1, trigger: str = "rag materialize") -> list[str]:
+    """One run per partition range: submitted to the queue when its daemon runs (dagster.yaml's
+    limits apply), else launched here, at most `parallel` at once. Returns the run ids."""
+    queued = daemon_running(instance)
+    run_ids: list[str] = []
+    in_flight: list[str] = []
+    for start, end in ranges:
+        run = create_location_run(instance, workspace, job_name, run_config,
+                                  {**range_tags(start, end), "rag/trigger": trigger})
+        run_ids.append(run.run_id)
+        if queued:
+            instance.submit_run(run.run_id, workspace)
+            continue
+        while len(in_flight) >= parallel:
+            time.sleep(0.5)
+            in_flight = [r for r in in_flight if not run_finished(instance, r)]
+        instance.launch_run(run.run_id, workspace)
+        in_flight.append(run.run_id)
+    return run_ids
+
+
 def wait_for_run(instance, run_id: str, poll: float = 0.5):
-    while True:
-        run = instance.get_run_by_id(run_id)
-        if run.status.value in FINISHED:
-            return run
+    while not run_finished(instance, run_id):
         time.sleep(poll)
+    return instance.get_run_by_id(run_id)
 
 
 def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: dict[str, Counter]) -> None:
@@ -155,14 +224,12 @@ def materialize_corpus(
     embed_version: str | None = None,
     log_level: str = "WARNING",
     kb: KnowledgeBase | None = None,
+    parallel: int | None = None,
 ) -> PipelineRunSummary:
-    """Materialize every file under `roots` (all registered roots when empty) through the code
-    location's job: one run per partition range, recorded on `instance`, visible in the UI."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-
-    from pipelines.instance import WORKSPACE_YAML
-
+    """Materialize the files under `roots` (all registered roots when empty) that need it (all
+    with `force`) through the code location's job: one run per partition range, `parallel`
+    (default: settings.pipeline.parallel_runs) ranges at once, recorded on `instance`, visible
+    in the UI."""
     started = time.perf_counter()
     overrides: dict[str, Any] = {k: v for k, v in {"database_url": database_url, "home": Path(home) if home else None
                                                    }.items() if v is not None}
@@ -176,34 +243,28 @@ def materialize_corpus(
                 raise ConfigError("no corpus roots with an existing folder: give folders, `rag roots add PATH`, "
                                   "or set pipeline.roots in rag.yaml")
         keys, ordered, summary.removed = register_partitions(instance, kb, roots, force)
+        summary.partitions = len(keys)
+        # An ingest of current files would only confirm them: run the ones that need it.
+        if not force and job_name == INGEST_JOB and not embed_version:
+            keys = keys_needing_runs(instance, kb, keys)
+            summary.current = summary.partitions - len(keys)
+        parallel = parallel or kb.settings.pipeline.parallel_runs
         _code_server_env(kb.settings)
     finally:
         if own_kb:
             kb.close()
-    summary.partitions = len(keys)
+    if not keys:
+        summary.seconds = time.perf_counter() - started
+        return summary
     config = {k: v for k, v in {"database_url": database_url, "home": home, "force": force,
                                  "embed_version": embed_version}.items() if v not in (None, False)}
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if config:
         run_config["resources"] = {"rag": {"config": config}}
-    ranges = plan_ranges(keys, ordered)
     stages: dict[str, Counter] = defaultdict(Counter)
-    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]),
-                                 code_server_log_level=log_level) as process:
-        workspace = process.create_request_context()
-        if workspace.has_code_location_error(LOCATION):
-            raise ConfigError(f"code location {LOCATION} failed to load: "
-                              f"{workspace.get_code_location_error(LOCATION)}")
-        queued = daemon_running(instance)
-        for start, end in ranges:
-            run = create_location_run(instance, workspace, job_name, run_config,
-                                      {**range_tags(start, end), "rag/trigger": "rag materialize"})
-            summary.run_ids.append(run.run_id)
-            if queued:
-                instance.submit_run(run.run_id, workspace)
-            else:  # no daemon to dequeue: launch now, one run at a time
-                instance.launch_run(run.run_id, workspace)
-                wait_for_run(instance, run.run_id)
+    with location_workspace(instance, log_level) as workspace:
+        summary.run_ids = launch_runs(instance, workspace, job_name, run_config, plan_ranges(keys, ordered, parallel),
+                                      parallel)
         for run_id in summary.run_ids:
             wait_for_run(instance, run_id)
             summarize_run(instance, run_id, summary, stages)

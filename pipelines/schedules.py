@@ -26,7 +26,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
-    plan = plan_reconcile(rag.kb(), on_disk, rag.kb().engine.fingerprint)
+    plan = plan_reconcile(rag.kb(), on_disk, rag.kb().settings.pipeline_fingerprint())
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current")
@@ -36,7 +36,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
                    tags={**range_tags(start, end), "rag/trigger": trigger,
                          "rag/missing": str(len(plan.missing)), "rag/failed": str(len(plan.failed)),
                          "rag/stale": str(len(plan.stale))})
-        for start, end in plan_ranges(wanted, sync.ordered)
+        for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
 
 

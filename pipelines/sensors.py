@@ -40,7 +40,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
             run_key=run_key("corpus", [f"{k}@{result.hashes.get(k, '')}" for k in wanted] + [start, end]),
             tags={**range_tags(start, end), "rag/trigger": "corpus_sensor"},
         )
-        for start, end in plan_ranges(wanted, sync.ordered)
+        for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
     cursor = encode_state(result.state)
     requests = sync.requests()

@@ -202,6 +202,9 @@ class PipelineSettings(BaseModel):
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
     sensor_interval_seconds: int = 30
     max_concurrent_runs: int = 2
+    # Runs a `rag materialize`, schedule or sensor request splits its files into (one range each);
+    # `rag materialize --parallel N` overrides it. The run queue's limits are in dagster.yaml.
+    parallel_runs: int = Field(1, ge=1, le=32)
     recall_sample: int = 50  # stored vectors used as queries when measuring HNSW recall
     min_recall: float = 0.95
     tiny_chunk_tokens: int = 16  # chunks below this are "tiny" for the chunk-size check
