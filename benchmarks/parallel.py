@@ -60,6 +60,7 @@ def materialize(admin: str, tag: str, corpus: Path, home: Path, parallel: int) -
         summary = materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=url, home=str(home),
                                      parallel=parallel)
         seconds = time.perf_counter() - started
+        steps = step_seconds(instance, summary.run_ids)
     finally:
         instance.dispose()
     assert summary.success and not summary.failed_partitions, summary.to_dict()
@@ -67,7 +68,21 @@ def materialize(admin: str, tag: str, corpus: Path, home: Path, parallel: int) -
         chunks = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
     return {"runs": len(summary.run_ids), "seconds": round(seconds, 2), "files": summary.partitions,
             "chunks": chunks, "files_per_s": round(summary.partitions / seconds, 2),
-            "chunks_per_s": round(chunks / seconds, 1)}
+            "chunks_per_s": round(chunks / seconds, 1), "step_seconds_summed_over_runs": steps}
+
+
+def step_seconds(instance, run_ids: list[str]) -> dict[str, float]:
+    """Where the time went: each step's duration summed over the runs, plus each run's start-up
+    (run start to its first step: process spawn and code location load)."""
+    totals: dict[str, float] = {"run_startup": 0.0}
+    for run_id in run_ids:
+        run_start = instance.get_run_stats(run_id).launch_time or 0.0
+        stats = instance.get_run_step_stats(run_id)
+        if stats:
+            totals["run_startup"] += min(s.start_time for s in stats) - run_start
+        for s in stats:
+            totals[s.step_key] = totals.get(s.step_key, 0.0) + (s.end_time - s.start_time)
+    return {k: round(v, 2) for k, v in totals.items()}
 
 
 def main() -> None:
@@ -76,23 +91,27 @@ def main() -> None:
     parser.add_argument("--runs", default="1,2,4")
     parser.add_argument("--local-files", type=int, default=40, help="files of the corpus used with the local model")
     parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--only", choices=("stub", "local"), help="run one of the two parts")
     args = parser.parse_args()
     counts = [int(n) for n in args.runs.split(",")]
     out: dict = {"corpus": str(args.corpus), "cores": os.cpu_count()}
+    parts = [args.only] if args.only else ["stub", "local"]
     with scratch_server("rag-par-") as (admin, work), tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
-        with StubProcess(latency=args.latency) as stub:
-            os.environ.update({**STUB_ENV, "RAG_EMBEDDING__BASE_URL": stub.base_url})
-            try:
-                out["stub"] = {"latency_s": args.latency,
-                               **{f"runs_{n}": materialize(admin, f"stub{n}", args.corpus, home, n) for n in counts}}
-            finally:
-                for key in (*STUB_ENV, "RAG_EMBEDDING__BASE_URL"):
-                    os.environ.pop(key, None)
-        print(f"progress: {out}", file=sys.stderr, flush=True)
-        local = subset(args.corpus, args.local_files, Path(tmp) / "local_corpus")
-        out["local"] = {f"runs_{n}": materialize(admin, f"local{n}", local, home, n) for n in counts}
-    for kind in ("stub", "local"):
+        if "stub" in parts:
+            with StubProcess(latency=args.latency) as stub:
+                os.environ.update({**STUB_ENV, "RAG_EMBEDDING__BASE_URL": stub.base_url})
+                try:
+                    out["stub"] = {"latency_s": args.latency, **{
+                        f"runs_{n}": materialize(admin, f"stub{n}", args.corpus, home, n) for n in counts}}
+                finally:
+                    for key in (*STUB_ENV, "RAG_EMBEDDING__BASE_URL"):
+                        os.environ.pop(key, None)
+            print(f"progress: {out}", file=sys.stderr, flush=True)
+        if "local" in parts:
+            local = subset(args.corpus, args.local_files, Path(tmp) / "local_corpus")
+            out["local"] = {f"runs_{n}": materialize(admin, f"local{n}", local, home, n) for n in counts}
+    for kind in parts:
         base = out[kind][f"runs_{counts[0]}"]["seconds"]
         out[kind]["speedup"] = {f"runs_{n}": round(base / out[kind][f"runs_{n}"]["seconds"], 2) for n in counts}
     print(json.dumps(out))
