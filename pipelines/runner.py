@@ -187,7 +187,7 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
     return run_ids
 
 
-def wait_for_run(instance, run_id: str, poll: float = 0.5):
+def wait_for_run(instance, run_id: str, poll: float = 0.2):
     while not run_finished(instance, run_id):
         time.sleep(poll)
     return instance.get_run_by_id(run_id)
