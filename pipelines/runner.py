@@ -22,7 +22,7 @@ from rag_lib.models import CorpusRoot
 
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
-from pipelines.stage_runner import StageRunner, plan_reconcile
+from pipelines.stage_runner import StageRunner, keys_needing_runs
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -72,17 +72,6 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     sync.apply(instance)
     keys = [k for k in files if pmap.root_of(k).name in chosen]
     return keys, sync.ordered, sync.removed
-
-
-def keys_needing_runs(instance, kb: KnowledgeBase, keys: list[str]) -> list[str]:
-    """The files a run would change: missing, failed or stale for the library (as the nightly
-    reconcile plans), or never materialized on this instance (e.g. a new Dagster database)."""
-    from dagster import AssetKey
-
-    pmap = PartitionMap(kb.roots())
-    plan = plan_reconcile(kb, [pmap.target(k) for k in keys], kb.settings.pipeline_fingerprint())
-    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
-    return sorted(set(plan.keys) | (set(keys) - materialized))
 
 
 def daemon_running(instance) -> bool:
@@ -246,7 +235,7 @@ def materialize_corpus(
         summary.partitions = len(keys)
         # An ingest of current files would only confirm them: run the ones that need it.
         if not force and job_name == INGEST_JOB and not embed_version:
-            keys = keys_needing_runs(instance, kb, keys)
+            keys = keys_needing_runs(instance, kb, [PartitionMap(kb.roots()).target(k) for k in keys])
             summary.current = summary.partitions - len(keys)
         parallel = parallel or kb.settings.pipeline.parallel_runs
         _code_server_env(kb.settings)

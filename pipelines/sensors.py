@@ -17,6 +17,7 @@ from rag_lib.watch import decode_state, encode_state, scan
 from pipelines.jobs import ingest_job
 from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key, sync_partitions
 from pipelines.resources import RagResource
+from pipelines.stage_runner import keys_needing_runs
 
 
 @sensor(job=ingest_job, minimum_interval_seconds=get_settings().pipeline.sensor_interval_seconds,
@@ -34,7 +35,10 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     files = pmap.files()
     result = scan(files, previous)
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log, also_gone=result.deleted)
-    wanted = [k for k in result.new + result.changed if k in result.state]
+    # A file new to the cursor may be current already (a first tick after `rag materialize`, or a
+    # root materialized between ticks): only the ones a run would change get one.
+    new = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in result.new if k in result.state])
+    wanted = new + [k for k in result.changed if k in result.state]
     runs = [
         RunRequest(
             run_key=run_key("corpus", [f"{k}@{result.hashes.get(k, '')}" for k in wanted] + [start, end]),
@@ -46,7 +50,8 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     requests = sync.requests()
     if not (runs or requests):
         return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files"), cursor=cursor)
-    context.log.info("new %d, changed %d, deleted %d, unregistered %d → %d run(s)", len(result.new),
+    context.log.info("new %d (%d current), changed %d, deleted %d, unregistered %d → %d run(s)", len(result.new),
+                     len(result.new) - len(new),
                      len(result.changed), len(sync.removed), len(sync.unrooted), len(runs))
     return SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
 

@@ -379,3 +379,15 @@ def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: st
         elif published[ident][2] != fingerprint:
             plan.stale.append(t.key)
     return plan
+
+
+def keys_needing_runs(instance, kb: KnowledgeBase, targets: list[FileTarget]) -> list[str]:
+    """The files a run would change: missing, failed or stale for the library (as the nightly
+    reconcile plans), or never materialized on this Dagster instance (e.g. a new one)."""
+    from dagster import AssetKey
+
+    if not targets:
+        return []
+    plan = plan_reconcile(kb, targets, kb.settings.pipeline_fingerprint())
+    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
+    return sorted(set(plan.keys) | ({t.key for t in targets} - materialized))

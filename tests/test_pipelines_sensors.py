@@ -122,6 +122,10 @@ def test_sensor_new_changed_deleted(env):
     assert launch(instance, rag, run).success
     assert kb.show(RELS[0])["chunk_count"] > 0
 
+    # A tick without a cursor (`rag dev` started after `rag materialize`) finds every file current
+    # and materialized: no run.
+    assert not tick(instance, rag, None).run_requests
+
     # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
     os.utime(root / RELS[1], ns=(1, 1))
     quiet = tick(instance, rag, first.cursor)
