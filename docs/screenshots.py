@@ -27,12 +27,13 @@ from pipelines.instance import DAGSTER_YAML, sqlalchemy_url  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 
 OUT = REPO / "docs" / "img"
-PARTITION = "knowledge/analysis/stock/NVDA_20260112T0930.yaml"
+PARTITION = "corpus/knowledge/analysis/stock/NVDA_20260112T0930.yaml"  # <root name>/<path>
 # file name → (UI path, pixel rows kept of the 1400×900 render)
 PAGES = {
     "asset-lineage.png": ("/locations/rag_pipeline/asset-groups/corpus", 560),
     "chunks-partition.png": (f"/assets/chunks?view=partitions&partition={quote(PARTITION, safe='')}", 900),
     "asset-checks.png": ("/assets/chunks?view=checks", 900),
+    "knowledge-graph.png": (f"/assets/knowledge_graph?view=partitions&partition={quote(PARTITION, safe='')}", 900),
 }
 
 
