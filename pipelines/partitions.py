@@ -66,14 +66,14 @@ class PartitionMap:
         if root is None or not rel:
             raise ValidationError(f"partition '{key}' belongs to no registered corpus root "
                                   "(`rag roots list`; register one with `rag roots add`)")
-        return FileTarget(key, root.collection, root.path, rel)
+        return FileTarget(root.collection, root.path, rel, key)
 
     def target_for_file(self, path: Path) -> FileTarget:
         path = path.resolve()
         for root in self.roots:
             if path.is_relative_to(root.path):
                 rel = path.relative_to(root.path).as_posix()
-                return FileTarget(self.key(root, rel), root.collection, root.path, rel)
+                return FileTarget(root.collection, root.path, rel, self.key(root, rel))
         raise ValidationError(f"{path} is under none of the corpus roots")
 
     def present_roots(self) -> list[CorpusRoot]:

@@ -13,22 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag_lib.documents import IGNORED_DIRS
+from rag_lib.models import SourceFile
 
 FileState = tuple[int, int, str]  # size, mtime_ns, content hash prefix
 
 
 @dataclass(frozen=True)
-class FileTarget:
+class FileTarget(SourceFile):
     """One file under a root, named by `key` (its partition key in the pipeline)."""
 
     key: str
-    collection: str
-    root: Path
-    rel: str
-
-    @property
-    def path(self) -> Path:
-        return self.root / self.rel
 
 
 def walk_files(root: Path) -> dict[str, os.stat_result]:
