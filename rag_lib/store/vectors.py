@@ -156,40 +156,44 @@ class VectorStore:
         name = index_name(space)
         s = self.settings.search
         started = time.perf_counter()
+        opclass = f"{s.vector_type}_cosine_ops"
         with self.db.connection() as conn:
             conn.autocommit = True
-            # Concurrent runs finish together: one builds, the others wait and find it built.
-            lock = f"hnsw\x1f{space}"
-            conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock,))
             try:
-                exists = conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None
-                opclass = f"{s.vector_type}_cosine_ops"
-                if exists and not rebuild:
-                    built = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (name,)).fetchone()[0]
+                built = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (name,)).fetchone()[0]
+                if built is not None and not rebuild:
                     if f" {opclass}" in built:
                         return {"index": name, "created": False}
                     rebuild = True  # search.vector_type changed: queries cast to the other type now
-                if exists:
-                    conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
-                conn.execute(
-                    sql.SQL(
-                        "CREATE INDEX {} ON rag_chunk_vectors USING hnsw ((embedding::{}) {})"
-                        " WITH (m = {}, ef_construction = {}) WHERE space = {}"
-                    ).format(
-                        sql.Identifier(name), vector_sql_type(s.vector_type, dimensions), sql.Identifier(opclass),
-                        sql.Literal(s.hnsw_m),
-                        sql.Literal(s.hnsw_ef_construction), sql.Literal(space),
+                if built is not None:
+                    # Dropped on its own: searches go on (unindexed) while the new one builds.
+                    conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+                with conn.transaction():
+                    # One builder per space: concurrent runs finishing together wait here and find
+                    # it built. A transaction lock, not a session one: PgBouncer's transaction
+                    # pooling may hand the session to someone else between statements.
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"hnsw\x1f{space}",))
+                    if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None:
+                        return {"index": name, "created": False}
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE INDEX {} ON rag_chunk_vectors USING hnsw ((embedding::{}) {})"
+                            " WITH (m = {}, ef_construction = {}) WHERE space = {}"
+                        ).format(
+                            sql.Identifier(name), vector_sql_type(s.vector_type, dimensions), sql.Identifier(opclass),
+                            sql.Literal(s.hnsw_m),
+                            sql.Literal(s.hnsw_ef_construction), sql.Literal(space),
+                        )
                     )
-                )
-                rows = conn.execute("SELECT count(*) FROM rag_chunk_vectors WHERE space = %s", (space,)).fetchone()[0]
-                seconds = time.perf_counter() - started
-                conn.execute(
-                    """INSERT INTO rag_index_builds (space, index_name, m, ef_construction, rows_indexed, build_seconds)
-                       VALUES (%s,%s,%s,%s,%s,%s)""",
-                    (space, name, s.hnsw_m, s.hnsw_ef_construction, rows, seconds),
-                )
+                    rows = conn.execute("SELECT count(*) FROM rag_chunk_vectors WHERE space = %s",
+                                        (space,)).fetchone()[0]
+                    seconds = time.perf_counter() - started
+                    conn.execute(
+                        """INSERT INTO rag_index_builds (space, index_name, m, ef_construction, rows_indexed, build_seconds)
+                           VALUES (%s,%s,%s,%s,%s,%s)""",
+                        (space, name, s.hnsw_m, s.hnsw_ef_construction, rows, seconds),
+                    )
             finally:
-                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock,))
                 conn.autocommit = False
         return {"index": name, "created": True, "rows": rows, "seconds": seconds}
 
