@@ -201,7 +201,6 @@ class PipelineSettings(BaseModel):
     roots: list[CorpusRootSettings] = Field(default_factory=list)
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
     sensor_interval_seconds: int = 30
-    max_concurrent_runs: int = 2
     # Runs a `rag materialize`, schedule or sensor request splits its files into (one range each);
     # `rag materialize --parallel N` overrides it. The run queue's limits are in dagster.yaml.
     parallel_runs: int = Field(1, ge=1, le=32)
