@@ -144,10 +144,13 @@ def dev(
     env.setdefault("RAG_HOME", str(settings.home.resolve()))
     dagster = Path(sys.executable).with_name("dagster")
     cmd = [str(dagster), "dev", "-w", str(WORKSPACE_YAML), "-h", host, "-p", str(port)]
-    proc = subprocess.Popen(cmd, cwd=repo, env=env)
+    # `dagster dev` stops its webserver and daemon cleanly on SIGINT (KeyboardInterrupt); it must not
+    # inherit an ignored SIGINT (a background job, a supervisor), or nothing could stop it.
+    proc = subprocess.Popen(cmd, cwd=repo, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
-    def stop(signum, _frame) -> None:  # pass SIGTERM on, so the UI and daemon never outlive us
-        proc.send_signal(signum)
+    def stop(_signum, _frame) -> None:  # SIGTERM (systemd, kill): stop `dagster dev` as Ctrl-C does
+        proc.send_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop)
     try:

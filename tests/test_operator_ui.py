@@ -6,8 +6,10 @@ check pages show. One webserver for the module; every wait is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -19,6 +21,7 @@ import pytest
 from pipelines.instance import DAGSTER_YAML, sqlalchemy_url
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
+from rag_lib.testing import free_port
 from conftest import DEMO_CORPUS
 from dagster_ui import ASSET_JOB, BIN, LOCATION, REPO, DagsterUI, running_dagster
 
@@ -279,3 +282,37 @@ def checks_have_skips(ui: DagsterUI) -> bool:
     """The demo's malformed YAML and template show up in the skipped-inputs check (a warning)."""
     ev = ui.checks("raw_documents")["skipped_inputs"]["evaluation"]
     return ev["severity"] == "WARN" and not ev["success"]
+
+
+def test_rag_dev_stops_on_sigterm(pg_server: str, tmp_path: Path):
+    """`rag dev` under a supervisor or started as a background job (SIGINT ignored): SIGTERM stops
+    the UI, the daemon and everything they started, and nothing is left of its process group."""
+    home = tmp_path / ".rag"
+    (home / "dagster_home").mkdir(parents=True)
+    shutil.copyfile(DAGSTER_YAML, home / "dagster_home" / "dagster.yaml")
+    env = {**os.environ, "RAG_DATABASE_URL": pg_server.replace("/postgres?", f"/{_new_database(pg_server, 'dev_rag')}?", 1),
+           "RAG_HOME": str(home), "RAG_CONFIG": str(tmp_path / "rag.yaml"), "DAGSTER_HOME": str(home / "dagster_home"),
+           "DAGSTER_PG_URL": sqlalchemy_url(pg_server, _new_database(pg_server, "dev_dagster")),
+           "DAGSTER_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    port = free_port()
+    with open(tmp_path / "dev.log", "wb") as log:
+        proc = subprocess.Popen([str(BIN / "rag"), "dev", "--port", str(port)], cwd=tmp_path, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        DagsterUI(port).wait_loaded([proc], timeout=RUN_TIMEOUT)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break  # the whole group is gone: UI, daemon, code servers
+            time.sleep(0.5)
+        else:
+            raise AssertionError("processes of `rag dev` outlived it:\n" + (tmp_path / "dev.log").read_text()[-3000:])
+        assert "Dagster services shut down" in (tmp_path / "dev.log").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
