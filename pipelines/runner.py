@@ -19,6 +19,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
 from rag_lib.models import CorpusRoot
+from rag_lib.watch import FileTarget
 
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
@@ -27,6 +28,7 @@ from pipelines.stage_runner import StageRunner, keys_needing_runs
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+POLL_SECONDS = 0.2  # between reads of a run's status
 
 
 @dataclass
@@ -60,9 +62,9 @@ class PipelineRunSummary:
 
 
 def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], force: bool = False
-                        ) -> tuple[list[str], list[str], list[str]]:
+                        ) -> tuple[list[FileTarget], list[str], list[str]]:
     """Register `roots` (with their collections), then sync the partitions of every registered
-    root. Returns (keys of the files under `roots`, partition order, removed keys)."""
+    root. Returns (the files under `roots`, partition order, removed keys)."""
     chosen = {kb.add_root(r.path, r.collection, source="materialize").name for r in roots}
     pmap = PartitionMap(kb.roots())
     files = pmap.files()
@@ -70,8 +72,8 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
                            lambda target: StageRunner(kb, force=force).forget(target))
     sync.apply(instance)
-    keys = [k for k in files if pmap.root_of(k).name in chosen]
-    return keys, sync.ordered, sync.removed
+    targets = [pmap.target(k) for k in files if pmap.root_of(k).name in chosen]
+    return targets, sync.ordered, sync.removed
 
 
 def daemon_running(instance) -> bool:
@@ -169,16 +171,16 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
             instance.submit_run(run.run_id, workspace)
             continue
         while len(in_flight) >= parallel:
-            time.sleep(0.5)
+            time.sleep(POLL_SECONDS)
             in_flight = [r for r in in_flight if not run_finished(instance, r)]
         instance.launch_run(run.run_id, workspace)
         in_flight.append(run.run_id)
     return run_ids
 
 
-def wait_for_run(instance, run_id: str, poll: float = 0.2):
+def wait_for_run(instance, run_id: str):
     while not run_finished(instance, run_id):
-        time.sleep(poll)
+        time.sleep(POLL_SECONDS)
     return instance.get_run_by_id(run_id)
 
 
@@ -231,11 +233,12 @@ def materialize_corpus(
             if not roots:
                 raise ConfigError("no corpus roots with an existing folder: give folders, `rag roots add PATH`, "
                                   "or set pipeline.roots in rag.yaml")
-        keys, ordered, summary.removed = register_partitions(instance, kb, roots, force)
-        summary.partitions = len(keys)
+        targets, ordered, summary.removed = register_partitions(instance, kb, roots, force)
+        summary.partitions = len(targets)
+        keys = [t.key for t in targets]
         # An ingest of current files would only confirm them: run the ones that need it.
         if not force and job_name == INGEST_JOB and not embed_version:
-            keys = keys_needing_runs(instance, kb, [PartitionMap(kb.roots()).target(k) for k in keys])
+            keys = keys_needing_runs(instance, kb, targets)
             summary.current = summary.partitions - len(keys)
         parallel = parallel or kb.settings.pipeline.parallel_runs
         _code_server_env(kb.settings)

@@ -60,8 +60,8 @@ def test_four_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy,
     instance = get_instance(settings, home=tmp_path / "dagster_home")
     try:
         with KnowledgeBase(settings, provider=provider) as kb:
-            keys, ordered, _ = register_partitions(instance, kb, [CorpusRoot(root, "default")])
-        assert len(keys) == 6
+            targets, ordered, _ = register_partitions(instance, kb, [CorpusRoot(root, "default")])
+        assert len(targets) == 6
         # Four runs at once over overlapping ranges: every file is in two or more of them.
         ranges = [(ordered[0], ordered[3]), (ordered[2], ordered[5]), (ordered[0], ordered[5]), (ordered[1], ordered[4])]
         run_config = {"resources": {"rag": {"config": {"database_url": database_url, "home": str(home)}}}}
