@@ -42,3 +42,19 @@ def scratch_server(prefix: str = "rag-bench-") -> Iterator[tuple[str, Path]]:
             stop_embedded(work / "pgdata")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def copy_corpus_files(dest: Path, count: int, corpus: Path | None = None, *, spread: bool = False,
+                      readmes: bool = True) -> list[str]:
+    """Copy `count` YAML/markdown files of `corpus` (default: the shared corpus) to `dest`, keeping
+    their relative paths: the first ones by path, or with `spread` evenly over the sorted list.
+    Returns their relative POSIX paths."""
+    corpus = corpus or SHARED / "corpus"
+    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".md")
+                   and (readmes or "README" not in p.name))
+    chosen = (files[:: max(1, len(files) // count)] if spread else files)[:count]
+    for src in chosen:
+        target = dest / src.relative_to(corpus)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return [p.relative_to(corpus).as_posix() for p in chosen]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
-from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+from _bench_db import SHARED, copy_corpus_files, create_database, scratch_server  # noqa: E402
 from embedding import MODEL, DIMS, StubProcess  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -34,16 +33,6 @@ from rag_lib.models import CorpusRoot  # noqa: E402
 
 STUB_ENV = {"RAG_EMBEDDING__PROVIDER": "openai_compatible", "RAG_EMBEDDING__MODEL": MODEL,
             "RAG_EMBEDDING__DIMENSIONS": str(DIMS), "RAG_EMBEDDING__CONCURRENCY": "4"}
-
-
-def subset(corpus: Path, n: int, into: Path) -> Path:
-    """The first `n` YAML/markdown files of `corpus` (sorted paths), copied under `into`."""
-    files = sorted(p for p in corpus.rglob("*") if p.suffix in (".yaml", ".yml", ".md") and p.is_file())[:n]
-    for src in files:
-        dst = into / src.relative_to(corpus)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-    return into
 
 
 def materialize(admin: str, tag: str, corpus: Path, home: Path, parallel: int) -> dict:
@@ -109,7 +98,8 @@ def main() -> None:
                         os.environ.pop(key, None)
             print(f"progress: {out}", file=sys.stderr, flush=True)
         if "local" in parts:
-            local = subset(args.corpus, args.local_files, Path(tmp) / "local_corpus")
+            local = Path(tmp) / "local_corpus"
+            copy_corpus_files(local, args.local_files, args.corpus)
             out["local"] = {f"runs_{n}": materialize(admin, f"local{n}", local, home, n) for n in counts}
     for kind in parts:
         base = out[kind][f"runs_{counts[0]}"]["seconds"]

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+from _bench_db import copy_corpus_files, create_database, scratch_server  # noqa: E402
 
 from rag_lib.testing import RAG, child_env, start_server  # noqa: E402
 
@@ -73,19 +72,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
-
-
-def pick_files(count: int, dest: Path) -> list[str]:
-    """Copy `count` shared-corpus files (YAML and markdown, spread over the folders) to `dest`."""
-    corpus = SHARED / "corpus"
-    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".md")
-                   and "README" not in p.name)
-    chosen = files[:: max(1, len(files) // count)][:count]
-    for src in chosen:
-        target = dest / src.relative_to(corpus)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
-    return [p.relative_to(corpus).as_posix() for p in chosen]
 
 
 def db_counts(url: str, collection: str) -> dict[str, int]:
@@ -222,7 +208,7 @@ def main() -> None:
 
     with scratch_server("rag-soak-") as (admin, work):
         root = work / "corpus"
-        files = pick_files(args.files, root)
+        files = copy_corpus_files(root, args.files, spread=True, readmes=False)
         url = create_database(admin, "soak")
         env = child_env(url, work / "home", RAG_API_KEYS=KEY, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
         server = start_server(["serve", "--log-level", "warning"], env, work / "server.log", timeout=300)
