@@ -554,6 +554,10 @@ class KnowledgeBase:
         provider = self.__dict__.get("provider")
         return provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
 
+    def prepare_embedding(self) -> None:
+        """Load the embedding model now (a run loads it while its first stages run)."""
+        self.provider.prepare()
+
     def warm_up(self) -> None:
         """Open the pool and load the model now, so the first request pays nothing."""
         _ = self.store

@@ -104,8 +104,12 @@ _validator: ProcessPoolExecutor | None = None
 
 
 def _import_great_expectations() -> None:
+    from rag_lib.shutdown import skip_final_collections
+
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations  # noqa: F401
+
+    skip_final_collections()
 
 
 def preload_great_expectations() -> None:

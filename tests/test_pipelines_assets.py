@@ -3,6 +3,7 @@ partitions in one run, skipped inputs, per-file failures, and the Postgres-backe
 
 from __future__ import annotations
 
+import threading
 import uuid
 import warnings
 from pathlib import Path
@@ -19,6 +20,7 @@ from pipelines.partitions import CORPUS_FILES, range_tags  # noqa: E402
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.embedding.local import LocalProvider  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
 from pipelines.partitions import PartitionMap  # noqa: E402
@@ -169,6 +171,36 @@ def test_a_file_that_crashes_its_stage_fails_alone(corpus_copy, rag_factory, dat
         assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
         if raw[bad] == "failed":
             assert any(f["partition"] == bad and "RecursionError" in f["message"] for f in kb.status()["failures"])
+
+
+class _RecordingProvider(LocalProvider):
+    """The real model; records which thread asked for it to be loaded ahead of embedding."""
+
+    prepared_on: str | None = None
+
+    def prepare(self) -> None:
+        self.prepared_on = threading.current_thread().name
+        super().prepare()
+
+
+def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
+    """The model (seconds to load) loads on a thread of its own when the run starts, only for runs
+    that embed; a raw_documents-only run never loads it."""
+    root = corpus_copy(RELS[0])
+    settings = Settings(database_url=database_url, home=tmp_path / ".rag")
+    fresh = _RecordingProvider("all-MiniLM-L6-v2", 384)
+    preload_provider(settings, fresh)
+    with KnowledgeBase(settings, provider=fresh) as kb:
+        kb.add_root(root)
+    rag = RagResource(database_url=database_url, home=str(tmp_path / ".rag"))
+    with instance_for_test() as instance:
+        (key,) = _register(instance, root)
+        assert materialize([raw_documents], instance=instance, resources={"rag": rag}, partition_key=key).success
+        assert fresh.prepared_on is None and "_model" not in fresh.__dict__
+        result = materialize(ASSETS, instance=instance, resources={"rag": rag}, partition_key=key)
+        assert result.success
+        assert fresh.prepared_on == "rag-prepare"
+        assert _statuses(result, "vector_table") == {key: "ok"}
 
 
 def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from rag_lib.errors import RagError
 from rag_lib.log import get_logger, setup_logging
+from rag_lib.shutdown import skip_final_collections
 
 app = typer.Typer(
     name="rag",
@@ -57,6 +58,7 @@ def fail(message: str, code: int = 1) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    skip_final_collections()  # torch, Dagster and GE make a plain exit take seconds
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

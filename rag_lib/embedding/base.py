@@ -30,6 +30,9 @@ class EmbeddingProvider(ABC):
     def max_tokens(self) -> int:
         return self.tokenizer().limit
 
+    def prepare(self) -> None:
+        """Load what batch embedding needs now (a local model); remote providers need nothing."""
+
     @abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts`, shape (len(texts), dimensions), normalised."""

@@ -56,6 +56,9 @@ class FallbackProvider(EmbeddingProvider):
     def max_tokens(self) -> int:
         return min(m.max_tokens for m in self.members)
 
+    def prepare(self) -> None:
+        self.members[0].prepare()  # a fallback loads only if it is ever needed
+
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_counted(texts)[0]
 

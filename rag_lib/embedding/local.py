@@ -85,6 +85,10 @@ class LocalProvider(EmbeddingProvider):
         """'onnx' or 'torch': what encodes single queries (loads the query encoder)."""
         return "onnx" if self._query_encoder is not None else "torch"
 
+    def prepare(self) -> None:
+        with self._lock:  # an embed() meanwhile waits for this load instead of starting its own
+            _ = self._model
+
     def load(self) -> None:
         """Load the model and the query encoder now (servers do this at start, not on the first request)."""
         _ = self._model, self._query_encoder
