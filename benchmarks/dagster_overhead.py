@@ -1,11 +1,13 @@
-"""Dagster overhead: the same corpus ingested by the library alone and through Dagster (all
-partitions in one run, as `rag materialize` does), each into a fresh database with an empty
-embedding cache; then both again with `force` (cache hits: the orchestration share is largest);
-then both again without `force` (every file unchanged); and the corpus sensor's tick time on a
-tree of 10,000 files. Dagster runs go through `pipelines.runner.materialize_corpus` (what
-`rag materialize` runs). Prints one JSON line.
+"""Dagster overhead: `rag ingest CORPUS` (the library) against `rag materialize CORPUS` (the code
+location's job, all partitions in one run), each into a fresh database with an empty embedding
+cache; as fresh processes (`--commands`: imports, model load and exit included), or in this
+process (default: the library with its model already loaded, Dagster through `materialize_corpus`,
+whose run worker loads the model inside the Dagster figure); `--rounds` times in ABBA order; then
+both again with `--force` (cache hits: the orchestration share is largest); then both again
+without (every file unchanged); and the corpus sensor's tick time on a tree of 10,000 files.
+Prints one JSON line; `dagster_cold_breakdown` says where each Dagster run's time went.
 
-    .venv/bin/python benchmarks/dagster_overhead.py [--corpus DIR] [--sensor-files 10000]
+    .venv/bin/python benchmarks/dagster_overhead.py [--corpus DIR] [--commands] [--rounds 2] [--sensor-files N]
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding import get_provider  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
@@ -112,78 +116,119 @@ def run_breakdown(instance, run_ids: list[str]) -> dict:
     return out
 
 
+RAG = str(Path(sys.executable).with_name("rag"))
+
+
+def rag_command(args: list[str], database_url: str, home: Path, dagster_url: str | None = None) -> float:
+    """Seconds to run `rag ARGS` as a user would (a fresh process: imports, model load, exit). Exit
+    code 1 is expected: the shared corpus holds real bad files, which fail alone."""
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(home)}
+    if dagster_url:
+        env["DAGSTER_PG_URL"] = dagster_url
+    t = time.perf_counter()
+    done = subprocess.run([RAG, *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"rag {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}")
+    return seconds
+
+
+class Side:
+    """One side of the comparison, with its own database (and Dagster instance database) and home.
+    In-process (default): the library with the model already loaded, Dagster through
+    `materialize_corpus` (its run worker still loads the model); `--commands`: `rag ingest` and
+    `rag materialize` as fresh processes."""
+
+    def __init__(self, admin: str, tmp: Path, name: str, dagster: bool, commands: bool, provider):
+        from pipelines.instance import sqlalchemy_url
+
+        self.url = fresh_db(admin, f"bench_{name}")
+        self.home = tmp / name
+        self.dagster_url = sqlalchemy_url(admin, create_db(admin, "dagster")) if dagster else None
+        self.commands, self.provider = commands, provider
+
+    def run(self, corpus: Path, force: bool = False) -> float:
+        if self.commands:
+            command = "materialize" if self.dagster_url else "ingest"
+            return rag_command([command, str(corpus), *(["--force"] if force else [])], self.url, self.home,
+                               self.dagster_url)
+        settings = Settings(database_url=self.url, home=self.home)
+        t = time.perf_counter()
+        if self.dagster_url:
+            from pipelines.runner import materialize_corpus
+
+            with self.instance() as instance:
+                t = time.perf_counter()
+                materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=self.url,
+                                   home=str(self.home), force=force)
+                return time.perf_counter() - t
+        with KnowledgeBase(settings, provider=self.provider) as kb:
+            kb.ingest([corpus], force=force)
+        return time.perf_counter() - t
+
+    @contextmanager
+    def instance(self):
+        from pipelines.instance import get_instance
+
+        os.environ["DAGSTER_PG_URL"] = self.dagster_url
+        instance = get_instance(Settings(database_url=self.url, home=self.home))
+        try:
+            yield instance
+        finally:
+            instance.dispose()
+
+    def breakdown(self) -> dict:
+        with self.instance() as instance:
+            return run_breakdown(instance, [r.dagster_run.run_id for r in instance.get_run_records()])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"))
     parser.add_argument("--sensor-files", type=int, default=10_000)
+    parser.add_argument("--commands", action="store_true",
+                        help="time `rag ingest` / `rag materialize` as fresh processes (imports, model load, exit)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="cold rounds, in ABBA order (library, Dagster, Dagster, library, ...): a "
+                             "neighbour's load drifting during the minutes of a cold run cancels out")
     args = parser.parse_args()
     corpus = Path(args.corpus).resolve()
-
-    from pipelines.instance import get_instance, sqlalchemy_url
-    from pipelines.resources import preload_provider
-    from pipelines.runner import materialize_corpus
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         admin = start_embedded(tmp / "pgdata")
         try:
-            lib_url, dag_url = fresh_db(admin, "bench_lib"), fresh_db(admin, "bench_dagster")
-            lib_settings = Settings(database_url=lib_url, home=tmp / "home")
-            dag_settings = Settings(database_url=dag_url, home=tmp / "home")
-            provider = get_provider(lib_settings)
-            # The library's figures exclude the model load; a Dagster run's worker is a process of
-            # its own and loads the model inside the Dagster figure, as every run does.
-            provider.embed(["warm-up"])
-            preload_provider(dag_settings, provider)
-
-            results: dict = {"corpus": str(corpus)}
-            with KnowledgeBase(lib_settings, provider=provider) as kb:
-                t = time.perf_counter()
-                report = kb.ingest([corpus])
-                results["library_seconds"] = round(time.perf_counter() - t, 2)
-                results["chunks"] = report.chunks
-                results["files"] = len(report.outcomes)
-                kb.build_hnsw_index()
-                results["library_seconds_with_index"] = round(time.perf_counter() - t, 2)
-            print(f"progress: {results}", file=sys.stderr, flush=True)
-
-            os.environ["DAGSTER_PG_URL"] = sqlalchemy_url(admin, create_db(admin, "dagster"))
-            instance = get_instance(dag_settings, home=tmp / "dagster_home")
-            try:
-                t = time.perf_counter()
-                summary = materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=dag_url,
-                                             home=str(tmp / "home"))
-                results["dagster_seconds"] = round(time.perf_counter() - t, 2)
-                results["dagster_runs"] = len(summary.run_ids)
-                results["dagster_success"] = summary.success
-                results["ratio"] = round(results["dagster_seconds"] / results["library_seconds_with_index"], 3)
-                results["dagster_cold_breakdown"] = run_breakdown(instance, summary.run_ids)
+            provider = None
+            if not args.commands:  # the in-process library's figures exclude the model load
+                provider = get_provider(Settings(database_url=admin, home=tmp / "home"))
+                provider.embed(["warm-up"])
+            results: dict = {"corpus": str(corpus), "commands": args.commands,
+                             "library_seconds": [], "dagster_seconds": [],
+                             "dagster_cold_breakdown": []}
+            for n in range(args.rounds):
+                order = (False, True) if n % 2 == 0 else (True, False)
+                for dagster in order:
+                    side = Side(admin, tmp, f"{'dagster' if dagster else 'library'}_{n}", dagster, args.commands,
+                                provider)
+                    seconds = side.run(corpus)
+                    results["dagster_seconds" if dagster else "library_seconds"].append(round(seconds, 2))
+                    if dagster:
+                        results["dagster_cold_breakdown"].append(side.breakdown())
+                        dag = side
+                    else:
+                        lib = side
                 print(f"progress: {results}", file=sys.stderr, flush=True)
-
-                with KnowledgeBase(lib_settings, provider=provider) as kb:
-                    t = time.perf_counter()
-                    kb.ingest([corpus], force=True)
-                    results["warm_library_seconds"] = round(time.perf_counter() - t, 2)
-                t = time.perf_counter()
-                materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=dag_url,
-                                   home=str(tmp / "home"), force=True)
-                results["warm_dagster_seconds"] = round(time.perf_counter() - t, 2)
-                results["warm_ratio"] = round(results["warm_dagster_seconds"] / results["warm_library_seconds"], 3)
+            with psycopg.connect(lib.url) as conn:
+                results["chunks"] = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
+            results["ratio"] = round(sum(results["dagster_seconds"]) / sum(results["library_seconds"]), 3)
+            results["round_ratios"] = [round(d / lb, 3) for d, lb in zip(results["dagster_seconds"],
+                                                                          results["library_seconds"])]
+            # Warm: every vector in the cache, `--force` redoes every stage; then unchanged (no force).
+            for name, force in (("warm", True), ("unchanged", False)):
+                results[f"{name}_library_seconds"] = round(lib.run(corpus, force), 2)
+                results[f"{name}_dagster_seconds"] = round(dag.run(corpus, force), 2)
+                results[f"{name}_ratio"] = round(results[f"{name}_dagster_seconds"] / results[f"{name}_library_seconds"], 3)
                 print(f"progress: {results}", file=sys.stderr, flush=True)
-
-                # Unchanged re-run (no force): every file is current, both paths only confirm it.
-                with KnowledgeBase(lib_settings, provider=provider) as kb:
-                    t = time.perf_counter()
-                    kb.ingest([corpus])
-                    results["unchanged_library_seconds"] = round(time.perf_counter() - t, 2)
-                t = time.perf_counter()
-                materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=dag_url,
-                                   home=str(tmp / "home"))
-                results["unchanged_dagster_seconds"] = round(time.perf_counter() - t, 2)
-                results["unchanged_ratio"] = round(
-                    results["unchanged_dagster_seconds"] / max(results["unchanged_library_seconds"], 0.01), 3)
-            finally:
-                instance.dispose()
             results.update(sensor_ticks(tmp, args.sensor_files))
         finally:
             stop_embedded(tmp / "pgdata")

@@ -107,6 +107,8 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extr
         except RagError as exc:
             outcomes.append(StageOutcome(key, "failed", error=str(exc)))
     outcomes += getattr(runner, stage)(targets)
+    if stage == "raw_documents":
+        rag.prepare_after_raw_documents(context.run, new_content=any(o.status == "ok" for o in outcomes))
     with partition_keys_read_once(context):
         for outcome in outcomes:
             context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)

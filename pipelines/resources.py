@@ -91,13 +91,28 @@ class RagResource(ConfigurableResource):
         if context.run is None:  # a sensor tick or schedule: no stages, no checks
             return
         skip_final_collections()  # a run worker's exit is part of the run's wall time
-        if _embeds(context.run):
-            # The model loads (seconds) on the other core while the first stages run; then the
-            # validation process starts (chunk_sizes runs last, priority -1).
-            self._preparing = threading.Thread(target=_prepare, args=(self.kb(),), name="rag-prepare", daemon=True)
-            self._preparing.start()
+        # The model takes seconds to load: a run that will embed loads it on another core while
+        # its first stages run, then starts the validation process (chunk_sizes runs last,
+        # priority -1). A forced re-run mostly finds its vectors cached: it loads on demand.
+        if self.force or not _selects(context.run, "embeddings"):
+            preload_great_expectations()
+        elif not _selects(context.run, "raw_documents"):  # a re-embed: it certainly embeds
+            self.prepare_embedding_in_background()
+        # else raw_documents decides: only files with new content need the model
+
+    def prepare_after_raw_documents(self, run, new_content: bool) -> None:
+        """Files with new content will need the model: load it while the next stages run; else
+        only start the validation process."""
+        if new_content and not self.force and _selects(run, "embeddings"):
+            self.prepare_embedding_in_background()
         else:
             preload_great_expectations()
+
+    def prepare_embedding_in_background(self) -> None:
+        """Load the embedding model on a thread (once per run), then start the validation process."""
+        if self._preparing is None:
+            self._preparing = threading.Thread(target=_prepare, args=(self.kb(),), name="rag-prepare", daemon=True)
+            self._preparing.start()
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._preparing is not None:  # never close the knowledge base under a loading model
@@ -116,13 +131,15 @@ def _prepare(kb: KnowledgeBase) -> None:
     preload_great_expectations()
 
 
-def _embeds(run) -> bool:
-    """True when the run will embed: its asset selection (UI launches), else its steps (runs of
-    a job), else its job has `embeddings`."""
+def _selects(run, asset: str) -> bool:
+    """True when the run materializes `asset`: its asset selection (UI launches), else its steps,
+    else its job's selection (runs of a whole job from sensors and schedules)."""
     if run.asset_selection:  # empty for runs of a whole job
-        return AssetKey("embeddings") in run.asset_selection
+        return AssetKey(asset) in run.asset_selection
     if run.step_keys_to_execute is not None:
-        return "embeddings" in run.step_keys_to_execute
-    from pipelines.jobs import INGEST_JOB, REEMBED_JOB  # jobs.py imports this module
+        return asset in run.step_keys_to_execute
+    from pipelines.assets import ASSETS  # both import this module
+    from pipelines.jobs import ingest_job, reembed_job
 
-    return run.job_name in (INGEST_JOB, REEMBED_JOB)
+    job = {j.name: j for j in (ingest_job, reembed_job)}.get(run.job_name)
+    return job is not None and AssetKey(asset) in job.selection.resolve(ASSETS)

@@ -184,9 +184,9 @@ class _RecordingProvider(LocalProvider):
 
 
 def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
-    """The model (seconds to load) loads on a thread of its own when the run starts, only for runs
-    that embed; a raw_documents-only run never loads it."""
-    root = corpus_copy(RELS[0])
+    """The model (seconds to load) loads on a thread of its own once raw_documents finds files with
+    new content, only in runs that embed; never for a raw_documents-only run or unchanged files."""
+    root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
     fresh = _RecordingProvider("all-MiniLM-L6-v2", 384)
     preload_provider(settings, fresh)
@@ -194,13 +194,19 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         kb.add_root(root)
     rag = RagResource(database_url=database_url, home=str(tmp_path / ".rag"))
     with instance_for_test() as instance:
-        (key,) = _register(instance, root)
-        assert materialize([raw_documents], instance=instance, resources={"rag": rag}, partition_key=key).success
+        keys = _register(instance, root)
+        tags = range_tags(keys[0], keys[-1])
+        assert materialize([raw_documents], instance=instance, resources={"rag": rag}, partition_key=keys[0]).success
         assert fresh.prepared_on is None and "_model" not in fresh.__dict__
-        result = materialize(ASSETS, instance=instance, resources={"rag": rag}, partition_key=key)
-        assert result.success
+        # keys[0] is unchanged now, keys[1] is new: its chunks need the model
+        result = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
+        assert result.success and _statuses(result, "raw_documents") == {keys[0]: "unchanged", keys[1]: "ok"}
         assert fresh.prepared_on == "rag-prepare"
-        assert _statuses(result, "vector_table") == {key: "ok"}
+        assert _statuses(result, "vector_table") == {keys[0]: "ok", keys[1]: "ok"}
+        fresh.prepared_on = None
+        again = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
+        assert again.success and set(_statuses(again, "raw_documents").values()) == {"unchanged"}
+        assert fresh.prepared_on is None  # nothing new: nothing to load
 
 
 def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):
