@@ -92,15 +92,13 @@ def sensor_ticks(tmp: Path, n: int) -> dict:
     return out
 
 
-def run_breakdown(instance, run_ids: list[str]) -> dict:
-    """Where a Dagster run's time goes: submit to RUN_START (run worker start-up), RUN_START to
-    the run's end, and each step's seconds (summed over runs)."""
+def run_breakdown(instance) -> dict:
+    """Where the time of the runs on `instance` went: creating a run to its RUN_START (run worker
+    start-up), RUN_START to the run's end, and each step's seconds (summed over runs)."""
     from dagster import DagsterEventType
 
     out: dict = {"launch_seconds": 0.0, "run_seconds": 0.0, "steps": {}}
     for record in instance.get_run_records():
-        if record.dagster_run.run_id not in run_ids:
-            continue
         out["launch_seconds"] += record.start_time - record.create_timestamp.timestamp()
         out["run_seconds"] += record.end_time - record.start_time
         started: dict[str, float] = {}
@@ -152,8 +150,6 @@ class Side:
             command = "materialize" if self.dagster_url else "ingest"
             return rag_command([command, str(corpus), *(["--force"] if force else [])], self.url, self.home,
                                self.dagster_url)
-        settings = Settings(database_url=self.url, home=self.home)
-        t = time.perf_counter()
         if self.dagster_url:
             from pipelines.runner import materialize_corpus
 
@@ -162,7 +158,8 @@ class Side:
                 materialize_corpus(instance, [CorpusRoot(corpus, "default")], database_url=self.url,
                                    home=str(self.home), force=force)
                 return time.perf_counter() - t
-        with KnowledgeBase(settings, provider=self.provider) as kb:
+        t = time.perf_counter()
+        with KnowledgeBase(Settings(database_url=self.url, home=self.home), provider=self.provider) as kb:
             kb.ingest([corpus], force=force)
         return time.perf_counter() - t
 
@@ -179,7 +176,7 @@ class Side:
 
     def breakdown(self) -> dict:
         with self.instance() as instance:
-            return run_breakdown(instance, [r.dagster_run.run_id for r in instance.get_run_records()])
+            return run_breakdown(instance)  # a fresh instance per side: its runs are this side's
 
 
 def main() -> None:

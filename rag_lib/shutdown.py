@@ -1,7 +1,7 @@
 """Quick interpreter exit for processes that imported torch, Great Expectations or Dagster.
 
 Python's shutdown ends with full garbage collections over every object still alive; with those
-libraries loaded that is seconds of pure CPU (a Dagster run worker spent 2-4 s there after its run
+libraries loaded that is seconds of pure CPU (a Dagster run worker spent 2-6 s there after its run
 had finished, and the caller waits for it). Freezing the heap at exit leaves those objects to
 the operating system: exit codes, atexit handlers and explicit closes are unchanged, only
 `__del__` of objects in reference cycles no longer runs at exit (Python never promised it)."""
