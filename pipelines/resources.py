@@ -91,25 +91,24 @@ class RagResource(ConfigurableResource):
         if context.run is None:  # a sensor tick or schedule: no stages, no checks
             return
         skip_final_collections()  # a run worker's exit is part of the run's wall time
-        # The model takes seconds to load: a run that will embed loads it on another core while
-        # its first stages run, then starts the validation process (chunk_sizes runs last,
-        # priority -1). A forced re-run mostly finds its vectors cached: it loads on demand.
-        if self.force or not _selects(context.run, "embeddings"):
+        # Importing Great Expectations takes seconds of one core: a process does it beside the first
+        # stages, whose Python work (and the model load's, on a thread) holds this process to one
+        # core; started later it would slow the embedding, which uses both (chunk_sizes runs last).
+        if _selects(context.run, "chunks"):
             preload_great_expectations()
-        elif not _selects(context.run, "raw_documents"):  # a re-embed: it certainly embeds
-            self.prepare_embedding_in_background()
+        # The model takes seconds to load: a run that will embed loads it on a thread while its
+        # first stages run. A forced re-run mostly finds its vectors cached: it loads on demand.
+        if not self.force and _selects(context.run, "embeddings") and not _selects(context.run, "raw_documents"):
+            self.prepare_embedding_in_background()  # a re-embed: it certainly embeds
         # else raw_documents decides: only files with new content need the model
 
     def prepare_after_raw_documents(self, run, new_content: bool) -> None:
-        """Files with new content will need the model: load it while the next stages run; else
-        only start the validation process."""
+        """Files with new content will need the model: load it while the next stages run."""
         if new_content and not self.force and _selects(run, "embeddings"):
             self.prepare_embedding_in_background()
-        else:
-            preload_great_expectations()
 
     def prepare_embedding_in_background(self) -> None:
-        """Load the embedding model on a thread (once per run), then start the validation process."""
+        """Load the embedding model on a thread (once per run)."""
         if self._preparing is None:
             self._preparing = threading.Thread(target=_prepare, args=(self.kb(),), name="rag-prepare", daemon=True)
             self._preparing.start()
@@ -128,7 +127,6 @@ def _prepare(kb: KnowledgeBase) -> None:
         kb.prepare_embedding()
     except Exception:  # noqa: BLE001 - the embeddings stage loads it again and records the failure per file
         log.warning("loading the embedding model ahead of the embeddings stage failed", exc_info=True)
-    preload_great_expectations()
 
 
 def _selects(run, asset: str) -> bool:

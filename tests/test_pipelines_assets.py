@@ -18,6 +18,7 @@ from pipelines.assets import ASSETS, raw_documents  # noqa: E402
 from pipelines.checks import CHECKS  # noqa: E402
 from pipelines.partitions import CORPUS_FILES, range_tags  # noqa: E402
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
+from rag_lib import quality  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
@@ -174,18 +175,24 @@ def test_a_file_that_crashes_its_stage_fails_alone(corpus_copy, rag_factory, dat
 
 
 class _RecordingProvider(LocalProvider):
-    """The real model; records which thread asked for it to be loaded ahead of embedding."""
+    """The real model; records which thread asked for it to be loaded ahead of embedding, and
+    whether the validation process (Great Expectations) was already starting by then."""
 
     prepared_on: str | None = None
+    validator_started_first: bool | None = None
 
     def prepare(self) -> None:
         self.prepared_on = threading.current_thread().name
+        self.validator_started_first = quality._validator is not None
         super().prepare()
 
 
 def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
     """The model (seconds to load) loads on a thread of its own once raw_documents finds files with
-    new content, only in runs that embed; never for a raw_documents-only run or unchanged files."""
+    new content, only in runs that embed; never for a raw_documents-only run or unchanged files.
+    The validation process starts with a run that has chunk checks, before its first stage (not
+    later, beside the embedding), and not at all for a raw_documents-only run."""
+    quality._stop_validator()  # an earlier test's process would hide when this run starts one
     root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
     fresh = _RecordingProvider("all-MiniLM-L6-v2", 384)
@@ -198,10 +205,11 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         tags = range_tags(keys[0], keys[-1])
         assert materialize([raw_documents], instance=instance, resources={"rag": rag}, partition_key=keys[0]).success
         assert fresh.prepared_on is None and "_model" not in fresh.__dict__
+        assert quality._validator is None
         # keys[0] is unchanged now, keys[1] is new: its chunks need the model
         result = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
         assert result.success and _statuses(result, "raw_documents") == {keys[0]: "unchanged", keys[1]: "ok"}
-        assert fresh.prepared_on == "rag-prepare"
+        assert fresh.prepared_on == "rag-prepare" and fresh.validator_started_first
         assert _statuses(result, "vector_table") == {keys[0]: "ok", keys[1]: "ok"}
         fresh.prepared_on = None
         again = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
