@@ -98,14 +98,18 @@ class RagResource(ConfigurableResource):
             preload_great_expectations()
         # The model takes seconds to load: a run that will embed loads it on a thread while its
         # first stages run. A forced re-run mostly finds its vectors cached: it loads on demand.
-        if not self.force and _selects(context.run, "embeddings") and not _selects(context.run, "raw_documents"):
+        if self._embeds_uncached(context.run) and not _selects(context.run, "raw_documents"):
             self.prepare_embedding_in_background()  # a re-embed: it certainly embeds
         # else raw_documents decides: only files with new content need the model
 
     def prepare_after_raw_documents(self, run, new_content: bool) -> None:
         """Files with new content will need the model: load it while the next stages run."""
-        if new_content and not self.force and _selects(run, "embeddings"):
+        if new_content and self._embeds_uncached(run):
             self.prepare_embedding_in_background()
+
+    def _embeds_uncached(self, run) -> bool:
+        """The run embeds, and not as a forced re-run (whose vectors are mostly cached)."""
+        return not self.force and _selects(run, "embeddings")
 
     def prepare_embedding_in_background(self) -> None:
         """Load the embedding model on a thread (once per run)."""
