@@ -28,7 +28,18 @@ from pipelines.stage_runner import StageRunner, keys_needing_runs
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
-POLL_SECONDS = 0.2  # between reads of a run's status
+# Between reads of a run's status: quick at first (short runs end soon), then at most once a
+# second. A read costs ~2.6 ms of CPU here and about as much in Postgres: at a steady 5 reads a
+# second, waiting on a cold 3-minute run took ~2.3 s of CPU from an embedding using both cores.
+POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.1, 1.0
+
+
+def poll_delays() -> Iterator[float]:
+    """Seconds to sleep between status reads: 0.1 s, growing by half each time, up to 1 s."""
+    delay = POLL_FIRST_SECONDS
+    while True:
+        yield delay
+        delay = min(delay * 1.5, POLL_MAX_SECONDS)
 
 
 @dataclass
@@ -170,8 +181,9 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
         if queued:
             instance.submit_run(run.run_id, workspace)
             continue
+        delays = poll_delays()
         while len(in_flight) >= parallel:
-            time.sleep(POLL_SECONDS)
+            time.sleep(next(delays))
             in_flight = [r for r in in_flight if not run_finished(instance, r)]
         instance.launch_run(run.run_id, workspace)
         in_flight.append(run.run_id)
@@ -179,8 +191,10 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
 
 
 def wait_for_run(instance, run_id: str):
+    """The run once its status is final (read at `poll_delays`)."""
+    delays = poll_delays()
     while not run_finished(instance, run_id):
-        time.sleep(POLL_SECONDS)
+        time.sleep(next(delays))
     return instance.get_run_by_id(run_id)
 
 

@@ -11,7 +11,8 @@ import psycopg
 from pipelines.instance import get_instance, sqlalchemy_url
 from pipelines.partitions import plan_ranges
 from pipelines.resources import preload_provider
-from pipelines.runner import launch_runs, location_workspace, materialize_corpus, register_partitions, wait_for_run
+from pipelines.runner import (launch_runs, location_workspace, materialize_corpus, poll_delays, register_partitions,
+                              wait_for_run)
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.models import CorpusRoot
@@ -35,6 +36,14 @@ def test_plan_ranges_splits_into_disjoint_balanced_ranges():
     # only the wanted files count towards the split; a span may hold current files between them
     assert plan_ranges(["r/01", "r/02", "r/07", "r/08"], ordered, parallel=2) == [("r/01", "r/02"), ("r/07", "r/08")]
     assert plan_ranges(ordered[:2], ordered, parallel=8) == [("r/00", "r/00"), ("r/01", "r/01")]
+
+
+def test_waiting_on_a_run_reads_its_status_quickly_at_first_then_once_a_second():
+    delays = poll_delays()
+    first = [next(delays) for _ in range(12)]
+    assert first[0] == 0.1  # a short run's end is seen within a tenth of a second
+    assert first == sorted(first) and first[-1] == 1.0  # a long run is read once a second
+    assert sum(first[:4]) < 1.0  # four reads in the first second
 
 
 def _rows(url: str) -> dict[str, list]:
