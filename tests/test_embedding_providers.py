@@ -54,6 +54,18 @@ def test_vectors_are_the_servers_batched_by_count(stub):
     assert not usage[0].tokens_estimated
 
 
+def test_an_unset_batch_size_is_each_providers_own(stub):
+    """Small encode batches for the local model (faster on CPU), 64 texts per request remotely."""
+    texts = [f"note {i}" for i in range(130)]
+    p = remote(stub, concurrency=1)
+    p.embed(texts)
+    assert stub.requests == 3 and stub.inputs == 130  # 64 + 64 + 2
+    local = get_provider(Settings(database_url="postgresql://unused/unused"))
+    assert isinstance(local, LocalProvider) and local.batch_size == 8
+    chosen = get_provider(Settings(database_url="postgresql://unused/unused", embedding={"batch_size": 32}))
+    assert chosen.batch_size == 32  # a configured size is kept
+
+
 def test_batches_also_split_by_tokens(stub):
     p = remote(stub, batch_size=100, max_batch_tokens=40, concurrency=1)
     p.embed(TEXTS)

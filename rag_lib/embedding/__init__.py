@@ -35,9 +35,10 @@ OPENAI_DEFAULT_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large":
 def build_provider(cfg: ProviderSettings) -> EmbeddingProvider:
     """One provider (no fallbacks) from its settings."""
     if cfg.provider == "local":
-        from rag_lib.embedding.local import LocalProvider
+        from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider
 
-        return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size, cfg.model_path, cfg.query_runtime, cfg.onnx_cache_dir)
+        return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size or LOCAL_BATCH_SIZE, cfg.model_path,
+                             cfg.query_runtime, cfg.onnx_cache_dir)
     if cfg.provider in ("openai", "openai_compatible"):
         from rag_lib.embedding.openai import OpenAIProvider
 

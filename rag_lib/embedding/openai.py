@@ -29,6 +29,7 @@ log = get_logger(__name__)
 
 OPENAI_MODELS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 MAX_INPUTS_PER_REQUEST = 2048  # OpenAI's documented cap on inputs per request
+DEFAULT_BATCH_SIZE = 64  # texts per request when embedding.batch_size is unset
 
 
 class _Malformed(Exception):
@@ -143,7 +144,7 @@ class OpenAIProvider(EmbeddingProvider):
     def _batches(self, texts: list[str]) -> list[list[int]]:
         """Index batches within the count and per-request token limits; a text's UTF-8 bytes (+2)
         bound its tokens, so a batch can never exceed the provider's real cap."""
-        max_n = max(1, min(self.cfg.batch_size, MAX_INPUTS_PER_REQUEST))
+        max_n = max(1, min(self.cfg.batch_size or DEFAULT_BATCH_SIZE, MAX_INPUTS_PER_REQUEST))
         batches: list[list[int]] = []
         current: list[int] = []
         weight = 0

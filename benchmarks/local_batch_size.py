@@ -1,0 +1,85 @@
+"""Local model batch size: seconds to embed the shared corpus's chunk texts (as ingest makes them)
+with the local model at each `--sizes` batch size, after one untimed pass that loads the model;
+`--rounds` passes per size in ABBA order (a neighbour's drifting load cancels out). Prints one
+JSON line: seconds per size (summed over rounds), each size's ratio to the fastest, and the CPU
+spent in the kernel (page faults of the attention tensors) per size.
+
+    .venv/bin/python benchmarks/local_batch_size.py [--corpus DIR] [--chunks 800] [--sizes 8,16,64] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rag_lib.chunking import Chunker  # noqa: E402
+from rag_lib.config import Settings  # noqa: E402
+from rag_lib.documents import load_file  # noqa: E402
+from rag_lib.embedding.local import LocalProvider, default_model_path  # noqa: E402
+from rag_lib.flatten import flatten, load_mapping  # noqa: E402
+from rag_lib.ingest import collect_files  # noqa: E402
+from rag_lib.models import Document  # noqa: E402
+from rag_lib.tokens import get_tokenizer  # noqa: E402
+
+
+def corpus_texts(settings: Settings, corpus: Path) -> list[str]:
+    """The embed texts of every chunk of the corpus, as ingest would make them."""
+    chunker = Chunker(get_tokenizer(settings.embedding.model_path or default_model_path()), settings.chunking)
+    mapping = load_mapping(Path(settings.sections_file))
+    texts: list[str] = []
+    for base, file in collect_files([corpus]):
+        try:
+            items = load_file(file, base, "bench", settings.max_file_bytes, settings.limits)
+        except Exception:  # noqa: BLE001 - the corpus holds real bad files; ingest skips them too
+            continue
+        for doc in (i for i in items if isinstance(i, Document)):
+            raw = file.read_text(encoding="utf-8-sig") if doc.format == "yaml" else None
+            texts.extend(c.embed_text for c in chunker.chunk(doc, flatten(doc, mapping, raw)))
+    return texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"))
+    parser.add_argument("--chunks", type=int, default=800, help="a random sample of this many chunk texts")
+    parser.add_argument("--sizes", default="8,16,64")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    settings = Settings(database_url="postgresql://unused/unused")
+    texts = corpus_texts(settings, Path(args.corpus))
+    sample = random.Random(0).sample(texts, min(args.chunks, len(texts)))
+    cfg = settings.embedding
+    provider = LocalProvider(cfg.model, cfg.dimensions, batch_size=64, model_path=cfg.model_path)
+    provider.prepare()
+    provider.embed(sample[:128])  # untimed: first-call costs land outside every size's figure
+    sizes = [int(s) for s in args.sizes.split(",")]
+    seconds = dict.fromkeys(sizes, 0.0)
+    kernel = dict.fromkeys(sizes, 0.0)
+    for n in range(args.rounds):
+        for size in sizes if n % 2 == 0 else reversed(sizes):
+            provider.batch_size = size
+            before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            provider.embed(sample)
+            seconds[size] += time.perf_counter() - t
+            kernel[size] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before.ru_stime
+    fastest = min(seconds.values())
+    print(json.dumps({
+        "corpus_chunks": len(texts), "sample_chunks": len(sample), "rounds": args.rounds,
+        "seconds": {s: round(v, 2) for s, v in seconds.items()},
+        "ratio_to_fastest": {s: round(v / fastest, 3) for s, v in seconds.items()},
+        "kernel_cpu_seconds": {s: round(v, 2) for s, v in kernel.items()},
+    }))
+
+
+if __name__ == "__main__":
+    main()
