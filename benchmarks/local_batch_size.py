@@ -1,8 +1,8 @@
 """Local model batch size: seconds to embed the shared corpus's chunk texts (as ingest makes them)
 with the local model at each `--sizes` batch size, after one untimed pass that loads the model;
 `--rounds` passes per size in ABBA order (a neighbour's drifting load cancels out). Prints one
-JSON line: seconds per size (summed over rounds), each size's ratio to the fastest, and the CPU
-spent in the kernel (page faults of the attention tensors) per size.
+JSON line: the files that failed to load, seconds per size (summed over rounds), each size's ratio
+to the fastest, and the CPU spent in the kernel (page faults of the attention tensors) per size.
 
     .venv/bin/python benchmarks/local_batch_size.py [--corpus DIR] [--chunks 800] [--sizes 8,16,64] [--rounds 2]
 """
@@ -32,20 +32,23 @@ from rag_lib.models import Document  # noqa: E402
 from rag_lib.tokens import get_tokenizer  # noqa: E402
 
 
-def corpus_texts(settings: Settings, corpus: Path) -> list[str]:
-    """The embed texts of every chunk of the corpus, as ingest would make them."""
+def corpus_texts(settings: Settings, corpus: Path) -> tuple[list[str], int]:
+    """The embed texts of every chunk of the corpus, as ingest would make them, and how many files
+    failed to load (the shared corpus holds real bad files; ingest records them and goes on)."""
     chunker = Chunker(get_tokenizer(settings.embedding.model_path or default_model_path()), settings.chunking)
     mapping = load_mapping(Path(settings.sections_file))
     texts: list[str] = []
+    failed = 0
     for base, file in collect_files([corpus]):
         try:
             items = load_file(file, base, "bench", settings.max_file_bytes, settings.limits)
-        except Exception:  # noqa: BLE001 - the corpus holds real bad files; ingest skips them too
+        except Exception:  # noqa: BLE001 - counted in the output, as ingest counts its failed files
+            failed += 1
             continue
         for doc in (i for i in items if isinstance(i, Document)):
             raw = file.read_text(encoding="utf-8-sig") if doc.format == "yaml" else None
             texts.extend(c.embed_text for c in chunker.chunk(doc, flatten(doc, mapping, raw)))
-    return texts
+    return texts, failed
 
 
 def main() -> None:
@@ -56,7 +59,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     settings = Settings(database_url="postgresql://unused/unused")
-    texts = corpus_texts(settings, Path(args.corpus))
+    texts, failed = corpus_texts(settings, Path(args.corpus))
     sample = random.Random(0).sample(texts, min(args.chunks, len(texts)))
     cfg = settings.embedding
     provider = LocalProvider(cfg.model, cfg.dimensions, batch_size=64, model_path=cfg.model_path)
@@ -74,7 +77,8 @@ def main() -> None:
             kernel[size] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before.ru_stime
     fastest = min(seconds.values())
     print(json.dumps({
-        "corpus_chunks": len(texts), "sample_chunks": len(sample), "rounds": args.rounds,
+        "corpus_chunks": len(texts), "files_failed_to_load": failed, "sample_chunks": len(sample),
+        "rounds": args.rounds,
         "seconds": {s: round(v, 2) for s, v in seconds.items()},
         "ratio_to_fastest": {s: round(v / fastest, 3) for s, v in seconds.items()},
         "kernel_cpu_seconds": {s: round(v, 2) for s, v in kernel.items()},
