@@ -1,0 +1,79 @@
+"""The tuned Dagster instance writes what Dagster itself writes: a new run's planned
+materializations go in as one batch, and Dagster reads them back the same way (the run's planned
+events, partitions in progress, failed partitions after the run fails, each asset's last run)."""
+
+from __future__ import annotations
+
+import uuid
+
+from dagster import AssetKey, DagsterEventType, DagsterInstance
+from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+
+from pipelines.definitions import defs
+from pipelines.instance import get_instance, prepare_dagster_home, sqlalchemy_url
+from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG, corpus_files
+from rag_lib.config import Settings
+from rag_lib.testing import create_database
+
+KEYS = [f"corpus/notes/n{i:02d}.md" for i in range(12)]
+PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table", "knowledge_graph"]
+
+
+def _run_then_fail(pg_server: str, database_url: str, home, monkeypatch, tuned: bool) -> dict:
+    """Create a run of `ingest_files` over KEYS on a fresh instance (ours, or Dagster's untouched),
+    read back what the UI reads while it is queued, then fail it and read again."""
+    db = f"dagster_{uuid.uuid4().hex[:8]}"
+    create_database(pg_server, db)
+    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, db))
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "500")  # both instances hand the storage one batch
+    settings = Settings(database_url=database_url, home=home)
+    if tuned:
+        instance = get_instance(settings, home=home / "dagster_home")
+    else:
+        prepare_dagster_home(settings, home / "dagster_home")
+        instance = DagsterInstance.get()
+    single_writes: list[str] = []
+    store_event = instance.event_log_storage.store_event
+    instance.event_log_storage.store_event = lambda e: (single_writes.append(e.dagster_event_type), store_event(e))[1]
+    try:
+        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+        run = instance.create_run_for_job(defs.resolve_job_def("ingest_files"),
+                                          tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
+        records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+                                               limit=10_000).records
+        planned = sorted((r.event_log_entry.dagster_event.asset_key.to_user_string(),
+                          r.event_log_entry.dagster_event.partition or "") for r in records)
+        storage = instance.event_log_storage
+        in_progress = {a: sorted(storage.get_latest_asset_partition_materialization_attempts_without_materializations(
+            AssetKey(a))) for a in PARTITIONED}
+        last_runs = {r.asset_entry.asset_key.to_user_string(): r.asset_entry.last_run_id
+                     for r in instance.get_asset_records([AssetKey(a) for a in PARTITIONED + ["hnsw_index"]])}
+        instance.report_run_failed(run)
+        failed = {}
+        for asset in PARTITIONED:
+            cache = get_and_update_asset_status_cache_value(instance, AssetKey(asset), corpus_files)
+            failed[asset] = sorted(cache.deserialize_failed_partition_subsets(corpus_files).get_partition_keys())
+        return {"run_id": run.run_id, "planned": planned, "in_progress": in_progress, "last_runs": last_runs,
+                "failed": failed, "single_writes": single_writes}
+    finally:
+        instance.dispose()
+
+
+def test_planned_events_are_one_batch_that_dagster_reads_as_its_own(pg_server, database_url, tmp_path, monkeypatch):
+    ours = _run_then_fail(pg_server, database_url, tmp_path / "ours", monkeypatch, tuned=True)
+    dagsters = _run_then_fail(pg_server, database_url, tmp_path / "dagster", monkeypatch, tuned=False)
+
+    # one planned event per file per partitioned asset, one for the index; the same on both
+    assert len(ours["planned"]) == len(KEYS) * len(PARTITIONED) + 1
+    assert ours["planned"] == dagsters["planned"]
+    # Dagster's own storage writes each of them alone; ours writes none alone
+    assert dagsters["single_writes"].count("ASSET_MATERIALIZATION_PLANNED") == len(ours["planned"])
+    assert "ASSET_MATERIALIZATION_PLANNED" not in ours["single_writes"]
+    assert sorted(ours["single_writes"]) == sorted(w for w in dagsters["single_writes"]
+                                                   if w != "ASSET_MATERIALIZATION_PLANNED")  # check plans
+
+    # what the UI's partition bars read: every file in progress while queued, failed once the run failed
+    for result in (ours, dagsters):
+        assert result["in_progress"] == {a: KEYS for a in PARTITIONED}
+        assert result["failed"] == {a: KEYS for a in PARTITIONED}
+        assert set(result["last_runs"].values()) == {result["run_id"]}
