@@ -249,7 +249,8 @@ class StageRunner:
 
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
         try:
-            result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+            with self.kb.recording_metrics():
+                result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
             result = FileVectors(errors={key: exc for key in pending})
         self.embed_totals = {"cache_hits": result.cache_hits, "embedded": result.embedded}

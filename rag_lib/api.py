@@ -98,11 +98,9 @@ class KnowledgeBase:
     ) -> IngestReport:
         """Ingest files/folders incrementally; see `rag_lib.ingest`. The roots ingested are
         registered (see `register_ingested_roots`), so the Dagster code location watches them."""
-        from rag_lib.metrics import bound
-
         self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
-        with bound(self.metrics):
+        with self.recording_metrics():
             report = run_ingest(
                 self.pipeline, paths, self._collection(collection),
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
@@ -121,9 +119,7 @@ class KnowledgeBase:
         """The vector of one text in the configured space."""
         if not text or not text.strip():
             raise ValidationError("text is empty")
-        from rag_lib.metrics import bound
-
-        with bound(self.metrics):
+        with self.recording_metrics():
             return self.provider.embed([text])[0]
 
     def delete_document(self, ref: str, collection: str | None = None) -> list[str]:
@@ -220,7 +216,7 @@ class KnowledgeBase:
         """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk).
         `rerank` (default: settings) reorders the head with the reranker; hits keep the fused `score`
         beside `rerank_score`. Every search is recorded in the metrics (see `metrics_summary`)."""
-        from rag_lib.metrics import bound, search_metric
+        from rag_lib.metrics import search_metric
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
@@ -228,7 +224,7 @@ class KnowledgeBase:
         )
         store, provider = self.search_context()
         reranked = self.rerank_enabled(rerank)
-        with bound(self.metrics):
+        with self.recording_metrics():
             result = search_mod.search(
                 store, provider, query, mode=mode, filters=filters,
                 top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
@@ -392,7 +388,7 @@ class KnowledgeBase:
         """Fill space `MODEL[:DIMS]` beside the active one and (with `switch`) switch when the gates pass."""
         from rag_lib import reembed as rm
 
-        with self._bound_metrics():
+        with self.recording_metrics():
             return rm.reembed(self.settings, self.store, spec, switch=switch, skip_quality=skip_quality,
                               progress=progress)
 
@@ -401,7 +397,9 @@ class KnowledgeBase:
 
         return rm.rollback(self.settings, self.store, progress=progress)
 
-    def _bound_metrics(self) -> Any:
+    def recording_metrics(self) -> Any:
+        """A context in which embedding calls are recorded in the metrics (`rag metrics`): ingests,
+        re-embeds and the Dagster embeddings stage run inside one."""
         from rag_lib.metrics import bound
 
         return bound(self.metrics)

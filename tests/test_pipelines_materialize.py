@@ -57,6 +57,10 @@ def test_materialize_runs_through_the_code_location(corpus_copy, pg_server, data
         (registered,) = kb.roots()
         assert registered.path == root.resolve() and registered.collection == "default"
         assert kb.show(RELS[0])["chunk_count"] > 0
+        # the run worker's embedding calls are in `rag metrics`, as a library ingest's are
+        embedding = kb.metrics_summary()["embedding"]
+        assert embedding["calls"] >= 1 and embedding["failures"] == 0 and embedding["by_provider"] == {
+            "local": embedding["calls"]}
 
 
 def test_rag_lib_imports_nothing_from_pipelines():
