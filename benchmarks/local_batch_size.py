@@ -1,10 +1,13 @@
-"""Local model batch size: seconds to embed the shared corpus's chunk texts (as ingest makes them)
-with the local model at each `--sizes` batch size, after one untimed pass that loads the model;
-`--rounds` passes per size in ABBA order (a neighbour's drifting load cancels out). Prints one
-JSON line: the files that failed to load, seconds per size (summed over rounds), each size's ratio
-to the fastest, and the CPU spent in the kernel (page faults of the attention tensors) per size.
+"""Local model runtime and batch size: seconds to embed the shared corpus's chunk texts (as ingest
+makes them) with the local model on each `--runtimes` runtime (ONNX Runtime, torch) at each
+`--sizes` batch size, after one untimed pass that loads it; `--rounds` passes per combination in
+ABBA order (a neighbour's drifting load cancels out). Prints one JSON line: the files that failed
+to load, each runtime's load seconds (ONNX first, so its figure has no torch import), seconds per
+`runtime:size` (summed over rounds), each one's ratio to the fastest, and the CPU spent in the
+kernel (page faults of the attention tensors) per combination.
 
-    .venv/bin/python benchmarks/local_batch_size.py [--corpus DIR] [--chunks 800] [--sizes 8,16,64] [--rounds 2]
+    .venv/bin/python benchmarks/local_batch_size.py [--corpus DIR] [--chunks 800] [--sizes 8,16,64]
+        [--runtimes onnx,torch] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -56,29 +59,36 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"))
     parser.add_argument("--chunks", type=int, default=800, help="a random sample of this many chunk texts")
     parser.add_argument("--sizes", default="8,16,64")
+    parser.add_argument("--runtimes", default="onnx,torch")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     settings = Settings(database_url="postgresql://unused/unused")
     texts, failed = corpus_texts(settings, Path(args.corpus))
     sample = random.Random(0).sample(texts, min(args.chunks, len(texts)))
     cfg = settings.embedding
-    provider = LocalProvider(cfg.model, cfg.dimensions, batch_size=64, model_path=cfg.model_path)
-    provider.prepare()
-    provider.embed(sample[:128])  # untimed: first-call costs land outside every size's figure
-    sizes = [int(s) for s in args.sizes.split(",")]
-    seconds = dict.fromkeys(sizes, 0.0)
-    kernel = dict.fromkeys(sizes, 0.0)
+    providers, load = {}, {}
+    for runtime in sorted(args.runtimes.split(","), key=lambda r: r != "onnx"):
+        t = time.perf_counter()
+        providers[runtime] = LocalProvider(cfg.model, cfg.dimensions, batch_size=64, model_path=cfg.model_path,
+                                           onnx_cache_dir=cfg.onnx_cache_dir, batch_runtime=runtime)
+        providers[runtime].prepare()
+        load[runtime] = round(time.perf_counter() - t, 2)
+        providers[runtime].embed(sample[:128])  # untimed: first-call costs land outside every figure
+    combos = [(r, int(s)) for r in args.runtimes.split(",") for s in args.sizes.split(",")]
+    seconds = {f"{r}:{s}": 0.0 for r, s in combos}
+    kernel = dict.fromkeys(seconds, 0.0)
     for n in range(args.rounds):
-        for size in sizes if n % 2 == 0 else reversed(sizes):
+        for runtime, size in combos if n % 2 == 0 else reversed(combos):
+            provider, key = providers[runtime], f"{runtime}:{size}"
             provider.batch_size = size
             before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             provider.embed(sample)
-            seconds[size] += time.perf_counter() - t
-            kernel[size] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before.ru_stime
+            seconds[key] += time.perf_counter() - t
+            kernel[key] += resource.getrusage(resource.RUSAGE_SELF).ru_stime - before.ru_stime
     fastest = min(seconds.values())
     print(json.dumps({
         "corpus_chunks": len(texts), "files_failed_to_load": failed, "sample_chunks": len(sample),
-        "rounds": args.rounds,
+        "rounds": args.rounds, "load_seconds": load,
         "seconds": {s: round(v, 2) for s, v in seconds.items()},
         "ratio_to_fastest": {s: round(v / fastest, 3) for s, v in seconds.items()},
         "kernel_cpu_seconds": {s: round(v, 2) for s, v in kernel.items()},

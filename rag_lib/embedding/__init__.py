@@ -38,7 +38,7 @@ def build_provider(cfg: ProviderSettings) -> EmbeddingProvider:
         from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider
 
         return LocalProvider(cfg.model, cfg.dimensions, cfg.batch_size or LOCAL_BATCH_SIZE, cfg.model_path,
-                             cfg.query_runtime, cfg.onnx_cache_dir)
+                             cfg.query_runtime, cfg.onnx_cache_dir, cfg.batch_runtime)
     if cfg.provider in ("openai", "openai_compatible"):
         from rag_lib.embedding.openai import OpenAIProvider
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime encoder for single search queries.
+"""ONNX Runtime encoder for search queries and ingest batches.
 
 The local model's transformer, mean pooling and normalisation are exported once with `torch.onnx`
 into a cache folder, beside a manifest holding the torch model's vectors for a few probe texts.
@@ -64,6 +64,24 @@ class OnnxQueryEncoder:
     def encode(self, text: str) -> np.ndarray:
         """The normalised vector of `text`, shape (1, dimensions)."""
         return self.session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
+
+    def encode_batch(self, texts: list[str], batch_size: int) -> np.ndarray:
+        """Normalised vectors of `texts`, shape (len(texts), dimensions). Like sentence-transformers,
+        texts of similar length go together (longest first) so a batch pads little; padding is
+        masked, so a text's vector does not depend on its batch (within ~3e-7)."""
+        rows = [self.tokenizer.model_inputs(text) for text in texts]
+        order = sorted(range(len(rows)), key=lambda i: -rows[i]["input_ids"].shape[1])
+        out = np.zeros((len(rows), self.dimensions), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            members = order[start:start + batch_size]
+            width = max(rows[i]["input_ids"].shape[1] for i in members)
+            feed = {name: np.zeros((len(members), width), dtype=np.int64) for name in INPUTS}
+            for row, i in enumerate(members):
+                for name in INPUTS:
+                    values = rows[i][name][0]
+                    feed[name][row, :len(values)] = values
+            out[members] = self.session.run(None, feed)[0]
+        return out
 
 
 def load_query_encoder(model_path: str, cache_dir: Path | str | None, load_model: Callable[[], object]) -> OnnxQueryEncoder:
