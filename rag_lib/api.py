@@ -550,7 +550,7 @@ class KnowledgeBase:
     def model_loaded(self) -> bool:
         """True when the embedding model is in memory (checked without loading it)."""
         provider = self.__dict__.get("provider")
-        return provider is not None and ("_model" in getattr(provider, "__dict__", {}) or not hasattr(provider, "load"))
+        return provider is not None and provider.loaded
 
     def prepare_embedding(self) -> None:
         """Load the embedding model now (a run loads it while its first stages run)."""

@@ -33,6 +33,11 @@ class EmbeddingProvider(ABC):
     def prepare(self) -> None:
         """Load what batch embedding needs now (a local model); remote providers need nothing."""
 
+    @property
+    def loaded(self) -> bool:
+        """True when what encodes queries and batches is in memory (checked without loading it)."""
+        return True
+
     @abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts`, shape (len(texts), dimensions), normalised."""

@@ -59,6 +59,10 @@ class FallbackProvider(EmbeddingProvider):
     def prepare(self) -> None:
         self.members[0].prepare()  # a fallback loads only if it is ever needed
 
+    @property
+    def loaded(self) -> bool:
+        return self.members[0].loaded
+
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_counted(texts)[0]
 

@@ -105,6 +105,13 @@ class LocalProvider(EmbeddingProvider):
         """'onnx' or 'torch': what encodes single queries (loads the query encoder)."""
         return "onnx" if self._query_encoder is not None else "torch"
 
+    @property
+    def loaded(self) -> bool:
+        runtimes = {self.query_runtime, self.batch_runtime}
+        onnx_tried = "_onnx" in self.__dict__
+        needs_torch = "torch" in runtimes or (onnx_tried and self.__dict__["_onnx"] is None)
+        return ("onnx" not in runtimes or onnx_tried) and (not needs_torch or "_model" in self.__dict__)
+
     def prepare(self) -> None:
         with self._lock:  # an embed() meanwhile waits for this load instead of starting its own
             if self._batch_encoder is None:
