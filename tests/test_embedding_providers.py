@@ -270,18 +270,21 @@ def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
     assert np.abs(again.encode("NVDA bull case") - provider.embed(["NVDA bull case", "x"])[:1]).max() < 1e-5
 
 
-def test_a_search_process_does_not_import_torch(provider, tmp_path):
+def _in_a_fresh_process(provider, tmp_path, body: str) -> list[str]:
+    """What `body` prints (split), run in a new interpreter with `p`, a local provider whose ONNX
+    export is already cached in `tmp_path`."""
     load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
-    code = (
-        "import sys, numpy as np\n"
-        "from rag_lib.embedding.local import LocalProvider\n"
-        f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n"
-        "v = p.embed(['NVDA bull case'])\n"
-        "print(p.active_query_runtime, 'torch' in sys.modules, v.shape, float(np.linalg.norm(v)))\n"
-    )
+    code = ("import sys, numpy as np\nfrom rag_lib.embedding.local import LocalProvider\n"
+            f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n" + body)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    runtime, torch_loaded, *_ = out.stdout.split()
+    return out.stdout.split()
+
+
+def test_a_search_process_does_not_import_torch(provider, tmp_path):
+    runtime, torch_loaded, *_ = _in_a_fresh_process(provider, tmp_path, (
+        "v = p.embed(['NVDA bull case'])\n"
+        "print(p.active_query_runtime, 'torch' in sys.modules, v.shape, float(np.linalg.norm(v)))\n"))
     assert (runtime, torch_loaded) == ("onnx", "False")
 
 
@@ -338,17 +341,10 @@ def test_onnx_batches_make_the_torch_models_vectors(provider):
 
 
 def test_an_ingest_process_does_not_import_torch(provider, tmp_path):
-    load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
-    code = (
-        "import sys, numpy as np\n"
-        "from rag_lib.embedding.local import LocalProvider\n"
-        f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n"
+    printed = _in_a_fresh_process(provider, tmp_path, (
         "before = p.loaded\n"
         "p.prepare()\n"  # what a Dagster run does ahead of its embeddings stage
         "v = p.embed(['NVDA bull case', 'which trades hit their stop', 'free cash flow ' * 200])\n"
-        "print(before, p.loaded, 'torch' in sys.modules, v.shape, round(float(np.linalg.norm(v, axis=1).min()), 4))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+        "print(before, p.loaded, 'torch' in sys.modules, v.shape, round(float(np.linalg.norm(v, axis=1).min()), 4))\n"))
     # loaded (what /health waits for) once the export is in memory, torch never imported
-    assert out.stdout.split() == ["False", "True", "False", "(3,", "384)", "1.0"]
+    assert printed == ["False", "True", "False", "(3,", "384)", "1.0"]
