@@ -299,7 +299,8 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
     common = {"collection": collection, "source_path": str(path.resolve()), "size_bytes": size}
 
     if suffix in JSONL_SUFFIXES:
-        return list(_load_jsonl(text, rel, digest, common, max_bytes, limits))
+        return list(_load_jsonl(text, rel, digest, common, max_bytes, limits)) or skip(
+            "empty", "no JSONL records (only blank lines)", digest)
     if suffix in MARKDOWN_SUFFIXES:
         front_text = front_matter(text)
         problem = check_lines(text, limits) or (
@@ -370,7 +371,10 @@ def _load_jsonl(
     record can never replace a document of another file. Bad records are skipped at `<file>:<line>`."""
     collection = common["collection"]
     first_line: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Records end at "\n" only: str.splitlines() also breaks at U+0085/U+2028/U+2029, which JSON
+    # strings may hold unescaped, and would cut such a record in two.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
 

@@ -9,7 +9,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 import yaml
 
@@ -134,6 +134,8 @@ record_ids = st.one_of(st.text(max_size=50), st.integers(), st.sampled_from(
     st.text(max_size=80),
     st.integers(1, 40).map(lambda n: '{"_id": "d", "text": "x", "m": ' + "[" * n + "]" * n + "}"),
 ), max_size=12))
+@example(lines=["\x85"])  # only a character str.splitlines() breaks at: no records, a skip
+@example(lines=['{"_id": "a", "text": "one\u2028record"}'])  # raw U+2028 inside a JSON string
 def test_jsonl_loader_loads_or_skips(lines: list[str]):
     path = WORKDIR / "records.jsonl"
     path.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass"))
@@ -160,3 +162,12 @@ def test_linear_key_finder_agrees_with_the_old_pattern(line: str):
 @given(st.text(alphabet=st.sampled_from(list("ab \t\n\r")), max_size=30))
 def test_linear_trailing_blank_removal_agrees_with_the_old_pattern(text: str):
     assert _scalar(text) == re.sub(r"[ \t]+\n", "\n", text).strip()
+
+
+def test_a_jsonl_record_may_hold_unicode_line_separators():
+    # JSON strings may hold U+0085/U+2028/U+2029 unescaped; records end at "\n" (and "\r\n") only
+    path = WORKDIR / "separators.jsonl"
+    path.write_text('{"_id": "a", "text": "one\u2028record\u0085still one"}\r\n{"_id": "b", "text": "two"}\n',
+                    encoding="utf-8")
+    docs = [i for i in load_file(path, path.parent, "fuzz", 100_000, LIMITS) if isinstance(i, Document)]
+    assert [d.doc_id for d in docs] == ["a", "b"] and "one\u2028record\u0085still one" in docs[0].body
