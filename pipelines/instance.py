@@ -90,8 +90,11 @@ def batch_planned_events(storage) -> None:
     planned_type = DagsterEventType.ASSET_MATERIALIZATION_PLANNED
     store_batch = storage.store_event_batch
 
+    def is_planned(event) -> bool:
+        return event.dagster_event_type == planned_type and bool(event.dagster_event.asset_key)
+
     def store_event_batch(events) -> None:
-        planned = [e for e in events if e.dagster_event_type == planned_type and e.dagster_event.asset_key]
+        planned = [e for e in events if is_planned(e)]
         if len(planned) < 2:
             return store_batch(events)
         # One transaction: if it fails, nothing was written and Dagster's fallback (each event
@@ -104,7 +107,7 @@ def batch_planned_events(storage) -> None:
             latest = {e.dagster_event.asset_key: (e, i) for e, i in zip(planned, ids)}
             for event, event_id in latest.values():
                 storage._store_asset_event(conn, event, event_id)
-        rest = [e for e in events if not (e.dagster_event_type == planned_type and e.dagster_event.asset_key)]
+        rest = [e for e in events if not is_planned(e)]
         if rest:
             store_batch(rest)
 
