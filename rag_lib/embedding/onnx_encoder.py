@@ -50,8 +50,8 @@ def default_cache_dir() -> Path:
 
 
 @dataclass
-class OnnxQueryEncoder:
-    """Encodes one text at a time with ONNX Runtime."""
+class OnnxEncoder:
+    """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch)."""
 
     session: object  # onnxruntime.InferenceSession
     tokenizer: Tokenizer
@@ -84,7 +84,7 @@ class OnnxQueryEncoder:
         return out
 
 
-def load_query_encoder(model_path: str, cache_dir: Path | str | None, load_model: Callable[[], object]) -> OnnxQueryEncoder:
+def load_onnx_encoder(model_path: str, cache_dir: Path | str | None, load_model: Callable[[], object]) -> OnnxEncoder:
     """The cached export of the model at `model_path`, checked against its manifest. `load_model`
     (the SentenceTransformer) is called only to export when the cache has no usable export.
 
@@ -93,6 +93,7 @@ def load_query_encoder(model_path: str, cache_dir: Path | str | None, load_model
         import onnxruntime as ort
     except ImportError as exc:
         raise ConfigError(f"onnxruntime is not installed ({exc}); install it or set embedding.query_runtime: torch") from exc
+    # The file name predates batches on ONNX; renaming it would re-export on every machine.
     path = Path(cache_dir or default_cache_dir()) / f"query-encoder-{_fingerprint(model_path)}.onnx"
     manifest = path.with_suffix(".json")
     tokenizer = get_tokenizer(model_path)
@@ -103,7 +104,7 @@ def load_query_encoder(model_path: str, cache_dir: Path | str | None, load_model
             _export(model, path)
             _write_manifest(model, tokenizer, manifest)
         try:
-            encoder = OnnxQueryEncoder(_session(ort, path), tokenizer, path)
+            encoder = OnnxEncoder(_session(ort, path), tokenizer, path)
             _verify(encoder, manifest)
             return encoder
         except Exception as exc:
@@ -211,7 +212,7 @@ def _write_manifest(model, tokenizer: Tokenizer, manifest: Path) -> None:
     os.replace(partial, manifest)
 
 
-def _verify(encoder: OnnxQueryEncoder, manifest: Path) -> None:
+def _verify(encoder: OnnxEncoder, manifest: Path) -> None:
     """Refuse an export whose vectors differ from the torch model's: queries must land in the indexed space."""
     recorded = json.loads(manifest.read_text(encoding="utf-8"))
     if recorded.get("recipe") != EXPORT_RECIPE or recorded.get("probes") != list(PROBES):
