@@ -130,15 +130,18 @@ class DagsterUI:
             r["tags"] = {t["key"]: t["value"] for t in r["tags"]}
         return results
 
-    def run_errors(self, run_id: str) -> str:
-        """The run's warnings, errors and step failures, one per line (for failure messages)."""
+    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's event log as the run page shows it: {__typename, message, level, stepKey, error}."""
         data = self.query("""query($id: ID!) { logsForRun(runId: $id, limit: 5000) { __typename
             ... on EventConnection { events { __typename ... on MessageEvent { message level stepKey }
             ... on ExecutionStepFailureEvent { error { message } }
             ... on RunFailureEvent { error { message } } } } } }""", id=run_id)
-        events = (data["logsForRun"] or {}).get("events") or []
+        return (data["logsForRun"] or {}).get("events") or []
+
+    def run_errors(self, run_id: str) -> str:
+        """The run's warnings, errors and step failures, one per line (for failure messages)."""
         lines = []
-        for e in events:
+        for e in self.run_events(run_id):
             if e.get("level") in ("WARNING", "ERROR", "CRITICAL") or e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent"):
                 err = (e.get("error") or {}).get("message") or ""
                 lines.append(f"[{e.get('stepKey') or '-'}] {e.get('message', '')} {err}".strip())

@@ -127,6 +127,9 @@ def test_materialize_one_partition(operator: Operator):
     run = ui.wait_run(run_id, RUN_TIMEOUT)
     assert run["jobName"] == ASSET_JOB and run["tags"]["dagster/partition"] == key
     assert run["repositoryOrigin"]["repositoryLocationName"] == LOCATION
+    # one process for the whole run, as `rag materialize`'s runs: not a process per step
+    spawned = [e["stepKey"] for e in ui.run_events(run_id) if "subprocess" in (e.get("message") or "")]
+    assert not spawned, f"the UI's asset job started a process per step: {spawned}"
     for asset in PARTITIONED:
         latest = ui.materializations(asset, key)
         assert latest and latest[0]["runId"] == run_id, f"{asset}[{key}] not materialized by {run_id}: {latest}"
