@@ -213,7 +213,7 @@ def main() -> None:
             provider = None
             if not args.commands:  # the in-process library's figures exclude the model load
                 provider = get_provider(Settings(database_url=admin, home=tmp / "home"))
-                # two texts: a single one goes to the ONNX query encoder and leaves the batch model unloaded
+                # two texts: the batch path (a single text takes the query path)
                 provider.embed(["warm-up", "a second text"])
             results: dict = {"corpus": str(corpus), "commands": args.commands,
                              "library_seconds": [], "dagster_seconds": [],

@@ -102,7 +102,7 @@ class LocalProvider(EmbeddingProvider):
 
     @property
     def active_query_runtime(self) -> str:
-        """'onnx' or 'torch': what encodes single queries (loads the query encoder)."""
+        """'onnx' or 'torch': what encodes single queries (loads the ONNX export if it is to be used)."""
         return "onnx" if self._query_encoder is not None else "torch"
 
     @property

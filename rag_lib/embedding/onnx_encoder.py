@@ -92,7 +92,7 @@ def load_onnx_encoder(model_path: str, cache_dir: Path | str | None, load_model:
     try:
         import onnxruntime as ort
     except ImportError as exc:
-        raise ConfigError(f"onnxruntime is not installed ({exc}); install it or set embedding.query_runtime: torch") from exc
+        raise ConfigError(f"onnxruntime is not installed ({exc}); install it or set embedding.query_runtime and embedding.batch_runtime: torch") from exc
     # The file name predates batches on ONNX; renaming it would re-export on every machine.
     path = Path(cache_dir or default_cache_dir()) / f"query-encoder-{_fingerprint(model_path)}.onnx"
     manifest = path.with_suffix(".json")
@@ -109,9 +109,9 @@ def load_onnx_encoder(model_path: str, cache_dir: Path | str | None, load_model:
             return encoder
         except Exception as exc:
             if attempt == 2:
-                raise ConfigError(f"the ONNX query encoder at {path} does not work: {exc}") from exc
+                raise ConfigError(f"the ONNX export at {path} does not work: {exc}") from exc
             # a truncated, foreign or stale file: export again once
-            log.warning("cached ONNX query encoder %s is unusable (%s); exporting it again", path, exc)
+            log.warning("cached ONNX export %s is unusable (%s); exporting it again", path, exc)
     raise AssertionError("unreachable")
 
 
@@ -129,7 +129,7 @@ def _check_architecture(model) -> None:
     )
     if not ok:
         names = " -> ".join(type(m).__name__ for m in modules)
-        raise ConfigError(f"the ONNX query encoder supports Transformer -> mean Pooling models, not {names}")
+        raise ConfigError(f"the ONNX export supports Transformer -> mean Pooling models, not {names}")
 
 
 def _fingerprint(model_path: str) -> str:
@@ -167,7 +167,7 @@ def _export(model, path: Path) -> None:
     axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS} | {"embedding": {0: "batch"}}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    log.info("exporting the query encoder to %s (once per model)", path)
+    log.info("exporting the model to ONNX at %s (once per model)", path)
     try:
         # the tracer warns about every Python-level shape check in transformers' code: noise here
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
