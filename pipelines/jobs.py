@@ -1,7 +1,8 @@
-"""Jobs. Everything runs in one process per run (in_process_executor): the stages share the
-loaded model and one connection pool, and a many-file run stays one process, not one per file."""
+"""Jobs. Each runs in one process per run (the code location's default executor, set once in
+pipelines/definitions.py): the stages share the loaded model and one connection pool, and a
+many-file run stays one process, not one per file."""
 
-from dagster import AssetSelection, OpExecutionContext, define_asset_job, in_process_executor, job, op
+from dagster import AssetSelection, OpExecutionContext, define_asset_job, job, op
 
 from pipelines.assets import chunks, embeddings, hnsw_index, vector_table
 from pipelines.resources import RagResource
@@ -13,7 +14,6 @@ MAINTENANCE_JOB = "index_maintenance"
 ingest_job = define_asset_job(
     INGEST_JOB,
     selection=AssetSelection.groups("corpus"),
-    executor_def=in_process_executor,
     description="All six assets for a set of files (a partition range), checks included.",
 )
 
@@ -21,7 +21,6 @@ ingest_job = define_asset_job(
 reembed_job = define_asset_job(
     REEMBED_JOB,
     selection=AssetSelection.assets(chunks, embeddings, vector_table, hnsw_index),
-    executor_def=in_process_executor,
     description="Re-chunk, re-embed and re-publish files whose embedding settings changed, then the index.",
 )
 
@@ -33,6 +32,6 @@ def maintain_indexes(context: OpExecutionContext, rag: RagResource) -> dict:
     return done
 
 
-@job(name=MAINTENANCE_JOB, executor_def=in_process_executor, description="Weekly index maintenance.")
+@job(name=MAINTENANCE_JOB, description="Weekly index maintenance.")
 def index_maintenance_job():
     maintain_indexes()

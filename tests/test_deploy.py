@@ -453,3 +453,6 @@ def test_step_per_pod_variant_uses_the_k8s_job_executor():
         assert k8s.ENCODER_STEP in {node.name for node in job.graph.nodes}
     assert set(repo.get_job("ingest_files_k8s").graph.node_dict) == set(repo.get_job(ingest_job.name).graph.node_dict)
     assert repo.get_job(ingest_job.name).executor_def.name == "in_process"  # the default stays in-process
+    # every other job runs in one process too: the code location's default, the UI's asset job included
+    others = {j.name: j.executor_def.name for j in repo.get_all_jobs() if not j.name.endswith(k8s.SUFFIX)}
+    assert set(others.values()) == {"in_process"} and "__ASSET_JOB" in others, others
