@@ -78,7 +78,8 @@ def test_four_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy,
             run_ids = launch_runs(instance, workspace, "ingest_files", run_config, ranges, parallel=4)
             runs = [wait_for_run(instance, run_id) for run_id in run_ids]
         assert [r.status.value for r in runs] == ["SUCCESS"] * 4, [r.status.value for r in runs]
-        spans = [(instance.get_run_stats(r.run_id).start_time, instance.get_run_stats(r.run_id).end_time) for r in runs]
+        stats = [instance.get_run_stats(r.run_id) for r in runs]
+        spans = [(st.start_time, st.end_time) for st in stats]
         # each run overlapped another one (launches are ~3 s apart; a run of a few cached files is short)
         overlapping = [any(s < e2 and s2 < e for j, (s2, e2) in enumerate(spans) if j != i)
                        for i, (s, e) in enumerate(spans)]
