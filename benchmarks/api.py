@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import database_url  # noqa: E402
-from rag_lib.server.service import default_mode  # noqa: E402
+from rag_lib.server.service import DEFAULT_MODE  # noqa: E402
 from rag_lib.store.connection import ensure_database  # noqa: E402
 from rag_lib.testing import start_server  # noqa: E402
 
@@ -122,9 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--levels", default="1,8,32")
-    parser.add_argument("--mode", default=None, help="semantic | lexical | hybrid (default: hybrid if available)")
+    parser.add_argument("--mode", default=None, help=f"semantic | lexical | hybrid (default: {DEFAULT_MODE})")
     args = parser.parse_args()
-    mode = args.mode or default_mode()
+    mode = args.mode or DEFAULT_MODE
     url = prepare_db()
     queries = load_queries()
     # half before and half after the HTTP levels, so a shared machine's load swings hit both alike

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 from pathlib import Path
 
 import psycopg
@@ -322,7 +321,7 @@ def test_context_and_similar(client: TestClient):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
-def test_bind_policy():
+def test_bind_policy(monkeypatch):
     settings = Settings()
     none = KeyRing.from_env(settings, {})
     with pytest.raises(ConfigError, match="refusing"):
@@ -334,7 +333,10 @@ def test_bind_policy():
     check_bind("0.0.0.0", KeyRing.from_env(settings, {"RAG_API_KEYS": "k1, k2"}))
     ring = KeyRing.from_env(settings, {"RAG_API_KEYS": "k1, k2", "RAG_API_READ_ONLY_KEYS": "r1"})
     assert [ring.scope_of(k) for k in ("k1", "k2", "r1", "k", "", None)] == ["write", "write", "read", None, None, None]
-    assert os.environ.get("RAG_API_KEYS") is None or True  # keys never come from settings files
+    # keys come only from the environment mapping given (the process's by default), never from settings files
+    monkeypatch.setenv("RAG_API_KEYS", "from-process-env")
+    assert not KeyRing.from_env(settings, {}).enabled
+    assert KeyRing.from_env(settings).scope_of("from-process-env") == "write"
 
 
 # ---- the seeds' HTTP shapes (000: /api/rag/*, 003: /rag/*), called with their own example payloads ----
