@@ -1,10 +1,16 @@
-"""Soak benchmark (issue 15): mixed search / embed / delete / embed-text traffic from 16 clients
-against a real `rag serve` on 127.0.0.1 for N minutes, with hostile bodies mixed in (parser bombs,
-NUL bytes, bad names, huge numbers, foreign Origin). Prints ONE JSON line: requests, errors by
-status code, p95, the server's RSS at start and end, `/health` latency, and an integrity check (no
-orphans; the corpus collection equal to a clean ingest of the same files).
+"""Soak benchmark against a real `rag serve` on 127.0.0.1. Two scenarios, each printing ONE JSON line.
+
+`mixed` (issue 15): search / embed / delete / embed-text traffic from 16 clients for N minutes, with
+hostile bodies mixed in (parser bombs, NUL bytes, bad names, huge numbers, foreign Origin): requests,
+errors by status code, p95, the server's RSS at start and end, `/health` latency, and an integrity
+check (no orphans; the corpus collection equal to a clean ingest of the same files).
+
+`upload` (issue 29): hybrid search p50/p95 from a few clients, first alone (baseline), then while one
+maximal upload (a document of `limits.max_chunks_per_document` one-chunk sections, new text so
+nothing comes from the embedding cache) is ingested over HTTP; with the machine's load average.
 
     .venv/bin/python benchmarks/soak.py [--seconds 600] [--clients 16] [--files 40]
+    .venv/bin/python benchmarks/soak.py --scenario upload [--chunks 2000] [--small]
 
 Runs on a throwaway embedded PostgreSQL server (nothing else is touched)."""
 
@@ -198,13 +204,118 @@ class Traffic:
                              *(self.client(i, until) for i in range(clients)))
 
 
+def big_document(chunks: int, seed: int) -> str:
+    """A YAML document of `chunks` top-level keys of ~40 new words each: one chunk per key, and text
+    no earlier run embedded (a random token per key), so every chunk costs a model call."""
+    rng = random.Random(seed)
+    words = " ".join(QUERIES).lower().split()
+    tag = os.urandom(4).hex()
+    lines = ["_meta:", "  type: research", f"  id: soak-upload-{tag}"]
+    for i in range(chunks):
+        text = " ".join(rng.choice(words) for _ in range(40))
+        lines.append(f"s{i:05d}: \"{tag} {i} {text}\"")
+    return "\n".join(lines) + "\n"
+
+
+def percentiles(latencies: list[float]) -> dict[str, float | int | None]:
+    if not latencies:
+        return {"n": 0, "p50_ms": None, "p95_ms": None, "max_ms": None}
+    return {"n": len(latencies), "p50_ms": round(float(np.percentile(latencies, 50)), 1),
+            "p95_ms": round(float(np.percentile(latencies, 95)), 1), "max_ms": round(max(latencies), 1)}
+
+
+async def search_clients(base: str, clients: int, stop: asyncio.Event, seconds: float | None) -> list[float]:
+    """Hybrid searches from `clients` clients, one after another each, until `stop` is set (or
+    `seconds` pass); their latencies in ms."""
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds if seconds else None
+
+    async def one(n: int) -> None:
+        rng = random.Random(n)
+        async with httpx.AsyncClient(base_url=base, timeout=600, headers={"X-API-Key": KEY}) as c:
+            while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                t0 = time.perf_counter()
+                r = await c.post("/api/rag/search", json={"query": rng.choice(QUERIES), "top_k": 5, "mode": "hybrid"})
+                r.raise_for_status()
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+    await asyncio.gather(*(one(n) for n in range(clients)))
+    return latencies
+
+
+async def during_upload(base: str, clients: int, body: dict) -> tuple[list[float], dict]:
+    """Search latencies while `body` is uploaded (from the first search to the upload's answer)."""
+    stop = asyncio.Event()
+    upload: dict = {}
+
+    async def send() -> None:
+        await asyncio.sleep(0.5)  # searches are running before the upload starts
+        t0 = time.perf_counter()
+        async with httpx.AsyncClient(base_url=base, timeout=3600, headers={"X-API-Key": KEY}) as c:
+            r = await c.post("/api/rag/embed", json=body)
+        upload.update(status=r.status_code, seconds=round(time.perf_counter() - t0, 1),
+                      chunks=r.json().get("chunks") if r.status_code == 200 else None,
+                      message=None if r.status_code == 200 else r.json().get("error", {}).get("message"))
+        stop.set()
+
+    results = await asyncio.gather(search_clients(base, clients, stop, None), send())
+    return results[0], upload
+
+
+def upload_scenario(args: argparse.Namespace) -> None:
+    files_n, chunks = (8, 300) if args.small else (args.files, args.chunks)
+    baseline_s = 10.0 if args.small else args.baseline_seconds
+    with scratch_server("rag-soak-") as (admin, work):
+        root = work / "corpus"
+        files = copy_corpus_files(root, files_n, spread=True, readmes=False)
+        url = create_database(admin, "soak")
+        env = child_env(url, work / "home", RAG_API_KEYS=KEY, RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]),
+                        RAG_SERVER__MAX_BODY_BYTES=str(4 * 1024 * 1024))
+        server = start_server(["serve", "--log-level", "warning"], env, work / "server.log", timeout=300)
+        try:
+            with httpx.Client(base_url=server.url, timeout=600, headers={"X-API-Key": KEY}) as c:
+                for rel in files:
+                    c.post("/api/rag/embed", json={"path": rel}).raise_for_status()
+                for q in QUERIES:
+                    c.post("/api/rag/search", json={"query": q, "top_k": 5}).raise_for_status()
+            load_before = os.getloadavg()
+            baseline = asyncio.run(search_clients(server.url, args.search_clients, asyncio.Event(), baseline_s))
+            body = {"name": "soak/big.yaml", "content": big_document(chunks, args.seed), "collection": "soak"}
+            during, upload = asyncio.run(during_upload(server.url, args.search_clients, body))
+            load_after = os.getloadavg()
+            alive = server.alive()
+        finally:
+            server.stop(timeout=20)
+    print(json.dumps({
+        "benchmark": "soak_upload", "small": args.small, "corpus_files": len(files), "search_clients": args.search_clients,
+        "upload_chunks_requested": chunks, "upload_bytes": len(body["content"].encode()), "upload": upload,
+        "baseline": percentiles(baseline), "during_upload": percentiles(during),
+        "p95_ratio": round(percentiles(during)["p95_ms"] / percentiles(baseline)["p95_ms"], 2)
+        if during and baseline else None,
+        "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in load_after],
+        "cpus": os.cpu_count(), "server_alive": alive,
+    }))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=600)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--files", type=int, default=40)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--scenario", choices=["mixed", "upload"], default="mixed",
+                    help="mixed traffic for --seconds, or search latency while one maximal upload is ingested")
+    ap.add_argument("--seconds", type=float, default=600, help="mixed: how long the traffic runs")
+    ap.add_argument("--clients", type=int, default=16, help="mixed: concurrent clients")
+    ap.add_argument("--files", type=int, default=40, help="corpus files ingested before the clock starts")
     ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument("--chunks", type=int, default=2000,
+                    help="upload: chunks of the uploaded document (default: limits.max_chunks_per_document)")
+    ap.add_argument("--search-clients", type=int, default=4, help="upload: concurrent search clients")
+    ap.add_argument("--baseline-seconds", type=float, default=30, help="upload: searching alone, for the baseline")
+    ap.add_argument("--small", action="store_true",
+                    help="upload: a quick run (8 corpus files, 300 chunks, 10 s baseline)")
     args = ap.parse_args()
+    if args.scenario == "upload":
+        upload_scenario(args)
+        return
 
     with scratch_server("rag-soak-") as (admin, work):
         root = work / "corpus"

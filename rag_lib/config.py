@@ -183,6 +183,17 @@ class ServerSettings(BaseModel):
     parse_workers: int = 2
 
 
+class GraphSettings(BaseModel):
+    """Bounds of one graph question (`rag graph`, `GET /api/rag/graph/{node}`, MCP `rag_graph`), so
+    that any key that may read cannot keep the database busy: over one, the question is refused
+    naming the setting (HTTP 422 for rows, 504 for time)."""
+
+    # edges a path search (`--to`) may examine, all steps together (at most 50 per node and step)
+    max_path_rows: int = Field(20_000, ge=1)
+    # PostgreSQL statement_timeout of each graph query (SET LOCAL in its own transaction)
+    query_timeout_ms: int = Field(2_000, ge=1)
+
+
 class CorpusRootSettings(BaseModel):
     """A folder the pipeline watches; its files become partitions of `collection`."""
 
@@ -249,6 +260,7 @@ class Settings(BaseSettings):
     search_metrics: SearchMetricsSettings = Field(default_factory=SearchMetricsSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     limits: ParseLimits = Field(default_factory=ParseLimits)
+    graph: GraphSettings = Field(default_factory=GraphSettings)
 
     @classmethod
     def settings_customise_sources(

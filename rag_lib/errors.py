@@ -49,3 +49,16 @@ class AdminRequiredError(DatabaseError):
     a privilege); `str(err)` names the statement the admin must run."""
 
     code = "admin_required"
+
+
+class LimitExceededError(ValidationError):
+    """A request that would need more work than a configured limit allows; the message names the
+    setting and its value (HTTP 422)."""
+
+    code = "limit_exceeded"
+
+
+class QueryTimeoutError(RagError):
+    """A database query stopped by its configured time limit; the message names the setting (HTTP 504)."""
+
+    code = "query_timeout"

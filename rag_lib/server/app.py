@@ -25,6 +25,7 @@ from rag_lib.errors import (
     DocumentError,
     EmbeddingError,
     NotFoundError,
+    QueryTimeoutError,
     RagError,
     ValidationError,
 )
@@ -49,7 +50,7 @@ access_log = logging.getLogger("rag_lib.server.access")
 STATUS_OF: list[tuple[type[RagError], int]] = [
     (AuthError, 401), (ForbiddenError, 403), (PathNotAllowedError, 403), (NotFoundError, 404),
     (DimensionMismatchError, 409), (ValidationError, 422), (DocumentError, 422),
-    (EmbeddingError, 502), (DatabaseError, 503), (ConfigError, 500),
+    (EmbeddingError, 502), (DatabaseError, 503), (QueryTimeoutError, 504), (ConfigError, 500),
 ]
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
               413: "payload_too_large", 415: "unsupported_media_type", 422: "invalid_input", 429: "too_many_requests",
@@ -59,7 +60,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 # codes of serving errors whose class is not in STATUS_OF
 _EXTRA_STATUS = {"document_conflict": 409, "invalid_character": 422, "document_rejected": 422, "parser_busy": 503}
 
-ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500)}
+ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500, 504)}
 
 
 def error_response(status: int, code: str, message: str, details: list[dict[str, Any]] | None = None) -> JSONResponse:
@@ -209,8 +210,10 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     @app.exception_handler(RagError)
     async def rag_error(request: Request, exc: RagError) -> JSONResponse:
         status = next((code for cls, code in STATUS_OF if isinstance(exc, cls)), _EXTRA_STATUS.get(exc.code, 500))
-        if status >= 500 and status != 501:  # the detail (database text, paths) goes to the log only
+        if status >= 500 and status not in (501, 504):  # the detail (database text, paths) goes to the log only
             log.error("request failed", exc_info=exc, extra={"code": exc.code, "error_type": type(exc).__name__})
+        elif status == 504:
+            log.warning("request stopped by its time limit", extra={"code": exc.code})
         return error_response(status, exc.code, client_message(exc, status, hidden_roots))
 
     @app.exception_handler(RequestValidationError)

@@ -60,7 +60,7 @@ def client_message(exc: Exception, status: int, roots: Iterable[Path | str] = ()
     """The one line a client sees: library messages for 4xx (paths scrubbed), nothing internal for 5xx."""
     if status == 503:
         return UNAVAILABLE if getattr(exc, "code", "") == "database_error" else scrub_paths(str(exc), roots)
-    if status >= 500 and status != 501:
+    if status >= 500 and status not in (501, 504):  # 504: a time limit, named (no database text)
         return HIDDEN_5XX
     return scrub_paths(str(exc), roots)
 
