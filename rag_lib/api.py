@@ -3,6 +3,7 @@ process-wide default instance (`rag_lib.ingest(...)`, `rag_lib.search(...)`, ...
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -22,6 +23,16 @@ from rag_lib.log import setup_logging
 from rag_lib.models import CorpusRoot, IngestReport, SearchFilters, SearchResult
 from rag_lib.engine import Engine
 from rag_lib.store import Store
+
+
+class _FirstN:
+    """An expander limited to its first `n` variations (seed 004's `n_expansions`)."""
+
+    def __init__(self, expander: Any, n: int):
+        self.expander, self.n = expander, n
+
+    def expand(self, query: str) -> list[str]:
+        return list(self.expander.expand(query))[: self.n] if self.n > 0 else []
 
 
 class KnowledgeBase:
@@ -212,23 +223,42 @@ class KnowledgeBase:
         group: bool = True,
         rerank: bool | None = None,
         tags: dict[str, str | list[str]] | None = None,
+        expand: bool = False,
+        n_expansions: int | None = None,
+        section_contains: str | None = None,
+        semantic_weight: float | None = None,
+        lexical_weight: float | None = None,
+        rerank_depth: int | None = None,
     ) -> SearchResult:
         """Search (mode semantic | lexical | hybrid); `group` returns one hit per unit (its best chunk).
-        `rerank` (default: settings) reorders the head with the reranker; hits keep the fused `score`
-        beside `rerank_score`. Every search is recorded in the metrics (see `metrics_summary`)."""
+        `min_similarity` drops hits whose cosine with the query (`hit.similarity`) is lower, whichever
+        retriever found them. `rerank` (default: settings) reorders the head with the configured
+        reranker (`result.reranked` says whether one did); hits keep the fused `score` beside
+        `rerank_score`. `expand` adds the configured expander's variations (at most `n_expansions`).
+        `section` matches a section exactly; `section_contains` any section path containing the text,
+        case-insensitively (the seeds' `ILIKE '%risk%'`). Every search is recorded in the metrics."""
         from rag_lib.metrics import search_metric
+        from rag_lib.search.engine import SearchOptions
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
-            path=path, date_from=date_from, date_to=date_to, tags=tags or None,
+            path=path, date_from=date_from, date_to=date_to, tags=tags or None, section_contains=section_contains,
         )
         store, provider = self.search_context()
-        reranked = self.rerank_enabled(rerank)
+        reranked = self.rerank_enabled(rerank) and self.has_reranker()
+        options = None
+        overrides = {k: v for k, v in (("semantic_weight", semantic_weight), ("lexical_weight", lexical_weight),
+                                        ("rerank_depth", rerank_depth)) if v is not None}
+        if overrides:
+            options = dataclasses.replace(SearchOptions.from_settings(self.settings), **overrides)
+        expander = None
+        if expand and self.expander is not None:
+            expander = self.expander if n_expansions is None else _FirstN(self.expander, n_expansions)
         with self.recording_metrics():
             result = search_mod.search(
                 store, provider, query, mode=mode, filters=filters,
                 top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
-                group=group, reranker=self.reranker if reranked else None, expander=self.expander,
+                group=group, reranker=self.reranker if reranked else None, expander=expander, options=options,
             )
         if self.metrics is not None:
             self.metrics.record(search_metric(result, filters.collection, reranked))
@@ -237,12 +267,16 @@ class KnowledgeBase:
     def rerank_enabled(self, rerank: bool | None = None) -> bool:
         """Whether a search reranks: the argument, else `search.rerank` / `$RAG_RERANKING`, else
         whether a real (not no-op) reranker is configured."""
-        from rag_lib.search.rerank import NoopReranker
-
         if rerank is not None:
             return rerank
         if self.settings.search.rerank is not None:
             return self.settings.search.rerank
+        return self.has_reranker()
+
+    def has_reranker(self) -> bool:
+        """Whether a real (not no-op) reranker is configured (search.rerank_model_path / rerank_base_url)."""
+        from rag_lib.search.rerank import NoopReranker
+
         return self.reranker is not None and not isinstance(self.reranker, NoopReranker)
 
     @cached_property

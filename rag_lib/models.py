@@ -127,6 +127,7 @@ class SearchFilters:
     date_from: dt.date | None = None
     date_to: dt.date | None = None
     tags: dict[str, str | list[str]] | None = None  # client tags set at indexing (`/rag/index` metadata)
+    section_contains: str | None = None  # section path contains this, any case (seed 000's ILIKE '%risk%')
 
 
 @dataclass
@@ -146,17 +147,33 @@ class SearchHit:
     metadata: dict[str, Any] = field(default_factory=dict)
     excerpt: str | None = None
     rerank_score: float | None = None  # second-stage score when reranked (`score` stays the fused one)
+    # cosine similarity of the chunk to the query, whatever list found it (`score` is mode-specific:
+    # the fused rank in hybrid mode); `min_similarity` applies to this
+    similarity: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["doc_date"] = self.doc_date.isoformat() if self.doc_date else None
+        for seed_name, ours in SEED_HIT_NAMES.items():
+            out[seed_name] = out[ours]
         return out
+
+
+# The seeds' names of hit fields (000 §4.1/§5.5, 001 SearchResult, 004 models.py) and the field each
+# one repeats: every hit carries both, as attributes (`hit.content`) and in `to_dict()`, and the HTTP
+# and MCP schemas are generated from this mapping (`rag_lib.server.schemas.SearchHitOut`).
+SEED_HIT_NAMES: dict[str, str] = {"content": "text", "file_path": "path", "section_label": "section"}
+
+for _seed_name, _ours in SEED_HIT_NAMES.items():
+    setattr(SearchHit, _seed_name, property(lambda self, _f=_ours: getattr(self, _f),
+                                            doc=f"Seed name of `{_ours}`."))
 
 
 # What each `SearchHit` field means: the HTTP and MCP schemas are derived from the dataclass with these.
 SEARCH_HIT_DOCS: dict[str, str] = {
     "chunk_id": "Id of the matching chunk.",
-    "score": "Relevance in [0, 1] (mode-specific scale; the fused score when reranked).",
+    "score": "Relevance in [0, 1] (mode-specific scale: cosine in semantic mode, the fused rank in hybrid "
+             "mode; the fused score when reranked). See `similarity` for the cosine.",
     "text": "The chunk text.",
     "doc_id": "Id of the document the chunk belongs to.",
     "path": "Document path relative to its corpus root.",
@@ -170,6 +187,8 @@ SEARCH_HIT_DOCS: dict[str, str] = {
     "metadata": "Chunk metadata.",
     "excerpt": "A short part of the chunk text (best sentences for the query).",
     "rerank_score": "Second-stage (cross-encoder) score, when the results were reranked.",
+    "similarity": "Cosine similarity of the chunk to the query (whichever retriever found it); "
+                  "`min_similarity` applies to it. Null for lexical-mode hits when no threshold is given.",
 }
 
 
@@ -180,6 +199,8 @@ class SearchResult:
     hits: list[SearchHit]
     timings_ms: dict[str, float]
     plan: dict[str, Any] | None = None  # query classification: kind, tickers, doc_types
+    reranked: bool = False  # whether a real second stage reordered the head
+    expanded: list[str] = field(default_factory=list)  # the expansions searched besides the query
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -187,6 +208,7 @@ class SearchResult:
             "mode": self.mode,
             "results": [h.to_dict() for h in self.hits],
             "timings_ms": self.timings_ms,
+            "reranked": self.reranked,
         }
         if self.plan is not None:
             out["plan"] = self.plan

@@ -387,6 +387,48 @@ def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db
     assert client.delete(f"/api/rag/document/{doc_id}").status_code == 404
 
 
+def test_seed_hits_carry_the_seeds_names_and_cosine(client: TestClient):
+    """Seed 000 §5.6's search payload: each hit has the seeds' names (content, similarity, file_path,
+    section_label) beside ours, and min_similarity holds for the cosine of every hit, the full-text
+    ones of hybrid (the default) and lexical mode included."""
+    seed = {"query": "AI capex thesis", "ticker": "NVDA", "doc_type": "earnings-analysis", "top_k": 5,
+            "min_similarity": 0.4}
+    r = client.post("/api/rag/search", json=seed)
+    assert r.status_code == 200, r.text
+    found = r.json()
+    assert found["mode"] == "hybrid" and found["results"]
+    for h in found["results"]:
+        assert (h["content"], h["file_path"], h["section_label"]) == (h["text"], h["path"], h["section"])
+        assert h["similarity"] >= 0.4
+    hit = client.get("/openapi.json").json()["components"]["schemas"]["SearchHitOut"]["properties"]
+    assert {"content", "similarity", "file_path", "section_label", "text", "score", "path", "section"} <= set(hit)
+
+    # a name-only query: full text finds chunks that are not close in meaning; the threshold drops them
+    loose = client.post("/api/rag/search", json={"query": "NVDA", "mode": "hybrid", "top_k": 50}).json()["results"]
+    exact = {h["chunk_id"]: h["similarity"] for h in client.post("/api/rag/search", json={
+        "query": "NVDA", "mode": "semantic", "top_k": 100}).json()["results"]}
+    assert all(h["similarity"] is not None for h in loose)
+    shared = [h for h in loose if h["chunk_id"] in exact]
+    assert shared and all(abs(h["similarity"] - exact[h["chunk_id"]]) < 1e-4 for h in shared)
+    cut = min(h["similarity"] for h in loose) + 0.05
+    assert any(h["similarity"] < cut for h in loose)
+    for mode in ("hybrid", "lexical"):
+        kept = client.post("/api/rag/search", json={"query": "NVDA", "mode": mode, "top_k": 50,
+                                                    "min_similarity": cut}).json()["results"]
+        assert kept and all(h["similarity"] >= cut for h in kept), mode
+    # without a threshold, lexical mode does not embed the query (nothing to compare)
+    plain = client.post("/api/rag/search", json={"query": "NVDA", "mode": "lexical", "top_k": 3}).json()
+    assert "embed" not in plain["timings_ms"] and plain["results"][0]["similarity"] is None
+
+
+def test_rerank_without_reranker_says_so(client: TestClient):
+    r = client.post("/api/rag/search", json={"query": "NVDA competitive position", "rerank": True, "top_k": 3})
+    body = r.json()
+    assert body["reranked"] is False and "search.rerank_model_path" in body["rerank_note"]
+    assert all(h["rerank_score"] is None for h in body["results"])
+    assert client.post("/api/rag/search", json={"query": "NVDA", "top_k": 3}).json()["reranked"] is False
+
+
 def test_seed000_embed_text_stores_a_document(client: TestClient, corpus_db_url: str):
     r = client.post("/api/rag/embed-text", json={
         "text": "NVIDIA reported strong Q4...",

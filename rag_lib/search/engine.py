@@ -121,17 +121,21 @@ def search(
     opts = options or SearchOptions.from_settings(store.settings)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
-    space = store.active_space() if mode != "lexical" else None
-    if mode != "lexical" and space is None:
+    # lexical mode needs the space too when a threshold asks for the full-text hits' cosine
+    needs_vectors = mode != "lexical" or min_similarity > 0
+    space = store.active_space() if needs_vectors else None
+    if needs_vectors and space is None:
         return SearchResult(query, mode, [], timings)
     plan = plan_query(store, query, filters.collection) if opts.routing else QueryPlan(query)
     # Grouping collapses chunks into units, so fetch deeper when many units are wanted.
     depth = max(opts.candidate_depth, top_k * (2 if group else 1))
 
     queries = [(query, 1.0)]
-    if expander is not None:
+    expansions: list[str] = []
+    if expander is not None:  # callers pass one only when the request asks for expansion
         t0 = time.perf_counter()
-        queries += [(q, 0.5) for q in expander.expand(query)]
+        expansions = list(expander.expand(query))
+        queries += [(q, 0.5) for q in expansions]
         timings["expand"] = round((time.perf_counter() - t0) * 1000, 2)
     variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
 
@@ -144,9 +148,14 @@ def search(
     def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
         t0 = time.perf_counter()
-        for (q, qw), vec in zip(queries, vectors):
+        for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
             for f, fw in variants:
-                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth, min_similarity)
+                # an expansion's hits are held to their cosine with the query itself (below), not to it
+                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
+                                             min_similarity if n == 0 else 0.0)
+                if n > 0:
+                    for hit in hits:
+                        hit.similarity = None
                 lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
         timings["semantic"] = round(timings.get("semantic", 0) + (time.perf_counter() - t0) * 1000, 2)
         return lists
@@ -185,6 +194,12 @@ def search(
             and len({h.unit_id for c in lists for h in c.hits}) < top_k:
         depth = min(1000, depth * 2)
         lists = gather(depth)
+    if space is not None:
+        if vectors is None:  # lexical mode with a threshold
+            t0 = time.perf_counter()
+            vectors = provider.embed([query])
+            timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+        lists = _with_similarity(store, space["space"], vectors[0], lists, min_similarity)
 
     t0 = time.perf_counter()
     if len(lists) == 1:
@@ -220,4 +235,24 @@ def search(
     timings["search"] = round(timings.get("semantic", 0) + timings.get("lexical", 0), 2)  # database time
     timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)
     timings["total"] = round((time.perf_counter() - t_start) * 1000, 2)
-    return SearchResult(query, mode, hits, timings, plan=plan.to_dict())
+    return SearchResult(query, mode, hits, timings, plan=plan.to_dict(), reranked=reranker is not None,
+                        expanded=expansions)
+
+
+def _with_similarity(store, space: str, vector, lists: list[Candidates], min_similarity: float) -> list[Candidates]:
+    """Give every candidate its cosine with the query (full-text and expansion hits are looked up in
+    one query) and drop those below `min_similarity`, whichever list found them, before fusion."""
+    known: dict[str, float] = {}
+    for cand in lists:
+        for hit in cand.hits:
+            if hit.similarity is not None:
+                known[hit.chunk_id] = hit.similarity
+    missing = {h.chunk_id for c in lists for h in c.hits if h.chunk_id not in known}
+    known.update(store.similarities(vector, space, sorted(missing)))
+    out = []
+    for cand in lists:
+        for hit in cand.hits:
+            hit.similarity = known.get(hit.chunk_id)
+        kept = [h for h in cand.hits if min_similarity <= 0 or (h.similarity or 0.0) >= min_similarity]
+        out.append(dataclasses.replace(cand, hits=kept))
+    return out

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
-from rag_lib.models import SEARCH_HIT_DOCS, SearchHit
+from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, SearchHit
 
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
 MAX_QUERY = 4000
@@ -111,8 +111,12 @@ def _search_hit_model() -> type[BaseModel]:
     """`SearchHitOut` is `rag_lib.models.SearchHit` plus its rank: one definition of a hit."""
     hints = typing.get_type_hints(SearchHit)
     fields: dict[str, Any] = {"rank": (int, Field(..., description="1-based position in the results."))}
-    for f in dataclasses.fields(SearchHit):
+    by_name = {f.name: f for f in dataclasses.fields(SearchHit)}
+    for f in by_name.values():
         fields[f.name] = _hit_field(f.name, hints[f.name], f)
+    for seed_name, ours in SEED_HIT_NAMES.items():  # the seeds' names, typed as the fields they repeat
+        annotation, _ = _hit_field(ours, hints[ours], by_name[ours])
+        fields[seed_name] = (annotation, Field(..., description=f"Same as `{ours}` (the seeds' name)."))
     return create_model("SearchHitOut", __doc__="One search result (a chunk of a document unit).", **fields)
 
 
@@ -125,6 +129,9 @@ class SearchResponse(BaseModel):
     results: list[SearchHitOut]  # type: ignore[valid-type]
     count: int = Field(description="Number of results.")
     timings_ms: dict[str, float] = Field(description="Embedding, database and total time in ms.")
+    reranked: bool = Field(False, description="Whether a second-stage reranker reordered the results.")
+    rerank_note: str | None = Field(None, description="When reranking was asked for but is not configured: "
+                                    "which setting turns it on.")
     request_id: str | None = None
 
 

@@ -28,6 +28,10 @@ DEFAULT_MODE = "hybrid"
 # Seed 001's strategy for each query class (rag_classify_query's `suggested_strategy`).
 STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "comparison": "vector",
             "global": "hybrid"}
+# What a client that asked for reranking is told when no reranker is configured.
+RERANK_NOTE = ("no reranker is configured, so the results keep the hybrid order; set search.rerank_model_path "
+               "(a local CrossEncoder folder, $RAG_SEARCH__RERANK_MODEL_PATH) or search.rerank_base_url "
+               "(a /rerank server, $RAG_SEARCH__RERANK_BASE_URL) to turn reranking on")
 FORMATS = {"markdown": (".md", ".markdown"), "yaml": (".yaml", ".yml"), "jsonl": (".jsonl",)}
 
 
@@ -66,7 +70,9 @@ def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: d
                        min_similarity=min_similarity, **_clean(filters), **options)
     results = [hit_dict(h, n) for n, h in enumerate(result.hits, 1)]
     out = {"query": result.query, "mode": result.mode, "results": results, "count": len(results),
-           "timings_ms": result.timings_ms}
+           "timings_ms": result.timings_ms, "reranked": result.reranked}
+    if rerank and not result.reranked:
+        out["rerank_note"] = RERANK_NOTE
     if result.plan is not None:
         out["plan"] = result.plan
     return out

@@ -51,6 +51,9 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
     if filters.section:
         parts.append(col("section") + sql.SQL(" = %s"))
         params.append(filters.section)
+    if filters.section_contains:
+        parts.append(col("section_path") + sql.SQL(" ILIKE %s"))
+        params.append("%" + like_escape(filters.section_contains) + "%")
     if filters.path:
         parts.append(col("path") + sql.SQL(" LIKE %s"))
         params.append(like_escape(filters.path) + "%")
@@ -258,4 +261,18 @@ class VectorStore:
             cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
-        return [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]
+        hits = [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]
+        for hit, row in zip(hits, rows):
+            hit.similarity = 1.0 - float(row["distance"])
+        return hits
+
+    def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
+        full text, or by another query, get the same measure as semantic hits)."""
+        if not chunk_ids:
+            return {}
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT chunk_id, 1 - (embedding <=> %s::vector) FROM rag_chunk_vectors"
+                " WHERE space = %s AND chunk_id = ANY(%s)", [vector, space, list(chunk_ids)]).fetchall()
+        return {cid: float(sim) for cid, sim in rows}
