@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 
 # The ingest runs through Dagster on the Postgres-backed instance (one run, all seven assets and
 # their checks); `rag dev` afterwards shows the run, checks and lineage in the UI.
+# The demo's evaluation set (examples/eval) feeds the retrieval_quality check after hnsw_index.
+DEMO_EVAL := RAG_EVAL__QUERIES=$(CURDIR)/examples/eval/queries.jsonl RAG_EVAL__QRELS=$(CURDIR)/examples/eval/qrels.tsv \
+             RAG_EVAL__NDCG_FLOOR=0.5
+
 demo: $(STAMP)
-	$(BIN)/rag materialize examples/corpus
+	$(DEMO_EVAL) $(BIN)/rag materialize examples/corpus
 	$(BIN)/rag status
 	$(BIN)/rag search "NVDA bull case" --mode hybrid --top-k 3
 	$(BIN)/rag search "which trades hit their stop" --doc-type trade-journal --top-k 3

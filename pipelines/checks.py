@@ -50,4 +50,13 @@ def hnsw_recall(context: AssetCheckExecutionContext, rag: RagResource) -> AssetC
     return to_check_result(rag.kb().quality_check("hnsw"))
 
 
-CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, hnsw_recall]
+@asset_check(asset=hnsw_index, blocking=True,
+             description="Retrieval quality on the configured eval set (eval.queries / eval.qrels): nDCG@10, "
+                         "recall@10 and MRR@10 per query type. Warns when nDCG@10 drops more than eval.max_drop "
+                         "below the last accepted run; blocking error below eval.ndcg_floor. Passes unmeasured "
+                         "when no set is configured.")
+def retrieval_quality(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
+    return to_check_result(rag.kb().quality_check("retrieval"))
+
+
+CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, hnsw_recall, retrieval_quality]

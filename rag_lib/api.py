@@ -703,9 +703,16 @@ class KnowledgeBase:
         space = self.store.active_space()
         return self.store.maintain_indexes(space["space"] if space else None)
 
+    def _eval_search(self, text: str) -> list[Any]:
+        """One query of the configured eval set, as `rag eval` runs it (100 units deep)."""
+        cfg = self.settings.eval
+        if cfg.unit == "section":
+            return self.search(text, mode=cfg.mode, collection=cfg.collection, top_k=100).hits
+        return self.search(text, mode=cfg.mode, collection=cfg.collection, top_k=300, group=False).hits
+
     def quality_check(self, name: str) -> Any:
         """Run one data-quality check (`rag_lib.quality`) over the whole store: embeddings,
-        vector_table, chunks, skipped or hnsw. Returns a `QualityResult`."""
+        vector_table, chunks, skipped, hnsw or retrieval. Returns a `QualityResult`."""
         from rag_lib import quality
 
         checks = {
@@ -715,6 +722,7 @@ class KnowledgeBase:
             "skipped": lambda: quality.check_skipped(self.store),
             "hnsw": lambda: quality.check_hnsw(self.store, self.settings, self.provider.space,
                                                self.settings.embedding.dimensions),
+            "retrieval": lambda: quality.check_retrieval(self.store, self.settings, self._eval_search),
         }
         if name not in checks:
             raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")

@@ -138,6 +138,10 @@ class SearchSettings(BaseModel):
     graph_weight: float = 0.25  # its RRF weight (semantic and lexical lists weigh 1.0)
     graph_seeds: int = 10  # top documents of the first pass whose graph neighbours count
     graph_candidates: int = 20  # graph-related documents at most
+    # document evidence (hybrid): a list ranking documents by the summed scores of their best
+    # `document_units` units in the first pass; each chunk enters RRF at its document's rank
+    document_weight: float = 0.0
+    document_units: int = 3
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None
@@ -157,6 +161,16 @@ class EvalSettings(BaseModel):
     judge_base_url: str | None = None
     judge_api_key_env: str = "OPENAI_API_KEY"
     judge_timeout: float = 30.0
+    # The `retrieval_quality` check (Dagster, after hnsw_index; `rag quality retrieval`): runs this
+    # BEIR set when both files are set, records nDCG@10 / recall@10 / MRR@10 per query type, warns
+    # when nDCG@10 falls more than `max_drop` below the last accepted run, errors below `ndcg_floor`.
+    queries: Path | None = None
+    qrels: Path | None = None
+    collection: str | None = None  # the collection the set judges (None: every collection)
+    mode: Literal["semantic", "lexical", "hybrid"] = "hybrid"
+    unit: Literal["section", "document"] = "section"
+    max_drop: float = 0.02
+    ndcg_floor: float | None = None
 
 
 class ServerSettings(BaseModel):

@@ -175,6 +175,37 @@ def evaluate(
     return EvalReport(mode, unit, len(scored), means, latency, scored, missing)
 
 
+def load_query_types(path: str | Path) -> dict[str, str]:
+    """Each query's `metadata.type` (factual, paraphrase, ...); queries without one are `untyped`."""
+    out: dict[str, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            record = json.loads(line)
+            meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+            out[str(record["_id"])] = str(meta.get("type") or "untyped")
+    return out
+
+
+TYPED_METRICS = ("ndcg@10", "recall@10", "mrr@10")
+
+
+def metrics_by_type(per_query: Mapping[str, Mapping[str, float]], types: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Mean nDCG@10, recall@10 and MRR@10 (and the query count) over all queries and per query type."""
+    groups: dict[str, list[Mapping[str, float]]] = {"all": list(per_query.values())}
+    for qid, m in per_query.items():
+        groups.setdefault(types.get(qid, "untyped"), []).append(m)
+    return {name: {**{n: round(statistics.fmean(m[n] for m in ms), 4) for n in TYPED_METRICS}, "queries": len(ms)}
+            for name, ms in groups.items() if ms}
+
+
+def score_eval_set(search: Callable[[str], Sequence[Any]], queries_path: str | Path, qrels_path: str | Path,
+                   *, unit: str = "section", mode: str = "") -> dict[str, dict[str, float]]:
+    """Run a BEIR set through `search` and score it per query type (`metrics_by_type`): the one
+    scorer behind the `retrieval_quality` check and the re-embed's quality gate."""
+    report = evaluate(search, load_queries(queries_path), load_qrels(qrels_path), unit=unit, mode=mode)
+    return metrics_by_type(report.per_query, load_query_types(queries_path))
+
+
 def evaluate_kb(kb: Any, queries: Mapping[str, str], qrels: Qrels, *, mode: str = "hybrid", unit: str = "section",
                 collection: str | None = None, depth: int = 100,
                 progress: Callable[[], None] | None = None) -> EvalReport:

@@ -8,8 +8,10 @@ import multiprocessing
 import multiprocessing.util
 import os
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -230,3 +232,63 @@ def check_hnsw(store: Store, settings: Settings, space: str, dimensions: int, k:
     return QualityResult(ok, "error", f"recall@{k} = {measured['recall']:.3f} on {measured['sample']} queries"
                          f" (ef_search {ef}, minimum {p.min_recall})", meta)
 
+
+
+def eval_set_key(settings: Settings) -> str:
+    """Identifies the configured eval set's baseline: the files' content, mode, unit and collection
+    (an edited set, or the same set searched another way, starts its own history)."""
+    import hashlib
+
+    cfg = settings.eval
+    digest = hashlib.sha256(Path(cfg.queries).read_bytes() + b"\0" + Path(cfg.qrels).read_bytes()).hexdigest()[:16]
+    return f"{cfg.mode}:{cfg.unit}:{cfg.collection or '*'}:{digest}"
+
+
+def check_retrieval(store: Store, settings: Settings, search: Callable[[str], Any]) -> QualityResult:
+    """Run the configured eval set (`eval.queries`, `eval.qrels`) through `search` and compare its
+    nDCG@10 with the last accepted run: more than `eval.max_drop` lower warns, below `eval.ndcg_floor`
+    errors. Passing runs are recorded as accepted (the next baseline); failing ones only as history."""
+    from rag_lib.errors import ValidationError
+    from rag_lib.eval import score_eval_set
+
+    cfg = settings.eval
+    if not (cfg.queries and cfg.qrels):
+        return QualityResult(True, "warn", "no eval set configured (eval.queries and eval.qrels): not measured",
+                             {"configured": False})
+    for name, path in (("eval.queries", cfg.queries), ("eval.qrels", cfg.qrels)):
+        if not Path(path).is_file():
+            raise ValidationError(f"{name} is {path}, which is not a file; point it at the BEIR set's file")
+    key = eval_set_key(settings)
+    baseline = store.last_accepted_eval(key)
+    scores = score_eval_set(search, cfg.queries, cfg.qrels, unit=cfg.unit, mode=cfg.mode)
+    ndcg = scores.get("all", {}).get("ndcg@10", 0.0)
+    problems: list[str] = []
+    severity, outcome = "warn", "passed"
+    if baseline is not None and ndcg < baseline["ndcg"] - cfg.max_drop:
+        outcome = "warn"
+        problems.append(f"{baseline['ndcg'] - ndcg:.4f} below the last accepted run ({baseline['ndcg']:.4f}, "
+                        f"{baseline['at']:%Y-%m-%d %H:%M} UTC; allowed drop {cfg.max_drop})")
+    if cfg.ndcg_floor is not None and ndcg < cfg.ndcg_floor:
+        severity, outcome = "error", "error"
+        problems.append(f"below the floor eval.ndcg_floor = {cfg.ndcg_floor}")
+    store.record_eval_run(key, ndcg, scores, outcome, accepted=not problems)
+    history = store.eval_history(key, 10)
+    meta: dict[str, Any] = {
+        "ndcg@10": ndcg, "recall@10": scores.get("all", {}).get("recall@10", 0.0),
+        "mrr@10": scores.get("all", {}).get("mrr@10", 0.0), "queries": scores.get("all", {}).get("queries", 0),
+        "baseline_ndcg@10": baseline["ndcg"] if baseline else None, "eval_set": str(cfg.queries),
+        "mode": cfg.mode, "unit": cfg.unit, "ndcg_floor": cfg.ndcg_floor, "max_drop": cfg.max_drop,
+    }
+    meta = {k: v for k, v in meta.items() if v is not None}
+    for qtype, m in scores.items():
+        if qtype != "all":
+            meta[f"ndcg@10 {qtype}"] = m["ndcg@10"]
+    per_type = _md_table([{"type": t, **m} for t, m in scores.items()],
+                         ["type", "queries", "ndcg@10", "recall@10", "mrr@10"])
+    runs = _md_table([{"at": f"{r['at']:%Y-%m-%d %H:%M:%S}", "ndcg@10": round(r["ndcg"], 4), "outcome": r["outcome"],
+                       "accepted": "yes" if r["accepted"] else "no"} for r in history],
+                     ["at", "ndcg@10", "outcome", "accepted"])
+    summary = f"nDCG@10 {ndcg:.4f} on {meta['queries']} queries ({cfg.mode}, {cfg.unit} units)"
+    summary += "; " + "; ".join(problems) if problems else (
+        f"; baseline {baseline['ndcg']:.4f}" if baseline else "; first run: now the baseline")
+    return QualityResult(not problems, severity, summary, meta, {"per_type": per_type, "history": runs})

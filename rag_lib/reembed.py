@@ -59,9 +59,10 @@ class ReembedReport:
 
 def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, Any], eval_set: Path) -> float:
     """nDCG@10 (section units, semantic mode) of a BEIR folder (`queries.jsonl`, `qrels.tsv` or
-    `qrels/test.tsv`) searched in `space`, with the query embedded by that space's provider."""
+    `qrels/test.tsv`) searched in `space`, with the query embedded by that space's provider; scored by
+    the same code as the `retrieval_quality` check (`rag_lib.eval.score_eval_set`)."""
     from rag_lib.embedding.spaces import PinnedStore
-    from rag_lib.eval import evaluate, load_qrels, load_queries
+    from rag_lib.eval import score_eval_set
     from rag_lib.search import search as run_search
 
     qrels_path = eval_set / "qrels.tsv" if (eval_set / "qrels.tsv").is_file() else eval_set / "qrels" / "test.tsv"
@@ -70,9 +71,8 @@ def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, 
     def run(text: str):
         return run_search(pinned, provider, text, mode="semantic", top_k=100).hits
 
-    report = evaluate(run, load_queries(eval_set / "queries.jsonl"), load_qrels(qrels_path), unit="section",
-                      mode="semantic")
-    return report.metrics["ndcg@10"]
+    scores = score_eval_set(run, eval_set / "queries.jsonl", qrels_path, unit="section", mode="semantic")
+    return scores["all"]["ndcg@10"] if "all" in scores else 0.0
 
 
 def default_quality_scorer() -> QualityScorer | None:

@@ -92,8 +92,10 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert 0 < emb["run_embedded"].value <= total_chunks  # fresh cache: the model was called
         assert mats[("hnsw_index", None)]["valid"].value is True
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
-        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs", "hnsw_recall"}
-        assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "chunk_sizes", "hnsw_recall"))
+        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs", "hnsw_recall",
+                               "retrieval_quality"}
+        assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "chunk_sizes", "hnsw_recall",
+                                              "retrieval_quality"))  # no eval set configured: passes unmeasured
         assert not checks["skipped_inputs"].passed and checks["skipped_inputs"].severity.value == "WARN"
 
         # Second run: nothing changed, so every stage after raw_documents is a cheap no-op.

@@ -6,6 +6,7 @@ from rag_lib.config import Settings
 from rag_lib.store.checks import CheckStore
 from rag_lib.store.connection import Connections, apply_migrations, migration_files
 from rag_lib.store.documents import DocumentStore
+from rag_lib.store.evalruns import EvalRunStore
 from rag_lib.store.graph import GraphStore
 from rag_lib.store.lexical import LexicalStore
 from rag_lib.store.metrics import MetricsStore
@@ -20,7 +21,7 @@ from rag_lib.store.vectors import VectorStore
 
 
 class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, StageStore, CheckStore,
-            LexicalStore, SimilarStore, RootStore, GraphStore, MetricsStore, SchemaStore):
+            LexicalStore, SimilarStore, RootStore, GraphStore, MetricsStore, EvalRunStore, SchemaStore):
     """Database access for one process: open once, share, `close()` at the end."""
 
     def __init__(self, settings: Settings, read_url: str | None = None):
