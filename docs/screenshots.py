@@ -1,6 +1,6 @@
 """Re-take the README's Dagster UI screenshots (docs/img/*.png). Not run by the tests.
 
-    .venv/bin/python docs/screenshots.py   # needs Debian's `chromium`; `imagemagick`, `pngquant` optional
+    .venv/bin/python docs/screenshots.py [NAME.png ...]   # needs Debian's `chromium`; `imagemagick`, `pngquant` optional
 
 In a temp folder: an embedded PostgreSQL, `rag materialize` over a copy of examples/corpus (what
 `make demo` does), then the webserver and daemon of `rag dev` on a free port, and headless
@@ -34,7 +34,9 @@ PAGES = {
     "chunks-partition.png": (f"/assets/chunks?view=partitions&partition={quote(PARTITION, safe='')}", 900),
     "asset-checks.png": ("/assets/chunks?view=checks", 900),
     "knowledge-graph.png": (f"/assets/knowledge_graph?view=partitions&partition={quote(PARTITION, safe='')}", 900),
+    "retrieval-quality.png": ("/assets/hnsw_index?view=checks&checkDetail=retrieval_quality", 900),
 }
+EVAL = REPO / "examples" / "eval"  # what `make demo` configures for the retrieval_quality check
 
 
 def shoot(url: str, target: Path, rows: int, budget_ms: int = 20000) -> None:
@@ -55,6 +57,7 @@ def shoot(url: str, target: Path, rows: int, budget_ms: int = 20000) -> None:
 
 
 def main() -> None:
+    only = set(sys.argv[1:])  # file names of PAGES to re-take (default: all)
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rag-shots-") as tmp:
         base = Path(tmp)
@@ -75,13 +78,18 @@ def main() -> None:
                    "RAG_HOME": str(home), "RAG_CONFIG": str(base / "rag.yaml"),
                    "DAGSTER_HOME": str(home / "dagster_home"), "DAGSTER_PG_URL": sqlalchemy_url(admin, "dagster"),
                    "DAGSTER_DISABLE_TELEMETRY": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-                   "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+                   "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                   "RAG_EVAL__QUERIES": str(EVAL / "queries.jsonl"), "RAG_EVAL__QRELS": str(EVAL / "qrels.tsv"),
+                   "RAG_EVAL__NDCG_FLOOR": "0.5"}
             subprocess.run([str(BIN / "rag"), "materialize", str(root)], cwd=base, env=env, check=True)
+            # a second run, so the retrieval_quality check shows a history and a baseline
+            subprocess.run([str(BIN / "rag"), "materialize", str(root), "--force"], cwd=base, env=env, check=True)
             with running_dagster(env, base / "logs") as ui:
                 ui.query("mutation { setNuxSeen }")  # the "Join the Dagster community" dialog covers the page
                 time.sleep(5)
                 for name, (path, rows) in PAGES.items():
-                    shoot(ui.url + path, OUT / name, rows)
+                    if not only or name in only:
+                        shoot(ui.url + path, OUT / name, rows)
         finally:
             stop_embedded(pgdata)
 
