@@ -163,6 +163,10 @@ class KnowledgeBase:
             self.store.register_root(path, configured.collection, source="config")
         return self.store.list_roots()
 
+    def registered_roots(self) -> list[CorpusRoot]:
+        """Registered roots as stored (nothing is registered by reading them, unlike `roots`)."""
+        return self.store.list_roots()
+
     def add_root(self, path: str | Path, collection: str | None = None, *, source: str = "cli") -> CorpusRoot:
         """Register a folder as a corpus root of `collection` (idempotent). It must be an existing
         directory outside the upload folder. Registering ingests nothing: `rag materialize` or the
@@ -574,6 +578,18 @@ class KnowledgeBase:
 
     def show(self, ref: str, collection: str | None = None) -> dict[str, Any]:
         return self.store.get_document(self._collection(collection), ref)
+
+    def documents_with_id(self, doc_id: str, collection: str | None = None) -> list[str]:
+        """Paths of the documents of a collection that carry `doc_id` (ids may repeat across files)."""
+        return self.store.documents_with_id(self._collection(collection), doc_id)
+
+    def document_sources(self, ref: str, collection: str | None = None) -> dict[str, str | None]:
+        """path → source file of the documents a path or id names (what `delete_document` would delete)."""
+        return self.store.document_sources(self._collection(collection), ref)
+
+    def sources_in_use(self, source_paths: Sequence[str]) -> set[str]:
+        """Which of these source files still back a document."""
+        return self.store.sources_in_use(source_paths)
 
     # ---- serving helpers (HTTP API / MCP use these instead of reaching into store/provider) ----
 

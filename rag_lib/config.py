@@ -195,6 +195,13 @@ class ServerSettings(BaseModel):
     parse_timeout_seconds: float = 10.0
     parse_memory_mb: int = 1024
     parse_workers: int = 2
+    # Uploaded content kept per collection (the upload folder's files); an upload past either is refused
+    # with 413 naming the setting. None: no limit.
+    upload_quota_bytes: int | None = Field(1024 * 1024 * 1024, ge=1)
+    upload_quota_files: int | None = Field(10_000, ge=1)
+    # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (IPs or CIDRs, e.g. "10.0.0.5");
+    # empty: the headers are ignored and logs show the real peer address (uvicorn would trust loopback).
+    trusted_proxies: list[str] = Field(default_factory=list)
 
 
 class GraphSettings(BaseModel):
@@ -385,14 +392,15 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         if ours in env:
             if env[ours] != value and seed not in _LOGGED_CONFLICTS:
                 _LOGGED_CONFLICTS.add(seed)
-                _log.warning("both $%s=%s and $%s=%s are set; using $%s", ours, env[ours], seed, value, ours)
+                # names only: the values can be keys or URLs with passwords, and this reaches every log
+                _log.warning("both $%s and $%s are set to different values; using $%s", ours, seed, ours)
             continue
         try:
             _set(out, dotted, convert(value))
         except ValueError as exc:
             from rag_lib.errors import ConfigError
 
-            raise ConfigError(f"${seed}: cannot read '{value}' ({exc})") from exc
+            raise ConfigError(f"${seed}: cannot read its value ({type(exc).__name__}); check the variable") from exc
     pg = {k: env[k] for k in ("PG_HOST", "PG_PORT", "PG_USER", "PG_PASS", "PG_DB") if env.get(k)}
     if pg:
         if "RAG_DATABASE_URL" in env:

@@ -44,6 +44,13 @@ class ValidationError(RagError):
     code = "invalid_input"
 
 
+class AmbiguousReferenceError(RagError):
+    """A document id that several documents of a collection carry: a lookup or delete by that id
+    would pick one at random (or delete them all); the caller must name the document by its path."""
+
+    code = "ambiguous_reference"
+
+
 class AdminRequiredError(DatabaseError):
     """The database role lacks something only an administrator can grant (an extension, a database,
     a privilege); `str(err)` names the statement the admin must run."""

@@ -50,7 +50,7 @@ Ticker = Annotated[Annotated[str, Field(min_length=1, max_length=16)] | list[Ann
 DocType = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
                     Field(max_length=50, description="Document type filter, e.g. earnings-analysis, stock-analysis, "
                           "research, ticker-profile, trade-journal, strategy, learning, post-trade-review.")]
-Collection = Annotated[str | None, Field(min_length=1, max_length=200, description="Collection name (default: the configured one).")]
+Collection = Annotated[s.CollectionName | None, Field(description="Collection name (default: the configured one).")]
 Section = Annotated[str | None, Field(min_length=1, max_length=200, description="Only this top-level section (YAML key / H2).")]
 
 
@@ -59,6 +59,10 @@ def _call(fn, *args: Any, **kwargs: Any) -> dict[str, Any]:
     database text or server paths: those go to the log)."""
     if _has_nul([args, kwargs]):
         raise ToolError("invalid_character: a text argument holds a NUL character; remove it")
+    named = {**{f"argument {n}": a for n, a in enumerate(args) if not isinstance(a, KnowledgeBase)}, **kwargs}
+    problem = s.invalid_value(named)
+    if problem:  # the same refusal as the HTTP schemas: before anything is read or written
+        raise ToolError(f"invalid_input: {problem}")
     try:
         return fn(*args, **kwargs)
     except RagError as exc:
@@ -360,7 +364,9 @@ def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: st
     app = server.streamable_http_app(host=host, max_request_body_size=settings.server.max_body_bytes,
                                      transport_security=security)
     try:
+        from rag_lib.server import proxy_options
+
         uvicorn.run(_KeyGate(app, keys), host=host, port=port, log_config=None, access_log=False,
-                    log_level="warning", server_header=False)
+                    log_level="warning", server_header=False, **proxy_options(settings))
     finally:
         kb.close()

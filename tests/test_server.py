@@ -347,7 +347,9 @@ SEED_NVDA = "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml"
 def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db_url: str):
     target = roots["corpus"] / SEED_NVDA
     target.parent.mkdir(parents=True)
-    target.write_bytes((SHARED_CORPUS / NVDA).read_bytes())
+    # its own id: the corpus copy keeps EA-NVDA-Q4-2024, and a delete by an id two documents carry is
+    # refused (409 ambiguous_reference), not applied to both
+    target.write_bytes((SHARED_CORPUS / NVDA).read_bytes().replace(b"EA-NVDA-Q4-2024", b"EA-NVDA-Q4-2026"))
     r = client.post("/api/rag/embed", json={
         "file_path": "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml",
         "force": False,
@@ -384,6 +386,7 @@ def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db
     assert r.json()["doc_id"] == doc_id and r.json()["chunks_deleted"] == chunks > 0
     assert r.json()["status"] == "deleted"
     assert rows_for(corpus_db_url, SEED_NVDA)["documents"] == 0
+    assert rows_for(corpus_db_url, NVDA)["documents"] == 1  # the corpus original is untouched
     assert client.delete(f"/api/rag/document/{doc_id}").status_code == 404
 
 

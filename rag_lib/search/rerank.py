@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from rag_lib.embedding.ratelimit import RateLimiter
 from rag_lib.embedding.retry import backoff_delay, parse_retry_after
 from rag_lib.errors import ConfigError, RagError
-from rag_lib.log import get_logger
+from rag_lib.log import get_logger, redact_url
 
 log = get_logger("search.rerank")
 
@@ -152,12 +152,12 @@ class HttpReranker:
             except ValueError as exc:  # not JSON, or a wrong number of scores
                 kind, retryable = f"malformed response ({exc})", False
             if not retryable or attempt >= self.max_retries:
-                raise RerankError(f"rerank server {self.url} failed after {attempt + 1} attempt(s): {kind}"
+                raise RerankError(f"rerank server {redact_url(self.url)} failed after {attempt + 1} attempt(s): {kind}"
                                   + ("" if retryable else "; not retried"))
             if retry_after is not None:
                 self.limiter.pause(retry_after)
             delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, retry_after)
-            log.info("rerank %s: %s, retry %d in %.2fs", self.url, kind, attempt + 1, delay)
+            log.info("rerank %s: %s, retry %d in %.2fs", redact_url(self.url), kind, attempt + 1, delay)
             with self._lock:
                 self.retries += 1
             attempt += 1

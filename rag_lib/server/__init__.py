@@ -23,7 +23,14 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
     setup_json_logging(log_level)
     app = create_app(settings, keys=keys, bind=(host, port))
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, log_level=log_level.lower(),
-                server_header=False)
+                server_header=False, **proxy_options(settings))
 
 
-__all__ = ["create_app", "serve"]
+def proxy_options(settings: Settings) -> dict:
+    """uvicorn's proxy-header options: X-Forwarded-* are believed only from settings.server.trusted_proxies
+    (uvicorn's own default trusts 127.0.0.1, so any local process could forge the logged client)."""
+    trusted = settings.server.trusted_proxies
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": ",".join(trusted) if trusted else ""}
+
+
+__all__ = ["create_app", "proxy_options", "serve"]

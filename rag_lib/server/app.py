@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings, get_settings
 from rag_lib.errors import (
+    AmbiguousReferenceError,
     ConfigError,
     DatabaseError,
     DimensionMismatchError,
@@ -49,6 +50,7 @@ access_log = logging.getLogger("rag_lib.server.access")
 
 STATUS_OF: list[tuple[type[RagError], int]] = [
     (AuthError, 401), (ForbiddenError, 403), (PathNotAllowedError, 403), (NotFoundError, 404),
+    (AmbiguousReferenceError, 409),
     (DimensionMismatchError, 409), (ValidationError, 422), (DocumentError, 422),
     (EmbeddingError, 502), (DatabaseError, 503), (QueryTimeoutError, 504), (ConfigError, 500),
 ]
@@ -58,9 +60,9 @@ HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "n
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 # codes of serving errors whose class is not in STATUS_OF
-_EXTRA_STATUS = {"document_conflict": 409, "invalid_character": 422, "document_rejected": 422, "parser_busy": 503}
+_EXTRA_STATUS = {"upload_quota_exceeded": 413, "document_conflict": 409, "invalid_character": 422, "document_rejected": 422, "parser_busy": 503}
 
-ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 413, 422, 500, 504)}
+ERRORS = {code: {"model": s.ErrorResponse} for code in (401, 403, 404, 409, 413, 422, 500, 504)}
 
 
 def error_response(status: int, code: str, message: str, details: list[dict[str, Any]] | None = None) -> JSONResponse:
@@ -202,7 +204,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     KB = Annotated[KnowledgeBase, Depends(get_kb)]
     read = [Depends(require(Scope.READ))]
     write = [Depends(require(Scope.WRITE))]
-    Collection = Annotated[str | None, Query(max_length=200, description="Collection (default: settings.collection).")]
+    Collection = Annotated[s.CollectionName | None, Query(description="Collection (default: settings.collection).")]
     Ref = Annotated[str, Path(max_length=s.MAX_NAME, description="Document path (relative to its root) or id.")]
 
     # ---- errors --------------------------------------------------------------------------

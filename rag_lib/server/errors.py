@@ -42,6 +42,12 @@ class DocumentConflictError(RagError):
     code = "document_conflict"
 
 
+class UploadQuotaError(RagError):
+    """An upload that would take a collection's upload folder past settings.server.upload_quota_*."""
+
+    code = "upload_quota_exceeded"
+
+
 HIDDEN_5XX = "internal error; see the server log for this request id"
 UNAVAILABLE = "the database is unavailable; see the server log for this request id"
 

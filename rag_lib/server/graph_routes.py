@@ -11,13 +11,14 @@ from pydantic import BaseModel, Field
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.server.logs import request_id_var
+from rag_lib.server.schemas import CollectionName, Request
 
 
-class HybridContextRequest(BaseModel):
+class HybridContextRequest(Request):
     query: str = Field(min_length=1, max_length=4000, description="The question to build context for.")
     ticker: str | None = Field(None, max_length=16, description="The ticker the question is about.")
     token_budget: int = Field(4000, ge=64, le=32000, description="Maximum tokens of markdown.")
-    collection: str | None = Field(None, max_length=200)
+    collection: CollectionName | None = None
 
 
 def _safe(value: Any) -> Any:
@@ -43,7 +44,7 @@ def graph_router(get_kb: Callable[[], KnowledgeBase], read: list) -> APIRouter:
         predicate: Annotated[list[str] | None, Query(description="Follow only these predicates.")] = None,
         to: Annotated[str | None, Query(max_length=512, description="Return the shortest path to this node.")] = None,
         context: Annotated[bool, Query(description="Treat the node as a ticker and return its context.")] = False,
-        collection: Annotated[str | None, Query(max_length=200)] = None,
+        collection: Annotated[CollectionName | None, Query()] = None,
     ) -> dict[str, Any]:
         """A node's neighbourhood (nodes, edges with provenance), a path to another node, or a ticker's context."""
         if to:

@@ -6,6 +6,7 @@ the worker reports the document paths the file would produce, so callers can che
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import resource
@@ -43,6 +44,7 @@ class Preflight:
 
     paths: list[str]
     skipped: list[tuple[str, str]]
+    doc_ids: list[str] = dataclasses.field(default_factory=list)  # the id of each document in `paths`
 
 
 def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
@@ -58,6 +60,7 @@ def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_f
 
     mapping = load_mapping(Path(sections_file))
     paths: list[str] = []
+    doc_ids: list[str] = []
     skipped: list[tuple[str, str]] = []
     for item in load_file(Path(path), Path(root), collection, max_bytes, limits):
         if hasattr(item, "reason") and not hasattr(item, "body"):
@@ -68,7 +71,8 @@ def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_f
         # walk what chunking will walk, so a body that is slow to render is slow here, not in the server
         sum(len(section.text) for section in sections)
         paths.append(str(item.path))
-    return Preflight(paths, skipped)
+        doc_ids.append(str(item.doc_id))
+    return Preflight(paths, skipped, doc_ids)
 
 
 def _child(conn: Connection, memory_bytes: int, cpu_seconds: int, args: tuple) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
+import re
 import typing
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, SearchHit
 
@@ -23,9 +25,68 @@ _STR = dict(min_length=1, max_length=200)
 # a tag value given to `/rag/index` (`metadata`) and matched by `/rag/retrieve` (`filters`)
 TagValue = typing.Annotated[str, Field(max_length=200)] | int | float | bool | None
 
+# A collection is one folder under the upload directory: one path component from a small alphabet,
+# so `ca` + `b/x.md` and `ca/b` + `x.md` (or `default/texts`) can never name the same file.
+COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_COLLECTION_RE = re.compile(COLLECTION_PATTERN)
+
+
+def check_collection(value: str) -> str:
+    """A collection name as requests may give it (letters, digits, '.', '_', '-'; no '/')."""
+    if "\x00" in value:  # the same code as a NUL anywhere else in a request
+        raise ValueError("invalid_character: collection holds a NUL character; remove it")
+    if not _COLLECTION_RE.fullmatch(value) or len(value) > 200:
+        raise ValueError(f"collection '{value[:80]}' must be 1-200 letters, digits, '.', '_' or '-', starting "
+                         "with a letter or digit (no '/' or spaces)")
+    return value
+
+
+CollectionName = typing.Annotated[str, Field(min_length=1, max_length=200, json_schema_extra={
+    "pattern": COLLECTION_PATTERN}, description="Collection (default: settings.collection)."),
+    AfterValidator(check_collection)]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def invalid_value(value: Any) -> str | None:
+    """Where `value` (parsed JSON: strings, numbers, lists, dicts) holds what the store cannot keep: a
+    lone UTF-16 surrogate (not encodable as UTF-8) or a NaN/Infinity (not JSON for PostgreSQL). None
+    when clean. Iterative, so nesting depth costs nothing; dict keys are checked too."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return f"{where or 'a text field'} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); " \
+                       "send valid UTF-8 text"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{where or 'a number'} is {item}; NaN and Infinity are not valid JSON numbers"
+        elif isinstance(item, dict):
+            for key, val in item.items():
+                name = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return f"a key in {where or 'the body'} holds a lone surrogate; send valid UTF-8 text"
+                stack.append((name, val))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{n}]", v) for n, v in enumerate(item))
+    return None
+
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Every request body: unknown fields refused, and (for every string and JSON field, nested ones
+    too) lone surrogates and NaN/Infinity refused with a 422 before any route runs: PostgreSQL cannot
+    store them, and finding out there would be a 500, possibly after an ingest committed."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = invalid_value(data)
+        if problem:
+            raise ValueError(problem)
+        return data
 
 
 class SearchFiltersIn(Request):
@@ -78,7 +139,7 @@ class SearchRequest(Request):
                                      "`section`, `path`, `date_from`, `date_to` are accepted too.")
     top_k: int = Field(10, ge=1, le=1000, description="How many results (capped by settings.server.max_top_k).")
     min_similarity: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this.")
-    collection: str | None = Field(None, **_STR, description="Collection (default: settings.collection).")
+    collection: CollectionName | None = None
     rerank: bool | None = Field(None, description="Rerank with the configured second stage (default: settings).")
 
     model_config = ConfigDict(
@@ -140,7 +201,7 @@ class ContextRequest(Request):
     token_budget: int = Field(2000, ge=50, le=100_000, description="Upper bound on context tokens.")
     mode: Mode | None = None
     filters: SearchFiltersIn = Field(default_factory=SearchFiltersIn)
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
 
     model_config = ConfigDict(
         extra="forbid",
@@ -181,7 +242,7 @@ class EmbedRequest(Request):
     name: str | None = Field(None, max_length=MAX_NAME, description="Relative name for uploaded content; "
                              "becomes the document path (unit ids start with it).", examples=["notes/fed-minutes.md"])
     content: str | None = Field(None, description="UTF-8 text of a YAML or markdown document.")
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
     force: bool = Field(False, description="Re-chunk and re-publish even if unchanged.")
 
     model_config = ConfigDict(
@@ -238,7 +299,7 @@ class EmbedTextRequest(Request):
     ticker: str | None = Field(None, min_length=1, max_length=10, pattern=r"^[A-Za-z][A-Za-z0-9.\-]*$")
     title: str | None = Field(None, max_length=500)
     doc_date: dt.date | None = Field(None, description="Date of the stored text (YYYY-MM-DD).")
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
     force: bool = Field(False, description="Re-process even if unchanged.")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -279,7 +340,7 @@ class SimilarRequest(Request):
     ref: str = Field(..., min_length=1, max_length=MAX_NAME,
                      description="A unit id (path#section), chunk id, document path or document id.")
     top_k: int = Field(10, ge=1, le=1000)
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
 
 
 class StatusResponse(BaseModel):
@@ -331,6 +392,10 @@ class DeleteResponse(BaseModel):
     doc_id: str | None = None
     chunks_deleted: int = 0
     status: Literal["deleted"] = "deleted"
+    files_removed: list[str] = Field(default_factory=list, description="Uploaded files removed from the upload "
+                                     "folder (relative to it); corpus files are never touched.")
+    file_errors: list[str] = Field(default_factory=list, description="Uploaded files that could not be removed "
+                                   "(the documents are deleted; the server log has the detail).")
 
 
 # ---- seed 003's service API (`/rag/*`): the same operations under the seed's names ----------
@@ -344,7 +409,7 @@ class IndexRequest(Request):
         description="Tags kept with the document (e.g. `{\"category\": \"documentation\"}`): they survive "
         "re-ingests and `/rag/retrieve` filters on them. The document's own metadata comes from the file "
         "(YAML `_meta` / markdown front matter).")
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
     force: bool = False
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -385,7 +450,7 @@ class RetrieveRequest(Request):
     similarity_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Same as `min_similarity`.")
     filters: RetrieveFilters = Field(default_factory=RetrieveFilters)
     mode: Mode | None = None
-    collection: str | None = Field(None, **_STR)
+    collection: CollectionName | None = None
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"query": "How do I configure backtesting splits?", "top_k": 5, "similarity_threshold": 0.7},

@@ -16,10 +16,11 @@ from typing import Any
 import yaml
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.errors import ValidationError
+from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.models import SearchHit
 from rag_lib.server import uploads
+from rag_lib.server.errors import DocumentConflictError, scrub_paths
 from rag_lib.server.security import confine, safe_relative
 
 log = get_logger(__name__)
@@ -189,8 +190,45 @@ def embed_text(kb: KnowledgeBase, text: str) -> dict[str, Any]:
     return {**kb.embedding_info(), "vector": [float(x) for x in kb.embed_text(text)]}
 
 
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TEXT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
 def _text_name(doc_id: str) -> str:
+    """Where a stored text is kept: one file per id, and no two ids share it. Ids of letters, digits,
+    '.', '_', '-' keep the name used so far (`ext_001` → `texts/ext_001.yaml`); an id with ':' is
+    escaped (`_` → `__`, `:` → `_c`) behind a leading `_`, which no id starts with (`ext:001` →
+    `texts/_ext_c001.yaml`)."""
+    if not _TEXT_ID.fullmatch(doc_id):
+        raise ValidationError(f"doc_id '{doc_id[:100]}' may only use letters, digits, '.', '_', ':' and '-', "
+                              "starting with a letter or digit")
+    if _PLAIN_ID.fullmatch(doc_id):
+        return f"texts/{doc_id}.yaml"
+    return "texts/_" + doc_id.replace("_", "__").replace(":", "_c") + ".yaml"
+
+
+def _legacy_text_name(doc_id: str) -> str:
+    """The name stored texts had before `_text_name` became one-to-one (`:` and `_` both became `_`)."""
     return "texts/" + re.sub(r"[^A-Za-z0-9._-]", "_", doc_id) + ".yaml"
+
+
+def _text_path(kb: KnowledgeBase, doc_id: str, collection: str) -> str:
+    """The stored text's document path: a text stored under the old naming stays where it is (so it is
+    replaced, not duplicated); a path holding another id's text is a collision, refused."""
+    name = _text_name(doc_id)
+    legacy = _legacy_text_name(doc_id)
+    holders = kb.documents_with_id(doc_id, collection)
+    if legacy != name and legacy in holders:
+        name = legacy
+    try:
+        existing = kb.show(name, collection)
+    except NotFoundError:
+        return name
+    if existing.get("path") == name and existing.get("doc_id") != doc_id:
+        raise DocumentConflictError(
+            f"'{name}' in collection '{collection}' holds the text of id '{existing.get('doc_id')}', stored "
+            f"before ids got distinct file names; delete that document first to store '{doc_id}'")
+    return name
 
 
 def store_text(kb: KnowledgeBase, text: str, *, doc_id: str, doc_type: str | None = None,
@@ -206,7 +244,7 @@ def store_text(kb: KnowledgeBase, text: str, *, doc_id: str, doc_type: str | Non
     meta = {k: v for k, v in {"id": doc_id, "doc_type": doc_type or "note", "ticker": ticker.upper() if ticker else None,
                               "title": title, "date": doc_date.isoformat() if doc_date else None}.items() if v}
     body = yaml.safe_dump({"_meta": meta, "text": text}, sort_keys=False, allow_unicode=True)
-    name = _text_name(doc_id)
+    name = _text_path(kb, doc_id, collection or kb.settings.collection)
     report = embed_content(kb, name, body, collection=collection, force=force)
     outcome = report["files"][0]
     if outcome["status"] not in ("new", "changed", "unchanged"):
@@ -222,12 +260,17 @@ def delete_document(kb: KnowledgeBase, ref: str, collection: str | None = None) 
     coll = collection or kb.settings.collection
     try:
         doc = kb.show(ref, coll)
-    except Exception:  # a skipped file has no document row; delete_document reports what is missing
+    except NotFoundError:  # a skipped file has no document row; delete_document reports what is missing
         doc = {}
+    sources = kb.document_sources(ref, coll)
     deleted = kb.delete_document(ref, coll)
-    log.info("deleted", extra={"documents": len(deleted)})
+    # after the commit: the rows are gone whatever happens to the files; a file that cannot be
+    # removed is logged and reported, and the next delete or upload of that name sees it again
+    removed, errors = uploads.remove_uploaded_files(kb, coll, list(sources.values()))
+    log.info("deleted", extra={"documents": len(deleted), "files_removed": len(removed), "file_errors": len(errors)})
     return {"deleted": deleted, "collection": coll, "doc_id": doc.get("doc_id") or ref,
-            "chunks_deleted": int(doc.get("chunk_count") or 0), "status": "deleted"}
+            "chunks_deleted": int(doc.get("chunk_count") or 0), "status": "deleted",
+            "files_removed": removed, "file_errors": errors}
 
 
 def list_sources(kb: KnowledgeBase, *, collection: str | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
@@ -237,9 +280,26 @@ def list_sources(kb: KnowledgeBase, *, collection: str | None = None, limit: int
     return {"items": rows, "limit": limit, "offset": offset, "next_offset": offset + limit if len(rows) == limit else None}
 
 
+def client_roots(kb: KnowledgeBase) -> list[Path]:
+    """Folders whose absolute paths clients never see: corpus roots (configured and registered), the
+    upload folder, the home folder; each as spelled and resolved."""
+    cfg = kb.settings.server
+    roots = [*cfg.corpus_roots, *(r.path for r in kb.registered_roots()), kb.upload_folder(), kb.settings.home]
+    return [p for r in roots for p in {Path(r), Path(r).resolve()} if p.is_absolute()]
+
+
 def status(kb: KnowledgeBase, collection: str | None = None) -> dict[str, Any]:
-    """Counts, active space, index size (`index_size_mb`), skipped inputs and recent failures."""
-    return kb.status(collection)
+    """Counts, active space, index size (`index_size_mb`), skipped inputs and recent failures. The
+    failure messages and skip details name files relative to their root (any other absolute path
+    becomes `<path>`): read-only clients learn nothing of the server's filesystem; `rag status` on
+    the server shows them whole."""
+    raw = kb.status(collection)
+    roots = client_roots(kb)
+    for row in [*(raw.get("failures") or []), *(raw.get("skipped") or [])]:
+        for key in ("message", "detail", "path", "partition"):
+            if isinstance(row.get(key), str):
+                row[key] = scrub_paths(row[key], roots)
+    return raw
 
 
 def metrics_summary(kb: KnowledgeBase, *, days: float | None = 7, since: dt.datetime | None = None) -> dict[str, Any]:

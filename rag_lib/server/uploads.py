@@ -11,14 +11,24 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import logging
+from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+
 from rag_lib.errors import ValidationError
-from rag_lib.server.errors import DocumentConflictError, DocumentRejectedError, scrub_outcomes
+from rag_lib.server.errors import DocumentConflictError, DocumentRejectedError, UploadQuotaError, scrub_outcomes
 from rag_lib.server.isolation import Preflight, preflight
+from rag_lib.server.schemas import check_collection
 from rag_lib.server.security import confine, safe_relative
+
+log = logging.getLogger("rag_lib.server")
 
 _FAILED = ("failed", "skipped")
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
+# bytes and files of uploads being published right now, per collection folder (quota accounting)
+_reserved: dict[Path, list[int]] = {}
+_reserved_guard = threading.Lock()
 
 
 def _lock_for(target: Path) -> threading.Lock:
@@ -53,6 +63,15 @@ def _no_takeover(kb: Any, found: Preflight, target: Path, collection: str) -> No
             raise DocumentConflictError(
                 f"document '{path[:200]}' in collection '{collection}' comes from another file; upload under "
                 "another name, or delete that document first")
+    # An id is how clients fetch, compare and delete a document: one another file's document already
+    # carries would make those lookups ambiguous (and a delete by id hit both).
+    for path, doc_id in zip(found.paths, found.doc_ids):
+        others = [p for p in kb.documents_with_id(doc_id, collection) if p != path]
+        if others:
+            raise DocumentConflictError(
+                f"id '{doc_id[:200]}' already belongs to document '{others[0][:200]}' in collection "
+                f"'{collection}'; give this document another id (YAML `_meta.id`, markdown front matter `id`) "
+                "or delete that document first")
 
 
 def ingest_path(kb: Any, path: str, collection: str | None = None, force: bool = False) -> dict[str, Any]:
@@ -73,14 +92,24 @@ def ingest_upload(kb: Any, name: str, content: str, collection: str | None = Non
     if len(data) > kb.settings.max_file_bytes:
         raise ValidationError(f"content is {len(data)} bytes; the limit is {kb.settings.max_file_bytes}")
     coll = collection or kb.settings.collection
+    try:
+        check_collection(coll)  # one folder under the upload dir, never a path into another collection's
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
     base = upload_base(kb)
-    root = (base / safe_relative(coll)).resolve()
+    root = (base / coll).resolve()
     target = (root / rel).resolve()
     if not target.is_relative_to(root) or target == root:  # a symlinked folder inside the upload dir
         raise ValidationError(f"name '{name[:100]}' leaves the upload folder")
     if target.exists() and not target.is_file():
         raise ValidationError(f"name '{name[:100]}' is a folder of earlier uploads; choose a file name")
     base.mkdir(parents=True, exist_ok=True)
+    with _quota(kb, root, target, len(data), coll):
+        return _stage_and_publish(kb, data, rel, target, root, base, coll, force)
+
+
+def _stage_and_publish(kb: Any, data: bytes, rel: Any, target: Path, root: Path, base: Path, coll: str,
+                       force: bool) -> dict[str, Any]:
     staging = Path(tempfile.mkdtemp(dir=base, prefix=".staging-"))
     try:
         staged = staging / "new" / rel
@@ -128,3 +157,80 @@ def _prune_empty_dirs(folder: Path, root: Path) -> None:
         except OSError:
             return
         folder = folder.parent
+
+
+def _usage(root: Path) -> tuple[int, int]:
+    """(bytes, files) of the regular files under a collection's upload folder (links not followed)."""
+    size = files = 0
+    stack = [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                size += entry.stat(follow_symlinks=False).st_size
+                files += 1
+    return size, files
+
+
+@contextmanager
+def _quota(kb: Any, root: Path, target: Path, size: int, collection: str) -> Iterator[None]:
+    """Refuse an upload that would take the collection's upload folder past its quota, counting the
+    uploads being published concurrently (reserved until they finish); a replaced file frees its size."""
+    cfg = kb.settings.server
+    if cfg.upload_quota_bytes is None and cfg.upload_quota_files is None:
+        yield
+        return
+    old = target.stat().st_size if target.is_file() else None
+    grow_bytes, grow_files = size - (old or 0), 0 if old is not None else 1
+    with _reserved_guard:
+        used_bytes, used_files = _usage(root)
+        held = _reserved.setdefault(root, [0, 0])
+        after_bytes, after_files = used_bytes + held[0] + grow_bytes, used_files + held[1] + grow_files
+        for setting, limit, after, unit in (("upload_quota_bytes", cfg.upload_quota_bytes, after_bytes, "bytes"),
+                                            ("upload_quota_files", cfg.upload_quota_files, after_files, "files")):
+            if limit is not None and after > limit:
+                raise UploadQuotaError(
+                    f"collection '{collection}' would hold {after} {unit} of uploads with this one; the limit is "
+                    f"{limit} (settings.server.{setting}); delete uploads or raise the setting")
+        held[0] += grow_bytes
+        held[1] += grow_files
+    try:
+        yield
+    finally:
+        with _reserved_guard:
+            held[0] -= grow_bytes
+            held[1] -= grow_files
+
+
+def remove_uploaded_files(kb: Any, collection: str, source_paths: Iterable[str | None]) -> tuple[list[str], list[str]]:
+    """After a delete: remove the collection's uploaded files that no document uses any more (corpus
+    files are never touched). Returns (removed, errors), both relative to the upload folder; each
+    error is logged with its detail."""
+    base = upload_base(kb)
+    root = (base / collection).resolve()
+    removed: list[str] = []
+    errors: list[str] = []
+    for source in sorted({s for s in source_paths if s}):
+        file = Path(source)
+        if not file.is_relative_to(root) or file == root:
+            continue
+        rel = file.relative_to(base).as_posix()
+        with _lock_for(file):  # an upload of the same name publishes under this lock: never unlink its file
+            if kb.sources_in_use([source]):
+                continue
+            try:
+                file.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.error("could not remove an uploaded file", exc_info=exc, extra={"file": rel})
+                errors.append(f"{rel}: {exc.strerror or type(exc).__name__}")
+                continue
+            removed.append(rel)
+            _prune_empty_dirs(file.parent, root)
+    return removed, errors

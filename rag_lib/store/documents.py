@@ -10,7 +10,7 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from rag_lib.errors import DatabaseError, DimensionMismatchError, NotFoundError
+from rag_lib.errors import AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import like_escape
 
@@ -183,11 +183,35 @@ class DocumentStore:
         if records:
             queries.append("SELECT path FROM rag_documents WHERE collection = %s AND starts_with(path, %s || '#')"
                            " ORDER BY path")
-        for sql in queries:
+        for n, sql in enumerate(queries):
             paths = [r[0] for r in conn.execute(sql, (collection, ref)).fetchall()]
+            if n == 1 and len(paths) > 1:
+                raise AmbiguousReferenceError(ambiguous_id_message(collection, ref, paths))
             if paths:
                 return paths
         return []
+
+    def documents_with_id(self, collection: str, doc_id: str) -> list[str]:
+        """Paths of the documents of a collection that carry `doc_id`."""
+        with self.db.connection() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path",
+                (collection, doc_id)).fetchall()]
+
+    def document_sources(self, collection: str, ref: str) -> dict[str, str | None]:
+        """path → source file of the documents `ref` names (as `delete_document` resolves it)."""
+        with self.db.connection() as conn:
+            paths = self._resolve_ref(conn, collection, ref, records=True)
+            rows = conn.execute("SELECT path, source_path FROM rag_documents WHERE collection = %s AND path = ANY(%s)",
+                                (collection, paths)).fetchall()
+        return dict(rows)
+
+    def sources_in_use(self, source_paths: Sequence[str]) -> set[str]:
+        """Which of these source files still back a document (of any collection)."""
+        with self.db.connection() as conn:
+            rows = conn.execute("SELECT DISTINCT source_path FROM rag_documents WHERE source_path = ANY(%s)",
+                                (list(source_paths),)).fetchall()
+        return {r[0] for r in rows}
 
     def list_documents(self, collection: str | None, limit: int = 1000, offset: int = 0) -> list[dict[str, Any]]:
         with self.db.connection() as conn:
@@ -235,6 +259,12 @@ class DocumentStore:
                 "TRUNCATE rag_documents, rag_sections, rag_chunks, rag_chunk_vectors, rag_skipped,"
                  " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds, rag_graph_edges, rag_graph_nodes"
             )
+
+
+def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
+    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (f"id '{doc_id}' names {len(paths)} documents in collection '{collection}' ({shown}); "
+            "use the document's path instead")
 
 
 def _dicts(cur) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_lib.errors import NotFoundError
+from rag_lib.errors import AmbiguousReferenceError, NotFoundError
 
 
 class SimilarStore:
@@ -28,6 +28,10 @@ class SimilarStore:
                         WHERE c.collection = %s AND {cond} ORDER BY c.ordinal""",
                     (space, collection, ref),
                 ).fetchall()
+                if rows and kind == "document" and len({r[0] for r in rows}) > 1:  # an id several documents carry
+                    from rag_lib.store.documents import ambiguous_id_message
+
+                    raise AmbiguousReferenceError(ambiguous_id_message(collection, ref, sorted({r[0] for r in rows})))
                 if rows:
                     vectors = np.stack([np.asarray(r[2].to_numpy() if hasattr(r[2], "to_numpy") else r[2],
                                                    dtype=np.float32) for r in rows])

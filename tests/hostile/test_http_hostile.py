@@ -190,6 +190,8 @@ def test_jsonl_ids_cannot_escape_or_replace_other_documents(keyed):
     r = c.post("/api/rag/embed", json={"name": "evil.jsonl", "content": body})
     if r.status_code == 200:  # the loader confines records under their file: evil.jsonl#<id>
         assert all(f["path"].startswith("evil.jsonl") for f in r.json()["files"]), r.json()
+    elif r.status_code == 409:  # a record claiming good.md's id (issue 29): refused whole
+        assert error_code(r) == "document_conflict" and "good.md" in r.json()["error"]["message"]
     else:
         assert r.status_code == 422 and error_code(r) == "document_rejected"
     paths = [i["path"] for i in c.get("/api/rag/sources", params={"limit": 1000}).json()["items"]]
