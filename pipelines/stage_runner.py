@@ -19,8 +19,9 @@ import numpy as np
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.engine import Engine, FileVectors, Prepared, error_text, file_hash
+from rag_lib.errors import TooManyChunksError
 from rag_lib.log import get_logger
-from rag_lib.models import Chunk, Document, Section, SourceFile
+from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 
 log = get_logger(__name__)
 
@@ -115,6 +116,11 @@ class StageRunner:
             saves.append((c, p, stage, self._payload(stage, "upstream_failed", raw["file_hash"],
                                                      error=before.get("error")), raw["file_hash"]))
             return StageOutcome(t.key, "upstream_failed", error=before.get("error"))
+        if before is not None and before.get("status") == "skipped" and before.get("file_hash") == raw["file_hash"]:
+            # e.g. chunks over limits.max_chunks_per_document: nothing to embed or publish
+            skip = {"skip_reason": before.get("skip_reason"), "skip_detail": before.get("skip_detail")}
+            saves.append((c, p, stage, self._payload(stage, "skipped", raw["file_hash"], skip, **skip), raw["file_hash"]))
+            return StageOutcome(t.key, "skipped", skip)
         if before is None or before.get("file_hash") != raw["file_hash"]:
             return StageOutcome(t.key, "failed",
                                 error=f"{previous} is missing or older than {RAW} for {t.key}; rematerialize it")
@@ -153,6 +159,12 @@ class StageRunner:
                 meta, data = done
                 saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
                 outcomes.append(StageOutcome(t.key, "ok", meta))
+            except TooManyChunksError as exc:  # bad input, not a failure: skipped with the reason
+                self.kb.record_skip(Skipped(c, exc.path, exc.reason, str(exc), rows[(c, p, RAW)]["file_hash"]))
+                skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
+                saves.append((c, p, stage, self._payload(stage, "skipped", rows[(c, p, RAW)]["file_hash"], skip, **skip),
+                              rows[(c, p, RAW)]["file_hash"]))
+                outcomes.append(StageOutcome(t.key, "skipped", skip))
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 outcomes.append(self._failed(t, stage, exc, saves))
         self.kb.save_stage_outputs(saves)

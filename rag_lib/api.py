@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from rag_lib.errors import ConfigError, NotFoundError, ValidationError
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
-from rag_lib.models import CorpusRoot, IngestReport, SearchFilters, SearchResult
+from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult
 from rag_lib.engine import Engine
 from rag_lib.store import Store
 
@@ -106,15 +106,20 @@ class KnowledgeBase:
         force: bool = False,
         root: str | Path | None = None,
         progress: ProgressFn | None = None,
+        parsed: Mapping[str, ParsedFile] | None = None,
+        max_request_chunks: int | None = None,
     ) -> IngestReport:
-        """Ingest files/folders incrementally; see `rag_lib.ingest`. The roots ingested are
-        registered (see `register_ingested_roots`), so the Dagster code location watches them."""
+        """Ingest files/folders incrementally; see `rag_lib.ingest` (`parsed`: files the caller
+        loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits).
+        The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
+        location watches them."""
         self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
         with self.recording_metrics():
             report = run_ingest(
                 self.pipeline, paths, self._collection(collection),
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
+                parsed=parsed, max_request_chunks=max_request_chunks,
             )
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report

@@ -202,6 +202,9 @@ class ServerSettings(BaseModel):
     # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (IPs or CIDRs, e.g. "10.0.0.5");
     # empty: the headers are ignored and logs show the real peer address (uvicorn would trust loopback).
     trusted_proxies: list[str] = Field(default_factory=list)
+    # Ingests (uploads, by-path embeds, stored texts) run at once per server, off the request thread
+    # pool, so a long ingest never queues searches behind it; more wait their turn.
+    ingest_workers: int = Field(1, ge=1, le=16)
 
 
 class GraphSettings(BaseModel):
@@ -257,6 +260,11 @@ class ParseLimits(BaseModel):
     max_line_chars: int = Field(200_000, ge=1)  # longest line of a YAML or markdown file
     max_value_chars: int = Field(2_000_000, ge=1)  # longest YAML scalar / JSONL text
     max_id_chars: int = Field(256, ge=1)  # longest JSONL `_id`
+    # Chunks, counted after chunking and before any embedding (each costs a model call: ~35/s on 2
+    # cores). A document over the first is skipped (CLI, library, Dagster) or refused (HTTP, MCP);
+    # one HTTP/MCP request (a file, e.g. JSONL records) over the second is refused.
+    max_chunks_per_document: int = Field(2_000, ge=1)
+    max_chunks_per_request: int = Field(2_000, ge=1)
 
 
 class Settings(BaseSettings):

@@ -16,7 +16,7 @@ from rag_lib.chunking import CHUNKER_VERSION, Chunker
 from rag_lib.config import Settings
 from rag_lib.documents import load_file
 from rag_lib.embedding import EmbeddingProvider
-from rag_lib.errors import DimensionMismatchError, EmbeddingError
+from rag_lib.errors import DimensionMismatchError, EmbeddingError, TooManyChunksError
 from rag_lib.flatten import flatten, load_mapping
 from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
@@ -118,6 +118,7 @@ class Engine:
         digest = file_hash(source.path)
         items = load_file(source.path, source.root, source.collection, self.settings.max_file_bytes,
                           self.settings.limits)
+        log.debug("document parsed", extra={"where": "in-process", "rel": source.rel})
         return Loaded(source, [i for i in items if isinstance(i, Document)],
                       [i for i in items if isinstance(i, Skipped)], digest)
 
@@ -127,12 +128,26 @@ class Engine:
         return flatten(doc, self.mapping, raw)
 
     def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:
-        """Token-aware chunks of a document's sections."""
-        return self.chunker.chunk(doc, sections)
+        """Token-aware chunks of a document's sections; TooManyChunksError over
+        `limits.max_chunks_per_document` (each chunk costs a model call), checked before chunking too
+        when the non-empty sections alone are over it (every one makes at least one chunk)."""
+        limit = self.settings.limits.max_chunks_per_document
+        at_least = sum(1 for s in sections if not s.is_empty)
+        if at_least > limit:
+            raise self._too_many(doc, f"at least {at_least}", limit)
+        chunks = self.chunker.chunk(doc, sections)
+        if len(chunks) > limit:
+            raise self._too_many(doc, str(len(chunks)), limit)
+        return chunks
 
-    def prepare(self, doc: Document) -> Prepared:
-        """Flatten then chunk one document."""
-        sections = self.flatten(doc)
+    @staticmethod
+    def _too_many(doc: Document, count: str, limit: int) -> TooManyChunksError:
+        return TooManyChunksError(doc.path, f"document has {count} chunks, over limits.max_chunks_per_document={limit} "
+                                  "(RAG_LIMITS__MAX_CHUNKS_PER_DOCUMENT); split it or raise the setting")
+
+    def prepare(self, doc: Document, sections: list[Section] | None = None) -> Prepared:
+        """Flatten (unless `sections` were made already, e.g. by the parse sandbox) then chunk one document."""
+        sections = self.flatten(doc) if sections is None else sections
         return Prepared(doc, sections, self.chunk(doc, sections))
 
     def embed(self, chunks: list[Chunk]) -> EmbedResult:

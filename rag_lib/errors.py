@@ -69,3 +69,13 @@ class QueryTimeoutError(RagError):
     """A database query stopped by its configured time limit; the message names the setting (HTTP 504)."""
 
     code = "query_timeout"
+
+
+class TooManyChunksError(LimitExceededError):
+    """A document that chunks into more than `limits.max_chunks_per_document` chunks."""
+
+    reason = "too_many_chunks"
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(f"{path}: {message}")

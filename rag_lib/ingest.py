@@ -5,14 +5,14 @@ file's failure (the run goes on), and `prune` removes documents whose files are 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rag_lib.documents import iter_corpus_files
-from rag_lib.engine import EMBED_BATCH_CHUNKS, Engine, Prepared, error_text
-from rag_lib.errors import RagError, ValidationError
+from rag_lib.engine import EMBED_BATCH_CHUNKS, Engine, Loaded, Prepared, error_text
+from rag_lib.errors import LimitExceededError, RagError, TooManyChunksError, ValidationError
 from rag_lib.log import get_logger
-from rag_lib.models import FileOutcome, IngestReport, SourceFile
+from rag_lib.models import FileOutcome, IngestReport, ParsedFile, Skipped, SourceFile
 
 log = get_logger(__name__)
 
@@ -52,8 +52,16 @@ def ingest(
     force: bool = False,
     root: Path | None = None,
     progress: ProgressFn | None = None,
+    parsed: Mapping[str, ParsedFile] | None = None,
+    max_request_chunks: int | None = None,
 ) -> IngestReport:
-    """Bring the collection in step with the files under `paths`; see module docstring."""
+    """Bring the collection in step with the files under `paths`; see module docstring.
+
+    `parsed` (by path relative to the root): files loaded and flattened already (the server's parse
+    sandbox), not parsed again. `max_request_chunks` (a server request): every document is prepared
+    before any is embedded, and a document over `limits.max_chunks_per_document` or all of them over
+    this number raise `LimitExceededError` with nothing embedded or written; without it, a document
+    over the per-document limit is skipped with its reason and the others go on."""
     started = time.perf_counter()
     store = engine.store
     engine.ensure_space()
@@ -84,10 +92,18 @@ def ingest(
                 fail(prepared.doc.path, "publish", exc)
         batch.clear()
 
+    def too_many(doc, exc: TooManyChunksError) -> None:
+        skip = Skipped(collection, doc.path, exc.reason, str(exc), doc.content_hash)
+        store.record_skip(skip)
+        report.outcomes.append(FileOutcome(doc.path, "skipped", reason=skip.reason, detail=skip.detail))
+
+    strict = max_request_chunks is not None
     files = source_files(paths, collection, root)
     for done, source in enumerate(files, 1):
+        early = (parsed or {}).get(source.rel)
         try:
-            loaded = engine.load(source)
+            loaded = (Loaded(source, early.documents, early.skips, early.file_hash) if early
+                      else engine.load(source))
         except Exception as exc:  # noqa: BLE001 - any error in one file is that file's failure
             seen.add(source.rel)  # a failed file keeps its last good version (prune leaves it)
             fail(source.rel, "load", exc)
@@ -102,12 +118,22 @@ def ingest(
                 report.outcomes.append(FileOutcome(doc.path, "unchanged"))
                 continue
             try:
-                prepared = engine.prepare(doc)
+                prepared = engine.prepare(doc, early.sections.get(doc.path) if early else None)
+            except TooManyChunksError as exc:
+                if strict:
+                    raise
+                too_many(doc, exc)
+                continue
             except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError included)
                 fail(doc.path, "prepare", exc)
                 continue
             batch.append((prepared, "changed" if doc.path in states else "new"))
-            if sum(len(p.chunks) for p, _ in batch) >= EMBED_BATCH_CHUNKS:
+            total = sum(len(p.chunks) for p, _ in batch)
+            if strict and total > max_request_chunks:
+                raise LimitExceededError(
+                    f"this request has at least {total} chunks, over limits.max_chunks_per_request={max_request_chunks} "
+                    "(RAG_LIMITS__MAX_CHUNKS_PER_REQUEST); send fewer documents per request or raise the setting")
+            if not strict and total >= EMBED_BATCH_CHUNKS:
                 flush()
         if progress:
             progress(str(source.path), done, len(files))

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -73,6 +74,11 @@ def _call(fn, *args: Any, **kwargs: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a tool call never takes the server down
         _log.error("tool crashed", exc_info=exc, extra={"error_type": type(exc).__name__})
         raise ToolError("internal_error: the tool failed; see the server log") from exc
+
+
+async def _ingest_call(kb: KnowledgeBase, fn, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`_call` of an ingest on the ingest executor (see `service.run_ingest`): searches never wait for it."""
+    return await service.run_ingest(kb.settings.server.ingest_workers, _call, fn, kb, *args, **kwargs)
 
 
 def _hidden_roots(args: tuple) -> list[Any]:
@@ -266,7 +272,7 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
     if not read_only:
 
         @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
-        def rag_embed(
+        async def rag_embed(
             ctx: Context,
             file_path: Annotated[str | None, Field(max_length=4096, description=(
                 "A YAML or markdown file inside a configured corpus root (absolute, or relative to the root)."))] = None,
@@ -286,12 +292,13 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
             path = file_path if file_path is not None else path
             if (path is None) == (content is None) or (content is not None and not name):
                 raise ToolError("invalid_input: give either `file_path`, or `name` and `content`")
+            base = await anyio.to_thread.run_sync(kb)
             if path is not None:
-                return _call(service.embed_path, kb(), path, collection=collection, force=force)
-            return _call(service.embed_content, kb(), name, content, collection=collection, force=force)
+                return await _ingest_call(base, service.embed_path, path, collection=collection, force=force)
+            return await _ingest_call(base, service.embed_content, name, content, collection=collection, force=force)
 
         @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
-        def rag_embed_text(
+        async def rag_embed_text(
             ctx: Context,
             text: Annotated[str, Field(min_length=1, max_length=s.MAX_TEXT, description="The text to store.")],
             doc_id: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$",
@@ -304,8 +311,9 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
             """Embed raw text (an article, a note) as a searchable document with doc_id, doc_type and
             ticker; returns its chunk count. The same doc_id again replaces it (unchanged text is skipped)."""
             require_write(ctx)
-            return _call(service.store_text, kb(), text, doc_id=doc_id, doc_type=doc_type, ticker=ticker, title=title,
-                         collection=collection)
+            base = await anyio.to_thread.run_sync(kb)
+            return await _ingest_call(base, service.store_text, text, doc_id=doc_id, doc_type=doc_type, ticker=ticker,
+                                      title=title, collection=collection)
 
     return server
 

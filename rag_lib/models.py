@@ -79,6 +79,17 @@ class Section:
 
 
 @dataclass
+class ParsedFile:
+    """One file already loaded and flattened (by the server's parse sandbox), so that ingest does not
+    parse it a second time: its hash, documents, skip records and each document's sections."""
+
+    file_hash: str
+    documents: list[Document]
+    skips: list[Skipped]
+    sections: dict[str, list[Section]]  # by document path
+
+
+@dataclass
 class Chunk:
     chunk_id: str
     collection: str

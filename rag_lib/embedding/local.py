@@ -32,6 +32,8 @@ def default_model_path() -> str:
 # to its longest text. benchmarks/local_batch_size.py, 600 chunks of the shared corpus, 2 rounds:
 # 8 -> 46.2 s, 16 -> 50.4 s, 32 -> 58.2 s, 64 -> 58.4 s (kernel CPU 0.2 s against 13.0 s).
 LOCAL_BATCH_SIZE = 8
+# Texts per model.encode call on torch: the lock is released between slices so a query waits ~1 s at most.
+TORCH_SLICE = 64
 
 
 class LocalProvider(EmbeddingProvider):
@@ -47,7 +49,10 @@ class LocalProvider(EmbeddingProvider):
         self.batch_runtime = batch_runtime
         self.onnx_cache_dir = onnx_cache_dir
         self.calls = 0  # encode calls made; tests use it to prove caching works
+        # held per encode mini-batch (a batch already uses every core), never by an ONNX query: a
+        # query waiting for a whole upload's batch stalled search for minutes (issue 29)
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
 
     def tokenizer(self) -> Tokenizer:
         return get_tokenizer(self.model_path)
@@ -129,25 +134,27 @@ class LocalProvider(EmbeddingProvider):
             return self._embed(texts)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
+        with self._count_lock:
+            self.calls += 1
         if len(texts) == 1 and self._query_encoder is not None:
-            with self._lock:
-                self.calls += 1
             # ONNX Runtime sessions are thread-safe: concurrent queries overlap instead of queueing
             return self._query_encoder.encode(texts[0])
-        with self._lock:  # one encode at a time: a batch already uses every core
-            self.calls += 1
-            if len(texts) == 1:
+        if len(texts) == 1:
+            with self._lock:
                 return self._encode_one(texts[0])
-            if self._batch_encoder is not None:
-                return self._batch_encoder.encode_batch(texts, self.batch_size)
-            vectors = self._model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
-        return np.asarray(vectors, dtype=np.float32)
+        if self._batch_encoder is not None:
+            return self._batch_encoder.encode_batch(texts, self.batch_size, lock=self._lock)
+        out = []
+        for start in range(0, len(texts), TORCH_SLICE):  # the lock per slice, as encode_batch does
+            with self._lock:
+                out.append(self._model.encode(
+                    texts[start:start + TORCH_SLICE],
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                ))
+        return np.asarray(np.concatenate(out), dtype=np.float32)
 
     def _encode_one(self, text: str) -> np.ndarray:
         """A search query on torch: the model's own modules without encode()'s batching (about 1 ms of 8), on

@@ -17,6 +17,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -65,10 +66,13 @@ class OnnxEncoder:
         """The normalised vector of `text`, shape (1, dimensions)."""
         return self.session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
 
-    def encode_batch(self, texts: list[str], batch_size: int) -> np.ndarray:
+    def encode_batch(self, texts: list[str], batch_size: int, lock: AbstractContextManager | None = None) -> np.ndarray:
         """Normalised vectors of `texts`, shape (len(texts), dimensions). Like sentence-transformers,
         texts of similar length go together (longest first) so a batch pads little; padding is
-        masked, so a text's vector does not depend on its batch (within ~3e-7)."""
+        masked, so a text's vector does not depend on its batch (within ~3e-7). `lock` is held per
+        mini-batch, not for the whole call: others waiting for it (a query on torch, another
+        ingest) wait one mini-batch (~0.1 s), not the whole upload (minutes)."""
+        lock = lock or nullcontext()
         rows = [self.tokenizer.model_inputs(text) for text in texts]
         order = sorted(range(len(rows)), key=lambda i: -rows[i]["input_ids"].shape[1])
         out = np.zeros((len(rows), self.dimensions), dtype=np.float32)
@@ -80,7 +84,8 @@ class OnnxEncoder:
                 for name in INPUTS:
                     values = rows[i][name][0]
                     feed[name][row, :len(values)] = values
-            out[members] = self.session.run(None, feed)[0]
+            with lock:
+                out[members] = self.session.run(None, feed)[0]
         return out
 
 

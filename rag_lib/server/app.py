@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
 
@@ -275,28 +276,33 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         embed failure rate and fallback share."""
         return service.metrics_summary(kb, days=days)
 
+    # Ingest routes are `async def` and hand their work to the ingest executor (`service.run_ingest`):
+    # one ingest at a time by default, never on the thread pool searches run on.
+    ingest_workers = settings.server.ingest_workers
+
     @app.post("/api/rag/embed", response_model=s.EmbedResponse, dependencies=write, tags=["ingest"])
-    def embed(body: s.EmbedRequest, kb: KB) -> dict[str, Any]:
+    async def embed(body: s.EmbedRequest, kb: KB) -> dict[str, Any]:
         """Ingest a file inside a configured corpus root (`path`, or seed 000's `file_path`), or uploaded
         content under a relative name."""
         if body.path is not None:
-            out = service.embed_path(kb, body.path, collection=body.collection, force=body.force)
+            out = await service.run_ingest(ingest_workers, service.embed_path, kb, body.path,
+                                           collection=body.collection, force=body.force)
         else:
-            out = service.embed_content(kb, body.name or "", body.content or "", collection=body.collection,
-                                        force=body.force)
+            out = await service.run_ingest(ingest_workers, service.embed_content, kb, body.name or "",
+                                           body.content or "", collection=body.collection, force=body.force)
         log.info("embedded", extra={"files": len(out["files"]), "chunks": out["chunks"], "failed": out["failed"]})
         return {**out, "request_id": request_id_var.get()}
 
     @app.post("/api/rag/embed-text", response_model=s.StoredTextResponse | s.EmbedTextResponse,
               dependencies=write, tags=["ingest"])
-    def embed_text(body: s.EmbedTextRequest, kb: KB) -> dict[str, Any]:
+    async def embed_text(body: s.EmbedTextRequest, kb: KB) -> dict[str, Any]:
         """With `doc_id` (seed 000): store the text as a document and return its chunk count. Without:
         the text's vector in the active embedding space (nothing stored). Full-access keys only."""
         if body.doc_id is None:
-            return service.embed_text(kb, body.text)
-        out = service.store_text(kb, body.text, doc_id=body.doc_id, doc_type=body.doc_type, ticker=body.ticker,
-                                 title=body.title, doc_date=body.doc_date, collection=body.collection,
-                                 force=body.force)
+            return await run_in_threadpool(service.embed_text, kb, body.text)
+        out = await service.run_ingest(
+            ingest_workers, service.store_text, kb, body.text, doc_id=body.doc_id, doc_type=body.doc_type,
+            ticker=body.ticker, title=body.title, doc_date=body.doc_date, collection=body.collection, force=body.force)
         return {**out, "request_id": request_id_var.get()}
 
     @app.get("/api/rag/status", response_model=s.StatusResponse, dependencies=read, tags=["sources"])
@@ -335,10 +341,10 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         return service.delete_document(kb, doc_id, collection)
 
     @app.post("/rag/index", response_model=s.IndexResponse, dependencies=write, tags=compat)
-    def rag_index(body: s.IndexRequest, kb: KB) -> dict[str, Any]:
+    async def rag_index(body: s.IndexRequest, kb: KB) -> dict[str, Any]:
         """Seed 003: index a file inside a corpus root; alias of `POST /api/rag/embed` with `path`."""
-        return service.index_source(kb, body.source_path, metadata=body.metadata, collection=body.collection,
-                                    force=body.force)
+        return await service.run_ingest(ingest_workers, service.index_source, kb, body.source_path,
+                                        metadata=body.metadata, collection=body.collection, force=body.force)
 
     @app.post("/rag/retrieve", response_model=s.RetrieveResponse, dependencies=read, tags=compat)
     def rag_retrieve(body: s.RetrieveRequest, kb: KB) -> dict[str, Any]:

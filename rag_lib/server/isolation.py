@@ -2,11 +2,13 @@
 (C stack overflow), explodes (aliases), loops or holds the GIL costs that worker, never the server.
 
 The server only ingests a file whose sandboxed parse finished within the time and memory limits;
-the worker reports the document paths the file would produce, so callers can check identities."""
+the worker reports the document paths the file would produce, so callers can check identities, and
+returns what it parsed (documents and their sections), so the server never parses the file again."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import multiprocessing as mp
 import resource
@@ -40,11 +42,22 @@ def _ctx():
 
 @dataclass(frozen=True)
 class Preflight:
-    """What the sandboxed parse found: document paths it would publish and skip reasons."""
+    """What the sandboxed parse found: document paths it would publish, skip reasons, and the parsed
+    file itself (ingest uses it instead of parsing again)."""
 
     paths: list[str]
     skipped: list[tuple[str, str]]
     doc_ids: list[str] = dataclasses.field(default_factory=list)  # the id of each document in `paths`
+    parsed: Any = None  # rag_lib.models.ParsedFile
+
+    def moved_to(self, source: Path, target: Path) -> Preflight:
+        """This result for the same file after it moved from `source` to `target` (a staged upload
+        put in place): its documents name their new source path."""
+        if self.parsed is None:
+            return self
+        docs = [dataclasses.replace(d, source_path=str(target)) if d.source_path == str(source) else d
+                for d in self.parsed.documents]
+        return dataclasses.replace(self, parsed=dataclasses.replace(self.parsed, documents=docs))
 
 
 def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
@@ -57,22 +70,26 @@ def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_f
                limits: Any = None) -> Preflight:
     from rag_lib.documents import load_file
     from rag_lib.flatten import flatten, load_mapping
+    from rag_lib.models import Document, ParsedFile, Skipped
 
     mapping = load_mapping(Path(sections_file))
     paths: list[str] = []
     doc_ids: list[str] = []
     skipped: list[tuple[str, str]] = []
+    parsed = ParsedFile(hashlib.sha256(Path(path).read_bytes()).hexdigest(), [], [], {})
     for item in load_file(Path(path), Path(root), collection, max_bytes, limits):
-        if hasattr(item, "reason") and not hasattr(item, "body"):
+        if isinstance(item, Skipped):
             skipped.append((str(item.path), str(item.reason)))
+            parsed.skips.append(item)
             continue
+        assert isinstance(item, Document)
+        # as Engine.flatten does it: YAML sections keep their line numbers from the raw text
         raw = Path(path).read_text(encoding="utf-8-sig") if item.format == "yaml" else None
-        sections = flatten(item, mapping, raw)
-        # walk what chunking will walk, so a body that is slow to render is slow here, not in the server
-        sum(len(section.text) for section in sections)
+        parsed.sections[item.path] = flatten(item, mapping, raw)
+        parsed.documents.append(item)
         paths.append(str(item.path))
         doc_ids.append(str(item.doc_id))
-    return Preflight(paths, skipped, doc_ids)
+    return Preflight(paths, skipped, doc_ids, parsed)
 
 
 def _child(conn: Connection, memory_bytes: int, cpu_seconds: int, args: tuple) -> None:
@@ -136,6 +153,7 @@ class Sandbox:
         if result[0] == "error":
             log.warning("parse worker refused a document", extra={"reason": result[1]})
             raise DocumentRejectedError(f"this document cannot be parsed safely ({result[1]}): {result[2]}")
+        log.debug("document parsed", extra={"where": "sandbox", "documents": len(result[1].paths)})
         return result[1]
 
 

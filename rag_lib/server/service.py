@@ -5,15 +5,21 @@ thin mappings over the same functions."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import functools
 import os
 import re
 import tempfile
 import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import yaml
+from anyio import CapacityLimiter
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.errors import NotFoundError, ValidationError
@@ -34,6 +40,22 @@ RERANK_NOTE = ("no reranker is configured, so the results keep the hybrid order;
                "(a local CrossEncoder folder, $RAG_SEARCH__RERANK_MODEL_PATH) or search.rerank_base_url "
                "(a /rerank server, $RAG_SEARCH__RERANK_BASE_URL) to turn reranking on")
 FORMATS = {"markdown": (".md", ".markdown"), "yaml": (".yaml", ".yml"), "jsonl": (".jsonl",)}
+
+
+# One ingest executor per event loop (a server has one; tests start several): see `run_ingest`.
+_ingest_limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CapacityLimiter] = weakref.WeakKeyDictionary()
+
+
+async def run_ingest(workers: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run an ingest call (upload, by-path embed, stored text) on the ingest executor: worker threads
+    of their own, at most `workers` (settings.server.ingest_workers) at once, the rest waiting in the
+    event loop. Searches run on the request thread pool, so they never queue behind an ingest (an
+    upload of 2,000 chunks takes a minute of encoding), and many uploads cannot take that pool."""
+    loop = asyncio.get_running_loop()
+    limiter = _ingest_limiters.get(loop)
+    if limiter is None:
+        limiter = _ingest_limiters[loop] = CapacityLimiter(workers)
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=limiter)
 
 
 def _limit(value: int, ceiling: int, name: str) -> int:

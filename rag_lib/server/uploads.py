@@ -79,9 +79,19 @@ def ingest_path(kb: Any, path: str, collection: str | None = None, force: bool =
     roots = [Path(r) for r in kb.settings.server.corpus_roots]
     file, root = confine(path, roots)
     coll = collection or kb.settings.collection
-    _confined_identities(preflight(kb, file, root, coll), file.relative_to(root).as_posix())
-    report = kb.ingest([file], coll, root=root, force=force).to_dict()
+    rel = file.relative_to(root).as_posix()
+    found = preflight(kb, file, root, coll)
+    _confined_identities(found, rel)
+    report = _ingest(kb, file, root, coll, force, found, rel)
     return scrub_outcomes(report, [r.resolve() for r in roots] + roots)
+
+
+def _ingest(kb: Any, file: Path, root: Path, collection: str, force: bool, found: Preflight, rel: str) -> dict[str, Any]:
+    """Ingest one file of a request from its sandboxed parse (not parsed again), refusing it whole
+    when a document or the request is over the chunk limits (LimitExceededError, nothing written)."""
+    parsed = {rel: found.parsed} if found.parsed is not None else None
+    return kb.ingest([file], collection, root=root, force=force, parsed=parsed,
+                     max_request_chunks=kb.settings.limits.max_chunks_per_request).to_dict()
 
 
 def ingest_upload(kb: Any, name: str, content: str, collection: str | None = None,
@@ -119,13 +129,15 @@ def _stage_and_publish(kb: Any, data: bytes, rel: Any, target: Path, root: Path,
         _confined_identities(found, rel.as_posix())
         with _lock_for(target):
             _no_takeover(kb, found, target, coll)
-            return scrub_outcomes(_publish(kb, staged, staging / "previous", target, root, coll, force), [root, base])
+            found = found.moved_to(staged.resolve(), target)
+            return scrub_outcomes(_publish(kb, staged, staging / "previous", target, root, coll, force, found,
+                                           rel.as_posix()), [root, base])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def _publish(kb: Any, staged: Path, previous: Path, target: Path, root: Path, collection: str,
-             force: bool) -> dict[str, Any]:
+             force: bool, found: Preflight, rel: str) -> dict[str, Any]:
     """Move the staged file into place and ingest it; on failure put back what was there."""
     had_previous = target.is_file()
     if had_previous:
@@ -141,7 +153,7 @@ def _publish(kb: Any, staged: Path, previous: Path, target: Path, root: Path, co
             _prune_empty_dirs(target.parent, root)
 
     try:
-        report = kb.ingest([target], collection, root=root, force=force).to_dict()
+        report = _ingest(kb, target, root, collection, force, found, rel)
     except BaseException:
         restore()
         raise

@@ -72,7 +72,7 @@ def test_graph_path_on_a_complete_graph_is_bounded_over_http(graph_db: str, tmp_
     client, kb = client_for(settings, provider)
     with client, kb:
         r = client.get("/api/rag/graph/n0", params={"to": "island-a"}, headers={"X-API-Key": READ})
-        assert r.status_code == 422, r.text
+        assert r.status_code == 422, r.text[:300]
         error = r.json()["error"]
         assert error["code"] == "limit_exceeded"
         assert "graph.max_path_rows=500" in error["message"]
@@ -92,7 +92,7 @@ def test_graph_query_over_its_time_limit_is_504_naming_the_setting(graph_db: str
     client, kb = client_for(settings, provider)
     with client, kb:
         r = client.get("/api/rag/graph/n0", params={"depth": 3}, headers={"X-API-Key": READ})
-        assert r.status_code == 504, r.text
+        assert r.status_code == 504, r.text[:300]
         error = r.json()["error"]
         assert error["code"] == "query_timeout"
         assert "graph.query_timeout_ms=1" in error["message"]
@@ -124,3 +124,124 @@ def test_graph_path_limit_is_one_line_in_the_cli(graph_db: str, tmp_path: Path, 
     code, out, err = rag("graph", "n0", "--to", "island-a")
     assert code == 1
     assert len(err.strip().splitlines()) == 1 and "graph.max_path_rows=500" in err
+
+
+@pytest.fixture
+def upload_client(database_url: str, tmp_path: Path, provider):
+    settings = settings_for(database_url, tmp_path / ".rag",
+                            limits={"max_chunks_per_document": 50, "max_chunks_per_request": 80})
+    client, kb = client_for(settings, provider)
+    with client, kb:
+        client.headers["X-API-Key"] = FULL
+        yield client, settings
+
+
+@pytest.mark.timeout(300)
+def test_upload_over_the_document_chunk_limit_is_refused_with_its_number(upload_client, provider):
+    client, settings = upload_client
+    calls = provider.calls
+    r = client.post("/api/rag/embed", json={"name": "big.yaml", "content": sections_yaml(120)})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert "120 chunks" in error["message"] and "limits.max_chunks_per_document=50" in error["message"]
+    assert provider.calls == calls  # refused before anything was embedded
+    assert client.get("/api/rag/sources").json()["items"] == []
+    assert not (settings.server.upload_dir / "default" / "big.yaml").exists()  # nothing left on disk
+    # under the limit: the same kind of document goes in
+    r = client.post("/api/rag/embed", json={"name": "small.yaml", "content": sections_yaml(40)})
+    assert r.status_code == 200 and r.json()["chunks"] == 40, r.text
+
+
+@pytest.mark.timeout(300)
+def test_upload_over_the_request_chunk_limit_is_refused_with_its_number(upload_client, provider):
+    client, _ = upload_client
+    # 100 records of one chunk each: every document is under its limit, the request is not
+    body = "".join(json.dumps({"_id": f"r{i}", "text": f"record {i} on margins and guidance"}) + "\n"
+                   for i in range(100))
+    calls = provider.calls
+    r = client.post("/api/rag/embed", json={"name": "many.jsonl", "content": body})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "limit_exceeded" and "limits.max_chunks_per_request=80" in error["message"]
+    assert "81 chunks" in error["message"]
+    assert provider.calls == calls
+    assert client.get("/api/rag/sources").json()["items"] == []
+
+
+@pytest.mark.timeout(300)
+def test_cli_ingest_skips_a_document_over_the_chunk_limit_with_the_reason(tmp_path: Path, monkeypatch, rag):
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "big.yaml").write_text(sections_yaml(120))
+    (root / "good.md").write_text("# Good\n\n## Thesis\n\nZirconium refiners gain from the reactor build-out.\n")
+    monkeypatch.setenv("RAG_LIMITS__MAX_CHUNKS_PER_DOCUMENT", "50")
+    code, out, err = rag("ingest", str(root), "--json")
+    assert code == 0, err
+    files = {f["path"]: f for f in json.loads(out)["files"]}
+    assert files["good.md"]["status"] == "new"
+    assert files["big.yaml"]["status"] == "skipped" and files["big.yaml"]["reason"] == "too_many_chunks"
+    assert "120 chunks" in files["big.yaml"]["detail"]
+    assert "limits.max_chunks_per_document=50" in files["big.yaml"]["detail"]
+    code, out, _ = rag("status", "--json")
+    skipped = {s["path"]: s for s in json.loads(out)["skipped"]}
+    assert skipped["big.yaml"]["reason"] == "too_many_chunks"
+
+
+@pytest.mark.timeout(300)
+def test_an_upload_is_parsed_once_in_the_sandbox_not_again_in_the_server(upload_client, caplog):
+    client, _ = upload_client
+    logger = logging.getLogger("rag_lib")  # it does not propagate to the root logger caplog listens on
+    caplog.set_level(logging.DEBUG, logger="rag_lib")
+    logger.addHandler(caplog.handler)
+    try:
+        r = client.post("/api/rag/embed", json={"name": "once.yaml", "content": sections_yaml(10)})
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert r.status_code == 200 and r.json()["chunks"] == 10, r.text
+    parses = [getattr(rec, "where", None) for rec in caplog.records if rec.getMessage() == "document parsed"]
+    assert parses == ["sandbox"]
+    # and what the sandbox parsed is what got published
+    shown = client.get("/api/rag/sources/once.yaml").json()
+    assert [s["name"] for s in shown["sections"]] == [f"k{i:05d}" for i in range(10)]
+
+
+@pytest.mark.timeout(600)
+def test_dagster_skips_a_file_over_the_chunk_limit_and_publishes_the_others(database_url, provider, tmp_path,
+                                                                            monkeypatch):
+    import warnings
+
+    from dagster import instance_for_test, materialize
+
+    warnings.filterwarnings("ignore", category=Warning, module="dagster")
+    from pipelines.assets import ASSETS
+    from pipelines.partitions import CORPUS_FILES, PartitionMap, range_tags
+    from pipelines.resources import RagResource, preload_provider
+    from rag_lib.models import CorpusRoot
+
+    monkeypatch.setenv("RAG_LIMITS__MAX_CHUNKS_PER_DOCUMENT", "50")
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "big.yaml").write_text(sections_yaml(120))
+    (root / "good.md").write_text("# Good\n\n## Thesis\n\nZirconium refiners gain from the reactor build-out.\n")
+    home = tmp_path / ".rag"
+    settings = Settings(database_url=database_url, home=home)
+    preload_provider(settings, provider)
+    with KnowledgeBase(settings, provider=provider) as kb:
+        kb.add_root(root)
+    with instance_for_test() as instance:
+        keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).walk())
+        instance.add_dynamic_partitions(CORPUS_FILES, keys)
+        result = materialize(ASSETS, instance=instance, tags=range_tags(keys[0], keys[-1]),
+                             resources={"rag": RagResource(database_url=database_url, home=str(home))})
+        assert result.success
+        meta = {(ev.step_materialization_data.materialization.asset_key.to_user_string(), ev.partition):
+                ev.step_materialization_data.materialization.metadata for ev in result.get_asset_materialization_events()}
+    assert meta[("chunks", "corpus/big.yaml")]["status"].value == "skipped"
+    assert meta[("chunks", "corpus/big.yaml")]["skip_reason"].value == "too_many_chunks"
+    assert "limits.max_chunks_per_document=50" in meta[("chunks", "corpus/big.yaml")]["skip_detail"].value
+    assert meta[("vector_table", "corpus/big.yaml")]["status"].value == "skipped"
+    assert meta[("vector_table", "corpus/good.md")]["status"].value == "ok"
+    with KnowledgeBase(settings, provider=provider) as kb:
+        assert [d["path"] for d in kb.list_documents()] == ["good.md"]
+        assert {s["path"]: s["reason"] for s in kb.status()["skipped"]} == {"big.yaml": "too_many_chunks"}
