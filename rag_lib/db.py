@@ -95,9 +95,25 @@ def embedded_running(pgdata: Path) -> bool:
     return bool(info is not None and info.is_running())
 
 
+def check_url(url: str, setting: str) -> str:
+    """`url` if psycopg can parse it; else a ConfigError that names the setting and not the value
+    (psycopg's own message quotes the whole string, password included)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - any parse failure: the message must not carry the URL
+        from rag_lib.errors import ConfigError
+
+        raise ConfigError(f"{setting} is not a PostgreSQL URL (postgresql://user:password@host:port/db) or "
+                          "conninfo string; check the variable") from None
+    return url
+
+
 def database_url(settings: Settings, dbname: str | None = None, start: bool = True) -> str:
     """The connection URL for the library's database (or `dbname` on the same server)."""
     if settings.database_url:
+        check_url(settings.database_url, "database_url ($RAG_DATABASE_URL)")
         url = settings.database_url
         if dbname:
             from psycopg.conninfo import conninfo_to_dict, make_conninfo

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import sys
 from typing import IO
 
@@ -98,6 +99,16 @@ def redact_url(url: str) -> str:
     netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=("***@" if parts.username or parts.password else "") + netloc,
                                      query="***" if parts.query else ""))
+
+
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def scrub_secrets(text: str) -> str:
+    """`text` with URL passwords (`scheme://user:***@`) and conninfo `password=***` masked: for error
+    messages that quote a connection string."""
+    return _CONNINFO_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def get_logger(name: str) -> logging.Logger:

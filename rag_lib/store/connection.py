@@ -12,7 +12,8 @@ from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
-from rag_lib.db import database_url
+from rag_lib.db import check_url, database_url
+from rag_lib.log import scrub_secrets
 from rag_lib.errors import AdminRequiredError, DatabaseError
 from rag_lib.log import get_logger
 
@@ -102,7 +103,7 @@ def _privilege_error(conn: psycopg.Connection, exc: psycopg.Error) -> AdminRequi
 def library_url(settings: Settings) -> str:
     """URL of the library's database: `RAG_DATABASE_URL`, or database `rag` on the embedded server."""
     if settings.database_url:
-        return settings.database_url
+        return check_url(settings.database_url, "database_url ($RAG_DATABASE_URL)")
     url = database_url(settings, dbname=LIBRARY_DB)
     ensure_database(database_url(settings), LIBRARY_DB)
     return url
@@ -165,7 +166,7 @@ class Connections:
         self.read_only = read_url is not None
         try:
             if read_url is not None:
-                self.url = read_url
+                self.url = check_url(read_url, "search.database_url ($RAG_SEARCH__DATABASE_URL)")
                 with psycopg.connect(self.url, autocommit=True, prepare_threshold=None) as conn:
                     conn.execute("SELECT 1")
             else:
@@ -179,7 +180,7 @@ class Connections:
                         raise _privilege_error(conn, exc) from exc
         except psycopg.OperationalError as exc:
             which = "the search database (search.database_url)" if read_url is not None else "the database"
-            raise DatabaseError(f"cannot connect to {which}: {exc}".strip()) from exc
+            raise DatabaseError(f"cannot connect to {which}: {scrub_secrets(str(exc))}".strip()) from exc
         self.pool = ConnectionPool(
             self.url,
             min_size=1,

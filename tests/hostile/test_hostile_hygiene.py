@@ -115,6 +115,23 @@ def test_conflicting_seed_variables_log_names_never_values(monkeypatch):
     assert "sk-live" not in text and "pw-" not in text
 
 
+def test_no_secret_reaches_a_cli_process_output(tmp_path: Path):
+    """A `rag` process with conflicting variables and an unparsable database URL that holds a password:
+    its log and its error line name the variables, never a key or a password."""
+    import subprocess
+
+    from rag_lib.testing import RAG
+
+    env = child_env("postgresq://app:pw-bad-url-71@db1/rag", tmp_path / ".rag", RAG_LOG_LEVEL="DEBUG",
+                    LLM_API_KEY="sk-live-hygiene-72", RAG_EMBEDDING__API_KEY_ENV="MY_PROVIDER_KEY",
+                    RAG_SEARCH__DATABASE_URL="postgresql://r:pw-search-73@db1/rag",
+                    RAG_SEARCH_DATABASE_URL="postgresql://r:pw-seed-74@db2/rag", PG_HOST="db2", PG_PASS="pw-pg-75")
+    done = subprocess.run([RAG, "status"], env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "RAG_DATABASE_URL" in out and "LLM_API_KEY" in out, out
+    assert "pw-" not in out and "sk-live" not in out, out
+
+
 # ---- 8. a document cannot claim another's id ------------------------------------------------
 
 def test_upload_cannot_take_a_corpus_documents_id(hy):
