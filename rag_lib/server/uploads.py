@@ -1,19 +1,19 @@
 """Ingest of request content (uploads) and of files named by path, done safely: the file is parsed
 first in a sandboxed worker, every document it would produce must lie under its own file, an upload
-may not take over a document from another file or root, and a failed upload leaves nothing on disk."""
+may not take over a document (its path or its id) from another file or root, a failed upload leaves
+nothing on disk, uploads per collection stay within a quota, and a delete removes the files it frees."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import logging
-from contextlib import contextmanager
-from collections.abc import Iterable, Iterator
 
 from rag_lib.errors import ValidationError
 from rag_lib.server.errors import DocumentConflictError, DocumentRejectedError, UploadQuotaError, scrub_outcomes

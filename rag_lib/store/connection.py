@@ -13,9 +13,8 @@ from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
 from rag_lib.db import check_url, database_url
-from rag_lib.log import scrub_secrets
 from rag_lib.errors import AdminRequiredError, DatabaseError
-from rag_lib.log import get_logger
+from rag_lib.log import get_logger, scrub_secrets
 
 log = get_logger(__name__)
 
