@@ -48,6 +48,9 @@ def _print_summary(summary, as_json: bool) -> None:
     if as_json:
         print_json(summary.to_dict())
         return
+    for skip in summary.skipped:  # one line per file not ingested, with what to do
+        console.print(f"skipped {skip['path']}: {skip['reason']}: {skip['detail']}", highlight=False, soft_wrap=True,
+                      markup=False)
     if not summary.run_ids:
         console.print(f"all {summary.partitions} files are current: nothing to run (--force runs them again)"
                       + (f"; removed {len(summary.removed)} files that are gone" if summary.removed else ""))

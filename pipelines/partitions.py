@@ -20,8 +20,9 @@ from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
 
+from rag_lib.corpus_files import FileRefused, ReadLimits, check_rel_path
 from rag_lib.errors import RagError, ValidationError
-from rag_lib.models import CorpusRoot
+from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.watch import FileTarget, walk_files
 
 CORPUS_FILES = "corpus_files"
@@ -49,6 +50,7 @@ class PartitionMap:
     def __init__(self, roots: list[CorpusRoot]):
         self.roots = roots
         self.by_name = {r.name: r for r in roots}
+        self.refused: list[Skipped] = []  # files the last `files()` could not key (path_too_long)
         if "" in self.by_name or len(self.by_name) != len(roots):
             raise ValidationError("every corpus root needs a unique registered name (KnowledgeBase.roots())")
 
@@ -81,16 +83,38 @@ class PartitionMap:
         return [r for r in self.roots if r.path.is_dir()]
 
     def files(self) -> dict[str, tuple[Path, os.stat_result]]:
-        """key → (path, stat) of every file under every present root, sorted by key."""
+        """key → (path, stat) of every file under every present root, sorted by key. A file whose
+        path is too long to be a key (`path_too_long`: PostgreSQL could not index it, and a failed
+        partition write stops the sync of every root) is left out and kept in `self.refused`."""
         found: dict[str, tuple[Path, os.stat_result]] = {}
+        self.refused = []
         for root in self.present_roots():
             for rel, st in walk_files(root.path).items():
+                try:
+                    check_rel_path(rel)
+                except FileRefused as exc:
+                    self.refused.append(Skipped(root.collection, exc.path or rel, exc.reason, exc.detail))
+                    continue
                 found[self.key(root, rel)] = (root.path / rel, st)
         return dict(sorted(found.items()))
+
+    def digest(self, key: str, limits: ReadLimits) -> str:
+        """The file's digest, read within `limits` and confined to its root (`corpus_files`)."""
+        target = self.target(key)
+        return limits.digest(target.path, target.root)
 
     def walk(self) -> dict[str, os.stat_result]:
         """key → stat of every file under the present roots."""
         return {k: st for k, (_, st) in self.files().items()}
+
+
+def record_refused(kb, pmap: PartitionMap, log: logging.Logger | None = None) -> list[Skipped]:
+    """Record the files the last `pmap.files()` could not key as skipped (`rag status` lists them),
+    so a file that can never be a partition is reported, not silently ignored."""
+    for skip in pmap.refused:
+        (log or logging.getLogger(__name__)).info("skipped %s: %s (%s)", skip.path, skip.reason, skip.detail)
+        kb.record_skip(skip)
+    return pmap.refused
 
 
 @dataclass

@@ -22,7 +22,8 @@ from rag_lib.models import CorpusRoot
 from rag_lib.watch import FileTarget
 
 from pipelines.jobs import INGEST_JOB
-from pipelines.partitions import CORPUS_FILES, PartitionMap, plan_ranges, range_tags, sync_partitions
+from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, plan_ranges, range_tags, record_refused,
+                                  sync_partitions)
 from pipelines.stage_runner import StageRunner, keys_needing_runs
 
 LOCATION = "rag_pipeline"
@@ -58,6 +59,7 @@ class PipelineRunSummary:
     partitions: int = 0
     removed: list[str] = field(default_factory=list)
     current: int = 0  # files left alone: current, and materialized on this instance
+    skipped: list[dict[str, str]] = field(default_factory=list)  # path, reason, detail of files not ingested
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # asset → status → partitions
     checks: list[CheckSummary] = field(default_factory=list)
     failed_partitions: list[str] = field(default_factory=list)
@@ -66,19 +68,23 @@ class PipelineRunSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_ids": self.run_ids, "success": self.success, "partitions": self.partitions,
-            "removed": self.removed, "current": self.current, "stages": self.stages,
+            "removed": self.removed, "current": self.current, "skipped": self.skipped, "stages": self.stages,
             "checks": [c.__dict__ for c in self.checks], "failed_partitions": self.failed_partitions,
             "seconds": round(self.seconds, 3),
         }
 
 
-def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], force: bool = False
-                        ) -> tuple[list[FileTarget], list[str], list[str]]:
+def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], force: bool = False,
+                        refused: list | None = None) -> tuple[list[FileTarget], list[str], list[str]]:
     """Register `roots` (with their collections), then sync the partitions of every registered
-    root. Returns (the files under `roots`, partition order, removed keys)."""
+    root. Returns (the files under `roots`, partition order, removed keys); files that cannot be
+    partitions (`path_too_long`) are recorded as skipped and added to `refused`."""
     chosen = {kb.add_root(r.path, r.collection, source="materialize").name for r in roots}
     pmap = PartitionMap(kb.roots())
     files = pmap.files()
+    for skip in record_refused(kb, pmap):
+        if refused is not None and skip.collection in {r.collection for r in roots}:
+            refused.append(skip)
     # forgetting a gone file needs the database only (the runner loads the model on first stage)
     sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
                            lambda target: StageRunner(kb, force=force).forget(target))
@@ -211,6 +217,12 @@ def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: di
         stages[mat.asset_key.to_user_string()][status.value if status is not None else "ok"] += 1
         if status is not None and status.value == "failed" and event.partition not in summary.failed_partitions:
             summary.failed_partitions.append(event.partition)
+        reason = mat.metadata.get("skip_reason")
+        if mat.asset_key.to_user_string() == "raw_documents" and status is not None and status.value == "skipped" \
+                and reason is not None:
+            detail = mat.metadata.get("skip_detail")
+            summary.skipped.append({"path": decode_key(event.partition or "").partition("/")[2], "reason": str(reason.value),
+                                    "detail": str(detail.value) if detail is not None else ""})
     for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
         ev = entry.dagster_event.asset_check_evaluation_data
         detail = ev.description or (str(ev.metadata["summary"].value) if "summary" in ev.metadata else "")
@@ -247,7 +259,9 @@ def materialize_corpus(
             if not roots:
                 raise ConfigError("no corpus roots with an existing folder: give folders, `rag roots add PATH`, "
                                   "or set pipeline.roots in rag.yaml")
-        targets, ordered, summary.removed = register_partitions(instance, kb, roots, force)
+        refused: list = []
+        targets, ordered, summary.removed = register_partitions(instance, kb, roots, force, refused)
+        summary.skipped = [{"path": s.path, "reason": s.reason, "detail": s.detail} for s in refused]
         summary.partitions = len(targets)
         keys = [t.key for t in targets]
         # An ingest of current files would only confirm them: run the ones that need it.

@@ -6,7 +6,7 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 from rag_lib.config import get_settings
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key, sync_partitions
+from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
 from pipelines.resources import RagResource
 from pipelines.stage_runner import plan_reconcile
 
@@ -23,6 +23,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
                           "or pipeline.roots in rag.yaml)")
     files = pmap.files()
+    record_refused(rag.kb(), pmap, context.log)
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]

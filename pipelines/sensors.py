@@ -12,10 +12,11 @@ from dagster import (
 )
 
 from rag_lib.config import get_settings
+from rag_lib.corpus_files import ReadLimits
 from rag_lib.watch import decode_state, encode_state, scan
 
 from pipelines.jobs import ingest_job
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, run_key, sync_partitions
+from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
 from pipelines.resources import RagResource
 from pipelines.stage_runner import keys_needing_runs
 
@@ -33,7 +34,9 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
                           "or pipeline.roots in rag.yaml)")
     previous = decode_state(context.cursor)
     files = pmap.files()
-    result = scan(files, previous)
+    record_refused(rag.kb(), pmap, context.log)
+    limits = ReadLimits.of(rag.kb().settings)
+    result = scan(files, previous, lambda key: pmap.digest(key, limits))
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log, also_gone=result.deleted)
     # A file new to the cursor may be current already (a first tick after `rag materialize`, or a
     # root materialized between ticks): only the ones a run would change get one.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -180,10 +181,10 @@ class StageRunner:
         for t in targets:
             c, p = _ident(t)
             try:
-                if not t.path.is_file():
+                if not os.path.lexists(t.path):  # a FIFO or a link is there: loading records why it is skipped
                     raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
                 mine = rows.get((c, p, RAW))
-                if mine is not None and self._is_current(RAW, mine, file_hash(t.path)):
+                if mine is not None and self._is_current(RAW, mine, file_hash(t.path, t.root, self.kb.settings)):
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
@@ -383,7 +384,7 @@ def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: st
             plan.missing.append(t.key)
             continue
         digest, status, _ = raw[ident]
-        if digest != file_hash(t.path):
+        if digest != file_hash(t.path, t.root, kb.settings):
             plan.stale.append(t.key)
         elif status == "skipped":
             continue

@@ -265,6 +265,9 @@ class ParseLimits(BaseModel):
     # one HTTP/MCP request (a file, e.g. JSONL records) over the second is refused.
     max_chunks_per_document: int = Field(2_000, ge=1)
     max_chunks_per_request: int = Field(2_000, ge=1)
+    # A JSONL corpus is read whole (its records are held to max_file_bytes each): a bound on the file
+    # keeps one from costing unbounded memory; far above BEIR corpora such as SciFact (7.5 MB).
+    max_jsonl_bytes: int = Field(128 * 1024 * 1024, ge=1)
 
 
 class Settings(BaseSettings):

@@ -8,13 +8,14 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rag_lib.config import ParseLimits
+from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_rel_path, refused_digest, walk  # noqa: F401
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
 from rag_lib.models import Document, Skipped
@@ -25,7 +26,6 @@ YAML_SUFFIXES = {".yaml", ".yml"}
 MARKDOWN_SUFFIXES = {".md", ".markdown"}
 JSONL_SUFFIXES = {".jsonl"}
 SUPPORTED_SUFFIXES = YAML_SUFFIXES | MARKDOWN_SUFFIXES | JSONL_SUFFIXES
-IGNORED_DIRS = {".git", "__pycache__", ".rag", "node_modules", ".venv"}
 
 PLACEHOLDER = re.compile(r"\{[A-Z][A-Z0-9_\-]*\}")
 TICKER = re.compile(r"^[A-Z][A-Z0-9.\-]{0,9}$")
@@ -99,13 +99,13 @@ def content_hash(data: bytes) -> str:
 
 
 def iter_corpus_files(root: Path) -> Iterator[Path]:
-    """Every file under `root` (sorted, ignoring VCS/cache folders), or `root` itself if a file."""
-    if root.is_file():
+    """Every non-directory entry under `root` whose path can be a key (sorted; see
+    `corpus_files.walk`), or `root` itself if it is not a folder. Reading goes through `load_file`."""
+    if not root.is_dir():
         yield root
         return
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not any(part in IGNORED_DIRS for part in path.relative_to(root).parts):
-            yield path
+    for entry in walk(root):
+        yield entry.path
 
 
 def _type_from_path(rel_path: str) -> str | None:
@@ -256,25 +256,56 @@ def load_file(
 ) -> list[Document | Skipped]:
     """Parse one file into documents (JSONL: one per record) or a skip record with its reason.
     Never raises for the file's content: any error reading or parsing it is the file's skip."""
+    return load_source(path, root, collection, max_bytes, limits)[0]
+
+
+def load_source(
+    path: Path, root: Path, collection: str, max_bytes: int, limits: ParseLimits | None = None
+) -> tuple[list[Document | Skipped], str]:
+    """`load_file` and the file's digest (what `ReadLimits.digest` gives for the same file). The
+    file is read once, through `corpus_files` (inside `root`, regular, within its size limit)."""
+    limits = limits or ParseLimits()
+    reader = ReadLimits(max_bytes, limits.max_jsonl_bytes)
+    confine = root if root.is_dir() else path.parent  # a file given as its own root: its folder confines it
     rel = path.relative_to(root).as_posix() if root.is_dir() else path.name
+    raw: list[bytes] = []  # the bytes, once read (a file skipped by its name is never read)
+
+    def read() -> bytes:
+        raw.append(reader.read(path, confine))
+        return raw[0]
+
+    def digest() -> str:
+        return content_hash(raw[0]) if raw else reader.digest(path, confine)
+
     try:
-        return _load_file(path, rel, collection, max_bytes, limits or ParseLimits())
+        check_rel_path(rel)
+        items = _load_file(path, rel, collection, max_bytes, limits, read)
+    except FileRefused as exc:
+        log.info("not reading %s: %s (%s)", path, exc.reason, exc.detail)
+        return [Skipped(collection, exc.path or rel, exc.reason, exc.detail)], digest()
     except RecursionError:
         log.exception("loading %s hit the recursion limit", path)
-        return [Skipped(collection, rel, "too_deep", "nesting too deep to parse; lower its nesting depth")]
+        items = [Skipped(collection, rel, "too_deep", "nesting too deep to parse; lower its nesting depth")]
     except MemoryError:
         log.exception("loading %s ran out of memory", path)
-        return [Skipped(collection, rel, "too_large", "ran out of memory while parsing this file")]
+        items = [Skipped(collection, rel, "too_large", "ran out of memory while parsing this file")]
     except OSError as exc:
         log.exception("reading %s failed", path)
-        return [Skipped(collection, rel, "unreadable", f"cannot read the file: {exc.strerror or exc}")]
+        return ([Skipped(collection, rel, "unreadable", f"cannot read the file: {exc.strerror or exc}")],
+                refused_digest("unreadable", None))
     except Exception as exc:  # noqa: BLE001 (a parser's unexpected error must fail this file only)
         log.exception("loading %s failed", path)
-        return [Skipped(collection, rel, "load_error", f"cannot parse the file ({type(exc).__name__}: "
+        items = [Skipped(collection, rel, "load_error", f"cannot parse the file ({type(exc).__name__}: "
                                                         f"{str(exc)[:200]}); see the log for details")]
+    try:
+        return items, digest()
+    except OSError as exc:  # gone or unreadable since: the next scan sees it
+        log.warning("hashing %s failed: %s", path, exc)
+        return items, refused_digest("unreadable", None)
 
 
-def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: ParseLimits) -> list[Document | Skipped]:
+def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: ParseLimits,
+               read: Callable[[], bytes]) -> list[Document | Skipped]:
     suffix = path.suffix.lower()
 
     def skip(reason: str, detail: str, digest: str | None = None) -> list[Document | Skipped]:
@@ -285,11 +316,9 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
         return skip("reserved_path", "'.jsonl#' in a path is reserved for JSONL records; rename the file")
     if suffix not in SUPPORTED_SUFFIXES:
         return skip("unknown_format", f"unsupported file type '{suffix or path.name}'; use .yaml, .md or .jsonl")
-    size = path.stat().st_size
-    # A JSONL corpus is many documents: the size limit applies to each record, not the file.
-    if size > max_bytes and suffix not in JSONL_SUFFIXES:
-        return skip("too_large", f"{size} bytes is over the {max_bytes}-byte limit (max_file_bytes)")
-    raw = path.read_bytes()
+    # Confined, regular, size checked on the open descriptor before a byte is read (corpus_files).
+    raw = read()
+    size = len(raw)
     digest = content_hash(raw)
     if not raw.strip():
         return skip("empty", "file is empty", digest)

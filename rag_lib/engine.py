@@ -4,7 +4,6 @@ assets call the same functions and store each stage's output between assets."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ import numpy as np
 
 from rag_lib.chunking import CHUNKER_VERSION, Chunker
 from rag_lib.config import Settings
-from rag_lib.documents import load_file
+from rag_lib.corpus_files import ReadLimits, read_text
+from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, TooManyChunksError
 from rag_lib.flatten import flatten, load_mapping
@@ -67,9 +67,10 @@ class FileVectors:
     embedded: int = 0
 
 
-def file_hash(path: Path) -> str:
-    """SHA-256 of a file's bytes (what decides whether a file changed)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def file_hash(path: Path, root: Path, settings: Settings) -> str:
+    """SHA-256 of a file's bytes, read in blocks within its size limit (what decides whether a
+    file changed); equal to what `Engine.load` records. See `rag_lib.corpus_files.file_digest`."""
+    return ReadLimits.of(settings).digest(path, root)
 
 
 def error_text(exc: BaseException) -> str:
@@ -115,16 +116,18 @@ class Engine:
 
     def load(self, source: SourceFile) -> Loaded:
         """Read and parse one file: documents, skip records (bad input, with a reason) and its hash."""
-        digest = file_hash(source.path)
-        items = load_file(source.path, source.root, source.collection, self.settings.max_file_bytes,
-                          self.settings.limits)
+        # One bounded read: the size is checked before any byte is read, the digest comes from the same bytes.
+        items, digest = load_source(source.path, source.root, source.collection, self.settings.max_file_bytes,
+                                    self.settings.limits)
         log.debug("document parsed", extra={"where": "in-process", "rel": source.rel})
         return Loaded(source, [i for i in items if isinstance(i, Document)],
                       [i for i in items if isinstance(i, Skipped)], digest)
 
     def flatten(self, doc: Document) -> list[Section]:
         """A document's sections (YAML: one per top-level key; markdown: one per H2)."""
-        raw = Path(doc.source_path).read_text(encoding="utf-8-sig") if doc.format == "yaml" and doc.source_path else None
+        raw = None
+        if doc.format == "yaml" and doc.source_path:  # for line numbers; load confined and resolved this path
+            raw = read_text(Path(doc.source_path), None, self.settings.max_file_bytes)
         return flatten(doc, self.mapping, raw)
 
     def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:

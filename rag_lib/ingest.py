@@ -4,6 +4,7 @@ file's failure (the run goes on), and `prune` removes documents whose files are 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -20,13 +21,18 @@ ProgressFn = Callable[[str, int, int], None]  # (file just done, files done, fil
 
 
 def collect_files(paths: Iterable[Path], root: Path | None = None) -> list[tuple[Path, Path]]:
-    """(root, file) pairs. A directory is its own root; a file's root is `root` or its folder."""
+    """(root, file) pairs. A directory is its own root; a file's root is `root` or its folder. A
+    file is taken as spelled (its link, if it is one, is not followed here): reading it confines
+    it to its root, so a link out of the root is refused there, as for every file of a folder."""
     pairs: list[tuple[Path, Path]] = []
     for raw in paths:
-        path = Path(raw).resolve()
-        if not path.exists():
+        spelled = Path(os.path.abspath(raw))
+        if not os.path.lexists(spelled):
             raise ValidationError(f"{raw}: no such file or directory")
-        base = (root.resolve() if root else (path if path.is_dir() else path.parent))
+        is_dir = spelled.is_dir()
+        # a folder is resolved whole; a file only up to its folder
+        path = spelled.resolve() if is_dir else spelled.parent.resolve() / spelled.name
+        base = root.resolve() if root else (path if is_dir else path.parent)
         if root and not path.is_relative_to(base):
             raise ValidationError(f"{raw} is not inside --root {root}")
         pairs.extend((base, f) for f in iter_corpus_files(path))

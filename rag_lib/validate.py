@@ -7,6 +7,7 @@ from typing import Any
 
 from rag_lib.chunking import Chunker
 from rag_lib.config import Settings
+from rag_lib.corpus_files import read_text
 from rag_lib.documents import load_file
 from rag_lib.engine import error_text
 from rag_lib.flatten import flatten, load_mapping
@@ -43,7 +44,7 @@ def _validate_file(file: Path, base: Path, settings: Settings, mapping, chunker:
         if isinstance(item, Skipped):
             entries.append({"path": item.path, "problem": f"{item.reason}: {item.detail}"})
             continue
-        raw = file.read_text(encoding="utf-8-sig") if item.format == "yaml" else None
+        raw = read_text(Path(item.source_path), None, settings.max_file_bytes) if item.format == "yaml" else None
         sections = flatten(item, mapping, raw)
         chunks = chunker.chunk(item, sections)
         over = [c for c in chunks if c.token_count > limit]

@@ -5,14 +5,14 @@ map live in `pipelines/partitions.py`."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rag_lib.documents import IGNORED_DIRS
+from rag_lib.corpus_files import walk
 from rag_lib.models import SourceFile
 
 FileState = tuple[int, int, str]  # size, mtime_ns, content hash prefix
@@ -26,26 +26,8 @@ class FileTarget(SourceFile):
 
 
 def walk_files(root: Path) -> dict[str, os.stat_result]:
-    """POSIX path relative to `root` → stat of every file under it (VCS/cache folders ignored)."""
-    found: dict[str, os.stat_result] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue  # vanished between listing and stat: the next scan sees it gone
-            found[os.path.relpath(full, root).replace(os.sep, "/")] = st
-    return found
-
-
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    """POSIX path relative to `root` → stat of every file under it (see `corpus_files.walk`)."""
+    return {entry.rel: entry.stat for entry in walk(root)}
 
 
 @dataclass
@@ -61,26 +43,28 @@ class ScanResult:
         return not (self.new or self.changed or self.deleted)
 
 
-def scan(files: dict[str, tuple[Path, os.stat_result]], previous: dict[str, FileState]) -> ScanResult:
-    """Compare `files` (key → (path, stat)) with `previous`: a file is read and hashed only when
-    size or mtime moved, and counts as changed only when its hash differs (a touch is no change)."""
+def scan(files: dict[str, tuple[Path, os.stat_result]], previous: dict[str, FileState],
+         digest: Callable[[str], str]) -> ScanResult:
+    """Compare `files` (key → (path, stat)) with `previous`: a file is hashed (`digest(key)`:
+    bounded and confined, see `corpus_files.file_digest`) only when size or mtime moved, and counts
+    as changed only when its hash differs (a touch is no change)."""
     result = ScanResult()
-    for key, (path, st) in files.items():
+    for key, (_, st) in files.items():
         old = previous.get(key)
         if old is not None and old[0] == st.st_size and old[1] == st.st_mtime_ns:
             result.state[key] = old
             continue
         try:
-            digest = _file_hash(path)
+            value = digest(key)[:16]
         except OSError:
             continue
-        result.state[key] = (st.st_size, st.st_mtime_ns, digest)
+        result.state[key] = (st.st_size, st.st_mtime_ns, value)
         if old is None:
             result.new.append(key)
-            result.hashes[key] = digest
-        elif old[2] != digest:
+            result.hashes[key] = value
+        elif old[2] != value:
             result.changed.append(key)
-            result.hashes[key] = digest
+            result.hashes[key] = value
     result.deleted = [k for k in previous if k not in result.state]
     return result
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rag_lib.errors import RagError
 from rag_lib.log import get_logger, setup_logging
@@ -51,6 +52,14 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=str, indent=None) + "\n")
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an unexpected error's message, cut to `limit` characters: database
+    drivers append the statement and its parameters on later lines, which are for the log only."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def fail(message: str, code: int = 1) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -86,7 +95,9 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if STATE["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc} (rerun with --debug)")
+        log.debug("command failed", exc_info=True)  # the whole message (a statement too) with --debug
+        err_console.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(first_line(exc))} "
+                          "(rerun with --debug)", highlight=False, soft_wrap=True)
         sys.exit(1)
     finally:
         if STATE["kb"] is not None:

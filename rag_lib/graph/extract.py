@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, iter_corpus_files, parse_yaml
+from rag_lib.corpus_files import FileRefused, read_file, walk
+from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, parse_yaml
 from rag_lib.models import Document, DocumentGraph, GraphEdge, GraphNode, Section
 
 # Bump when extraction changes what a document contributes (the Dagster asset's code version).
@@ -64,10 +65,10 @@ def scan_corpus(root: Path) -> CorpusIndex:
     """Paths (relative, POSIX) of the ingestible files under `root` and the tickers their names carry."""
     paths, tickers = set(), set()
     if root.is_dir():
-        for file in iter_corpus_files(root):
-            if file.suffix.lower() in SUPPORTED_SUFFIXES:
-                paths.add(file.relative_to(root).as_posix())
-                if m := _FILE_TICKER.match(file.name):
+        for entry in walk(root):  # names only: nothing is read
+            if entry.path.suffix.lower() in SUPPORTED_SUFFIXES:
+                paths.add(entry.rel)
+                if m := _FILE_TICKER.match(entry.path.name):
                     tickers.add(m.group(1))
     return CorpusIndex(frozenset(paths), frozenset(tickers))
 
@@ -233,11 +234,12 @@ def _with_body(doc: Document) -> Document:
     if doc.body is not None or doc.format != "yaml" or not doc.source_path:
         return doc
     try:
-        raw = Path(doc.source_path).read_bytes()
+        # the size the document had: a file that grew, or became a pipe or a link, is not the one chunked
+        raw = read_file(Path(doc.source_path), None, doc.size_bytes)
         if content_hash(raw) != doc.content_hash:
             return doc
         body = parse_yaml(raw.decode("utf-8-sig"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (OSError, FileRefused, UnicodeDecodeError, yaml.YAMLError):
         return doc  # the file changed or went: the graph keeps the metadata facts
     return dataclasses.replace(doc, body=body) if isinstance(body, dict) else doc
 

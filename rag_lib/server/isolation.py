@@ -8,7 +8,6 @@ returns what it parsed (documents and their sections), so the server never parse
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import multiprocessing as mp
 import resource
@@ -68,7 +67,8 @@ def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
 
 def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_file: str,
                limits: Any = None) -> Preflight:
-    from rag_lib.documents import load_file
+    from rag_lib.corpus_files import read_text
+    from rag_lib.documents import load_source
     from rag_lib.flatten import flatten, load_mapping
     from rag_lib.models import Document, ParsedFile, Skipped
 
@@ -76,15 +76,17 @@ def _parse_job(path: str, root: str, collection: str, max_bytes: int, sections_f
     paths: list[str] = []
     doc_ids: list[str] = []
     skipped: list[tuple[str, str]] = []
-    parsed = ParsedFile(hashlib.sha256(Path(path).read_bytes()).hexdigest(), [], [], {})
-    for item in load_file(Path(path), Path(root), collection, max_bytes, limits):
+    # one bounded read (size checked first, as everywhere): the file's digest comes from the same bytes
+    items, digest = load_source(Path(path), Path(root), collection, max_bytes, limits)
+    parsed = ParsedFile(digest, [], [], {})
+    for item in items:
         if isinstance(item, Skipped):
             skipped.append((str(item.path), str(item.reason)))
             parsed.skips.append(item)
             continue
         assert isinstance(item, Document)
         # as Engine.flatten does it: YAML sections keep their line numbers from the raw text
-        raw = Path(path).read_text(encoding="utf-8-sig") if item.format == "yaml" else None
+        raw = read_text(Path(item.source_path), None, max_bytes) if item.format == "yaml" else None
         parsed.sections[item.path] = flatten(item, mapping, raw)
         parsed.documents.append(item)
         paths.append(str(item.path))

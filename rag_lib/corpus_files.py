@@ -1,0 +1,223 @@
+"""The one way to list and read corpus files: a walk of a root, and bounded, confined reads.
+
+Every caller (`rag ingest`, the library, the Dagster sensor, `rag materialize`, the reconcile and
+re-embed runs, `rag validate`, graph extraction) goes through here, so one rule holds everywhere:
+
+- a file is read only if, after following links, it is a regular file inside its (resolved) root:
+  a link out of the root (`outside_root`) or to a FIFO, device or socket (`not_regular_file`) is
+  refused without being opened for reading. The check is repeated on the opened descriptor
+  (`O_NONBLOCK`, so opening a FIFO never waits for a writer; `fstat`), so a file swapped for a
+  link or a pipe after the walk is refused too;
+- the size comes from `fstat` before any byte is read, and a read never takes more than its limit
+  (`max_file_bytes`; `limits.max_jsonl_bytes` for a JSONL corpus): a file over it is `too_large`
+  and costs no memory, a file that grows while read is cut off at the limit and refused;
+- a path under its root longer than `MAX_PATH_BYTES` is `path_too_long`: it can name neither a
+  Dagster partition nor a document (PostgreSQL cannot index keys that long), so it is skipped
+  (recorded under a shortened path) before it becomes a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag_lib.errors import DocumentError
+
+IGNORED_DIRS = {".git", "__pycache__", ".rag", "node_modules", ".venv"}
+# Bytes of a file's path under its root. A Dagster partition key (root label + path) and our
+# (collection, path) keys live in btree indexes, whose rows PostgreSQL caps near 2,700 bytes.
+MAX_PATH_BYTES = 1024
+BLOCK = 1 << 20  # read and hash in 1 MiB blocks
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class FileRefused(DocumentError):
+    """A corpus file that is not read: `reason` is the skip reason recorded for it."""
+
+    code = "file_refused"
+
+    def __init__(self, reason: str, detail: str, path: str | None = None):
+        self.detail = detail  # the skip detail (without the path, which the skip record carries)
+        super().__init__(reason, detail, path)
+
+
+@dataclass(frozen=True)
+class WalkEntry:
+    """One non-directory entry under a root: `rel` (POSIX) names it; `stat` follows links."""
+
+    root: Path
+    rel: str
+    stat: os.stat_result
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.rel
+
+
+def display_path(rel: str) -> str:
+    """A path short enough to record and show: a long one keeps its head and a hash of the whole."""
+    if len(rel.encode()) <= MAX_PATH_BYTES:
+        return rel
+    return f"{rel[:120]}…[sha256 {hashlib.sha256(rel.encode()).hexdigest()[:16]}]"
+
+
+def check_rel_path(rel: str) -> None:
+    """Raise `FileRefused(path_too_long)` for a path under a root that cannot be a key."""
+    size = len(rel.encode("utf-8", "surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        raise FileRefused("path_too_long", f"path under the root is {size} bytes, over the {MAX_PATH_BYTES}-byte "
+                          "limit; move the file to a shorter path", display_path(rel))
+
+
+def walk(root: Path) -> list[WalkEntry]:
+    """Every non-directory entry under `root`, sorted by path (VCS/cache folders ignored, links to
+    folders not followed). Entries are listed, not opened: reading them goes through `read_file` or
+    `file_digest`, which refuse what is not a regular file inside the root, and whoever keys them
+    checks `check_rel_path`. A dangling link is as good as gone and is left out."""
+    entries: list[WalkEntry] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue  # a dangling link, or gone between listing and stat: the next scan sees it
+            entries.append(WalkEntry(root, os.path.relpath(full, root).replace(os.sep, "/"), st))
+    entries.sort(key=lambda e: e.rel)
+    return entries
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _open(path: Path, root: Path | None) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file `path` resolves to (inside `root` when given) and its stat.
+    Raises `FileRefused` for a link out of the root or a non-regular file, `OSError` if it cannot
+    be opened (e.g. gone)."""
+    real = os.path.realpath(path)
+    if root is not None and not _inside(real, os.path.realpath(root)):
+        raise FileRefused("outside_root", "a link to a file outside the corpus root (only files inside the root "
+                          "are read); copy the file into the root instead")
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused("not_regular_file", _not_regular(st.st_mode))
+    # O_NOFOLLOW: `real` has no links left, so a link here was swapped in after the check above.
+    fd = os.open(real, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO/device between stat and open
+            raise FileRefused("not_regular_file", _not_regular(st.st_mode))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _not_regular(mode: int) -> str:
+    return f"{_kind(mode)}, not a regular file (only regular files are read)"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _too_large(size: int, limit: int, setting: str) -> FileRefused:
+    return FileRefused("too_large", f"{size} bytes is over the {limit}-byte limit ({setting})")
+
+
+def _blocks(fd: int, st: os.stat_result, limit: int, setting: str) -> Iterator[bytes]:
+    """The file's bytes in blocks, refusing (before reading) a file over `limit` and (while
+    reading) one that grew past it."""
+    if st.st_size > limit:
+        raise _too_large(st.st_size, limit, setting)
+    total = 0
+    while True:
+        block = os.read(fd, min(BLOCK, limit + 1 - total))
+        if not block:
+            return
+        total += len(block)
+        if total > limit:
+            raise _too_large(total, limit, setting)
+        yield block
+
+
+def read_file(path: Path, root: Path | None, limit: int, setting: str = "max_file_bytes") -> bytes:
+    """The bytes of a regular file inside `root`, read only if its size is within `limit`
+    (`setting` names the limit in the refusal). Raises `FileRefused` or `OSError`."""
+    fd, st = _open(path, root)
+    try:
+        return b"".join(_blocks(fd, st, limit, setting))
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path, root: Path | None, limit: int) -> str:
+    """`read_file` decoded as UTF-8 (a leading BOM dropped)."""
+    return read_file(path, root, limit).decode("utf-8-sig")
+
+
+def refused_digest(reason: str, path: Path | None) -> str:
+    """The identity of a file that is not read: its reason and the size and mtime of the entry
+    itself (a link's own, not its target's: /proc/self/... differs per process), so replacing or
+    re-pointing it looks like a change, as new bytes would."""
+    try:
+        st = os.lstat(path) if path is not None else None
+    except OSError:
+        st = None
+    size, mtime = (st.st_size, st.st_mtime_ns) if st is not None else (-1, -1)
+    return hashlib.sha256(f"refused\0{reason}\0{size}\0{mtime}".encode()).hexdigest()
+
+
+def file_digest(path: Path, root: Path | None, limit: int, setting: str = "max_file_bytes") -> str:
+    """SHA-256 of a file's bytes, hashed in blocks (what decides whether a file changed); for a
+    file that is not read (a link out of the root, a FIFO, over `limit`), `refused_digest`. The
+    digest equals what `load`-ing the same file records. Raises `OSError` if it cannot be opened."""
+    try:
+        fd, st = _open(path, root)
+    except FileRefused as exc:
+        return refused_digest(exc.reason, path)
+    try:
+        digest = hashlib.sha256()
+        for block in _blocks(fd, st, limit, setting):
+            digest.update(block)
+        return digest.hexdigest()
+    except FileRefused as exc:
+        return refused_digest(exc.reason, path)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Byte limits of a read: `max_file_bytes`, and `max_jsonl_bytes` for a JSONL corpus (many
+    documents in one file, each record held to `max_file_bytes`)."""
+
+    max_file_bytes: int
+    max_jsonl_bytes: int
+
+    @classmethod
+    def of(cls, settings) -> ReadLimits:
+        """The limits of a `rag_lib.config.Settings`."""
+        return cls(settings.max_file_bytes, settings.limits.max_jsonl_bytes)
+
+    def for_path(self, path: Path | str) -> tuple[int, str]:
+        """(byte limit, the setting that holds it) for a file."""
+        if str(path).lower().endswith(".jsonl"):
+            return self.max_jsonl_bytes, "limits.max_jsonl_bytes"
+        return self.max_file_bytes, "max_file_bytes"
+
+    def read(self, path: Path, root: Path | None) -> bytes:
+        return read_file(path, root, *self.for_path(path))
+
+    def digest(self, path: Path, root: Path | None) -> str:
+        return file_digest(path, root, *self.for_path(path))
