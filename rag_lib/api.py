@@ -590,7 +590,7 @@ class KnowledgeBase:
 
     def document_sources(self, ref: str, collection: str | None = None) -> dict[str, str | None]:
         """path → source file of the documents a path or id names (what `delete_document` would delete)."""
-        return self.store.document_sources(self._collection(collection), ref)
+        return self.store.ref_sources(self._collection(collection), ref)
 
     def sources_in_use(self, source_paths: Sequence[str]) -> set[str]:
         """Which of these source files still back a document."""

@@ -198,7 +198,7 @@ class DocumentStore:
                 "SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path",
                 (collection, doc_id)).fetchall()]
 
-    def document_sources(self, collection: str, ref: str) -> dict[str, str | None]:
+    def ref_sources(self, collection: str, ref: str) -> dict[str, str | None]:
         """path → source file of the documents `ref` names (as `delete_document` resolves it)."""
         with self.db.connection() as conn:
             paths = self._resolve_ref(conn, collection, ref, records=True)
