@@ -224,10 +224,12 @@ def percentiles(latencies: list[float]) -> dict[str, float | int | None]:
             "p95_ms": round(float(np.percentile(latencies, 95)), 1), "max_ms": round(max(latencies), 1)}
 
 
-async def search_clients(base: str, clients: int, stop: asyncio.Event, seconds: float | None) -> list[float]:
+async def search_clients(base: str, clients: int, stop: asyncio.Event, seconds: float | None,
+                         embed_ms: list[float] | None = None) -> list[float]:
     """Hybrid searches from `clients` clients, one after another each, until `stop` is set (or
-    `seconds` pass); their latencies in ms."""
+    `seconds` pass); their latencies in ms (and the server's query-encoding time in `embed_ms`)."""
     latencies: list[float] = []
+    embed_ms = [] if embed_ms is None else embed_ms
     deadline = time.monotonic() + seconds if seconds else None
 
     async def one(n: int) -> None:
@@ -238,12 +240,13 @@ async def search_clients(base: str, clients: int, stop: asyncio.Event, seconds: 
                 r = await c.post("/api/rag/search", json={"query": rng.choice(QUERIES), "top_k": 5, "mode": "hybrid"})
                 r.raise_for_status()
                 latencies.append((time.perf_counter() - t0) * 1000)
+                embed_ms.append(float(r.json().get("timings_ms", {}).get("embed", 0.0)))
 
     await asyncio.gather(*(one(n) for n in range(clients)))
     return latencies
 
 
-async def during_upload(base: str, clients: int, body: dict) -> tuple[list[float], dict]:
+async def during_upload(base: str, clients: int, body: dict, embed_ms: list[float]) -> tuple[list[float], dict]:
     """Search latencies while `body` is uploaded (from the first search to the upload's answer)."""
     stop = asyncio.Event()
     upload: dict = {}
@@ -258,7 +261,7 @@ async def during_upload(base: str, clients: int, body: dict) -> tuple[list[float
                       message=None if r.status_code == 200 else r.json().get("error", {}).get("message"))
         stop.set()
 
-    results = await asyncio.gather(search_clients(base, clients, stop, None), send())
+    results = await asyncio.gather(search_clients(base, clients, stop, None, embed_ms), send())
     return results[0], upload
 
 
@@ -279,9 +282,12 @@ def upload_scenario(args: argparse.Namespace) -> None:
                 for q in QUERIES:
                     c.post("/api/rag/search", json={"query": q, "top_k": 5}).raise_for_status()
             load_before = os.getloadavg()
-            baseline = asyncio.run(search_clients(server.url, args.search_clients, asyncio.Event(), baseline_s))
+            embed_alone: list[float] = []
+            embed_during: list[float] = []
+            baseline = asyncio.run(search_clients(server.url, args.search_clients, asyncio.Event(), baseline_s,
+                                                  embed_alone))
             body = {"name": "soak/big.yaml", "content": big_document(chunks, args.seed), "collection": "soak"}
-            during, upload = asyncio.run(during_upload(server.url, args.search_clients, body))
+            during, upload = asyncio.run(during_upload(server.url, args.search_clients, body, embed_during))
             load_after = os.getloadavg()
             alive = server.alive()
         finally:
@@ -292,6 +298,8 @@ def upload_scenario(args: argparse.Namespace) -> None:
         "baseline": percentiles(baseline), "during_upload": percentiles(during),
         "p95_ratio": round(percentiles(during)["p95_ms"] / percentiles(baseline)["p95_ms"], 2)
         if during and baseline else None,
+        # the server's own query-encoding time inside those searches (timings_ms.embed)
+        "query_embed_baseline": percentiles(embed_alone), "query_embed_during_upload": percentiles(embed_during),
         "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in load_after],
         "cpus": os.cpu_count(), "server_alive": alive,
     }))

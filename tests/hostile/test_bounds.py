@@ -245,3 +245,21 @@ def test_dagster_skips_a_file_over_the_chunk_limit_and_publishes_the_others(data
     with KnowledgeBase(settings, provider=provider) as kb:
         assert [d["path"] for d in kb.list_documents()] == ["good.md"]
         assert {s["path"]: s["reason"] for s in kb.status()["skipped"]} == {"big.yaml": "too_many_chunks"}
+
+
+@pytest.mark.timeout(600)
+def test_a_search_query_does_not_wait_for_a_running_ingest_batch(provider):
+    """A query is encoded while a large batch (an upload's chunks) is still encoding: before, the
+    query took the model's lock the batch held for its whole length and waited minutes."""
+    import threading
+
+    texts = [f"batch text {i} about margins, guidance and stop levels in the quarter" for i in range(600)]
+    calls = provider.calls
+    batch = threading.Thread(target=provider.embed, args=(texts,), daemon=True)
+    batch.start()
+    while provider.calls == calls:  # the batch has started encoding
+        threading.Event().wait(0.01)
+    vector = provider.embed(["which trades hit their stop?"])
+    assert vector.shape == (1, 384)
+    assert batch.is_alive()  # the query did not wait for the batch to finish
+    batch.join()
