@@ -170,6 +170,24 @@ def test_upload_over_the_request_chunk_limit_is_refused_with_its_number(upload_c
 
 
 @pytest.mark.timeout(300)
+def test_mcp_embed_over_the_document_chunk_limit_is_a_tool_error_with_its_number(database_url, tmp_path, provider):
+    settings = settings_for(database_url, tmp_path / ".rag", limits={"max_chunks_per_document": 50})
+    kb = KnowledgeBase(settings, provider=provider)
+
+    async def call() -> tuple[bool, str]:
+        async with Client(create_mcp(lambda: kb)) as client:
+            result = await client.call_tool("rag_embed", {"name": "big.yaml", "content": sections_yaml(120)})
+            return result.is_error, " ".join(getattr(c, "text", "") for c in result.content)
+
+    with kb:
+        calls = provider.calls
+        is_error, text = anyio.run(call)
+        assert is_error, text
+        assert "limit_exceeded: " in text and "120 chunks" in text and "limits.max_chunks_per_document=50" in text
+        assert provider.calls == calls and kb.list_documents() == []
+
+
+@pytest.mark.timeout(300)
 def test_cli_ingest_skips_a_document_over_the_chunk_limit_with_the_reason(tmp_path: Path, monkeypatch, rag):
     root = tmp_path / "corpus"
     root.mkdir()
