@@ -312,6 +312,37 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
     assert plan["stale"] == ["corpus/became.md"], plan
 
 
+@pytest.mark.timeout(300)
+def test_nightly_reconcile_syncs_every_root_past_a_long_path(pg_instance, database_url, provider, tmp_path: Path):
+    """The schedule syncs the partitions of every root: one unkeyable path stopped it for all."""
+    import datetime as dt
+
+    from dagster import build_schedule_context
+
+    from pipelines.partitions import CORPUS_FILES
+    from pipelines.resources import RagResource, preload_provider
+    from pipelines.schedules import nightly_reconcile
+
+    root = make_root(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.md").write_text(GOOD.replace("Copper", "Lithium"))
+    home = tmp_path / ".rag"
+    settings = Settings(database_url=database_url, home=home)
+    preload_provider(settings, provider)
+    rag = RagResource(database_url=database_url, home=str(home))
+    with KnowledgeBase(settings, provider=provider) as kb:
+        kb.add_root(root)
+        kb.add_root(other)
+        when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+        with build_schedule_context(instance=pg_instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+            (run,) = nightly_reconcile(ctx)
+        keys = set(pg_instance.get_dynamic_partitions(CORPUS_FILES))
+        assert "other/b.md" in keys and "corpus/good.md" in keys and max(len(k) for k in keys) < 100
+        assert run.tags["rag/missing"] == str(len(keys))
+        assert "path_too_long" in {s["reason"] for s in kb.store.list_skipped()}
+
+
 @pytest.mark.timeout(900)
 def test_rag_materialize_skips_special_files_and_long_paths_without_sql(pg_server, database_url, provider,
                                                                         tmp_path: Path, monkeypatch):
