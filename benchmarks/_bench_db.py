@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,11 +15,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+REPO = Path(__file__).resolve().parents[1]
+# The process helpers the tests use (scratch database, server child) live in tests/testkit.py, not in
+# the shipped library; the benchmarks import them through this module.
+sys.path.insert(0, str(REPO / "tests"))
 
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
-from rag_lib.testing import create_database  # noqa: E402, F401  (the benchmarks import it from here)
+from testkit import RAG, child_env, create_database, start_server  # noqa: E402, F401
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 if not SHARED.is_dir():
     SHARED = Path(os.environ.get("RAG_SHARED", "/work/shared"))

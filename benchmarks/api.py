@@ -21,6 +21,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_db import start_server  # noqa: E402
+
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -29,7 +32,6 @@ from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import database_url  # noqa: E402
 from rag_lib.server.service import DEFAULT_MODE  # noqa: E402
 from rag_lib.store.connection import ensure_database  # noqa: E402
-from rag_lib.testing import start_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RAG_SHARED_CORPUS", REPO.parent / "shared" / "corpus"))

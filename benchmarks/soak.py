@@ -28,9 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import copy_corpus_files, create_database, scratch_server  # noqa: E402
-
-from rag_lib.testing import RAG, child_env, start_server  # noqa: E402
+from _bench_db import RAG, child_env, copy_corpus_files, create_database, scratch_server, start_server  # noqa: E402
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402

@@ -17,7 +17,7 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
-from rag_lib.testing import create_database  # noqa: E402
+from testkit import create_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CORPUS = REPO.parent / "shared" / "corpus"

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from rag_lib.testing import free_port
+from testkit import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

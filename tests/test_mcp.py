@@ -18,7 +18,7 @@ from mcp import Client, StdioServerParameters
 
 from conftest import SHARED_CORPUS
 
-from rag_lib.testing import RAG, child_env, start_server
+from testkit import RAG, child_env, start_server
 
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
 SEED_FILE = "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml"  # seed 000's example path

@@ -21,7 +21,7 @@ import pytest
 from pipelines.instance import DAGSTER_YAML, sqlalchemy_url
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
-from rag_lib.testing import free_port
+from testkit import free_port
 from conftest import DEMO_CORPUS
 from dagster_ui import ASSET_JOB, BIN, LOCATION, REPO, DagsterUI, running_dagster
 

@@ -13,7 +13,7 @@ from pipelines.definitions import defs
 from pipelines.instance import get_instance, prepare_dagster_home, sqlalchemy_url
 from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG, corpus_files
 from rag_lib.config import Settings
-from rag_lib.testing import create_database
+from testkit import create_database
 
 KEYS = [f"corpus/notes/n{i:02d}.md" for i in range(12)]
 PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table", "knowledge_graph"]

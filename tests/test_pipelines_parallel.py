@@ -16,7 +16,7 @@ from pipelines.runner import (launch_runs, location_workspace, materialize_corpu
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.models import CorpusRoot
-from rag_lib.testing import create_database
+from testkit import create_database
 
 RELS = [
     "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml",

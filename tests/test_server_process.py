@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rag_lib.testing import RAG, child_env, free_port, start_server
+from testkit import RAG, child_env, free_port, start_server
 
 FULL = "proc-full-key-0b1c"
 READ = "proc-read-key-9d2e"

@@ -19,7 +19,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import ServerSettings, Settings
 from rag_lib.server import create_app
 from rag_lib.server.security import KeyRing
-from rag_lib.testing import child_env, create_database, start_server
+from testkit import child_env, create_database, start_server
 
 FULL = "hygiene-full-key-5d2"
 READ = "hygiene-read-key-9e4"
@@ -120,7 +120,7 @@ def test_no_secret_reaches_a_cli_process_output(tmp_path: Path):
     its log and its error line name the variables, never a key or a password."""
     import subprocess
 
-    from rag_lib.testing import RAG
+    from testkit import RAG
 
     env = child_env("postgresq://app:pw-bad-url-71@db1/rag", tmp_path / ".rag", RAG_LOG_LEVEL="DEBUG",
                     LLM_API_KEY="sk-live-hygiene-72", RAG_EMBEDDING__API_KEY_ENV="MY_PROVIDER_KEY",

@@ -13,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 
-from rag_lib.testing import ServerProcess, child_env, create_database, start_server
+from testkit import ServerProcess, child_env, create_database, start_server
 
 FULL = "hostile-full-key-7a1"
 READ = "hostile-read-key-3c9"

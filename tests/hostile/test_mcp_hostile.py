@@ -12,7 +12,7 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from rag_lib.testing import RAG, child_env, start_server
+from testkit import RAG, child_env, start_server
 
 GOOD = "# Good\n\n## Thesis\n\nZirconium refiners gain from the new reactor build-out.\n"
 

@@ -24,7 +24,7 @@ import pytest
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
-from rag_lib.testing import child_env, create_database, start_server
+from testkit import child_env, create_database, start_server
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
