@@ -5,23 +5,45 @@ default instance configured from `rag.yaml` and `RAG_*` environment variables.
 """
 
 from rag_lib.api import (
+    EmbedResult,
     KnowledgeBase,
+    RAGStats,
+    build_analysis_context,
+    close,
     delete_document,
     embed_document,
     embed_text,
+    get_hybrid_context,
+    get_rag_stats,
+    get_similar_analyses,
+    hybrid_search,
     ingest,
     search,
+    search_with_expansion,
+    search_with_rerank,
+    semantic_search,
     status,
 )
 from rag_lib.errors import RagError
 
 __all__ = [
+    "EmbedResult",
     "KnowledgeBase",
+    "RAGStats",
     "RagError",
+    "build_analysis_context",
+    "close",
     "delete_document",
     "embed_document",
     "embed_text",
+    "get_hybrid_context",
+    "get_rag_stats",
+    "get_similar_analyses",
+    "hybrid_search",
     "ingest",
     "search",
+    "search_with_expansion",
+    "search_with_rerank",
+    "semantic_search",
     "status",
 ]

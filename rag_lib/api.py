@@ -25,6 +25,40 @@ from rag_lib.engine import Engine
 from rag_lib.store import Store
 
 
+@dataclasses.dataclass
+class EmbedResult:
+    """Seed 001's EmbedResult. `error_message` is None when embedded, "unchanged" when the file was
+    already current, else why it was skipped or failed. Attributes of the ingest report (`count()`,
+    `outcomes`, `embedded`, ...) read through for callers of the earlier return value."""
+
+    doc_id: str | None = None
+    file_path: str | None = None
+    doc_type: str | None = None
+    ticker: str | None = None
+    chunk_count: int = 0
+    embed_model: str | None = None
+    error_message: str | None = None
+    status: str = "new"  # new | changed | unchanged | skipped | failed (embedded | unchanged for texts)
+    report: IngestReport | None = dataclasses.field(default=None, repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        report = self.__dict__.get("report")
+        if report is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(report, name)
+
+
+@dataclasses.dataclass
+class RAGStats:
+    """Seed 001's RAGStats."""
+
+    document_count: int
+    chunk_count: int
+    tickers: list[str]
+    doc_types: dict[str, int]
+    last_embed: Any  # datetime of the last ingest, or None
+
+
 class _FirstN:
     """An expander limited to its first `n` variations (seed 004's `n_expansions`)."""
 
@@ -124,19 +158,60 @@ class KnowledgeBase:
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report
 
-    def embed_document(self, path: str | Path, collection: str | None = None, root: str | Path | None = None,
-                       force: bool = False) -> IngestReport:
-        """Ingest one file (its path relative to `root`, default its folder)."""
+    def embed_document(self, path: str | Path | None = None, collection: str | None = None,
+                       root: str | Path | None = None, force: bool = False, *,
+                       file_path: str | Path | None = None) -> EmbedResult:
+        """Ingest one file (its path relative to `root`, default its folder); `file_path` is seed 000's
+        name for `path`. Returns seed 001's EmbedResult fields (doc_id, chunk_count, embed_model,
+        error_message, ...); the ingest report's attributes (`count()`, `outcomes`) read through."""
+        if (path is None) == (file_path is None):
+            raise ValidationError("give the file as `path` or `file_path` (one of them)")
+        path = path if path is not None else file_path
         if not Path(path).is_file():
             raise ValidationError(f"{path}: not a file")
-        return self.ingest([path], collection, root=root, force=force)
+        report = self.ingest([path], collection, root=root, force=force)
+        outcome = report.outcomes[0] if report.outcomes else None
+        result = EmbedResult(file_path=str(path), status=outcome.status if outcome else "skipped",
+                             embed_model=self.settings.embedding.model, report=report)
+        if outcome is None or outcome.status not in ("new", "changed", "unchanged"):
+            result.error_message = ": ".join(x for x in (outcome.reason, outcome.detail) if x) if outcome else "skipped"
+            return result
+        doc = self.show(outcome.path, report.collection)
+        result.doc_id, result.doc_type, result.ticker = doc["doc_id"], doc["doc_type"], doc.get("ticker")
+        result.chunk_count = int(doc.get("chunk_count") or 0)
+        result.error_message = "unchanged" if outcome.status == "unchanged" else None
+        return result
 
-    def embed_text(self, text: str) -> np.ndarray:
-        """The vector of one text in the configured space."""
+    def embed_text(self, text: str, doc_id: str | None = None, doc_type: str | None = None,
+                   ticker: str | None = None, *, title: str | None = None, doc_date: Any = None,
+                   collection: str | None = None, force: bool = False) -> Any:
+        """Without `doc_id`: the vector of `text` in the configured space (nothing stored). With it
+        (seed 000's `embed_text(text, doc_id, doc_type, ticker)`): the text is stored as a searchable
+        document with that id, as `POST /api/rag/embed-text` does, and an `EmbedResult` returned."""
         if not text or not text.strip():
             raise ValidationError("text is empty")
-        with self.recording_metrics():
-            return self.provider.embed([text])[0]
+        if doc_id is None:
+            if any(v is not None for v in (doc_type, ticker, title, doc_date)):
+                raise ValidationError("doc_type, ticker, title and doc_date describe a stored text: give doc_id too")
+            with self.recording_metrics():
+                return self.provider.embed([text])[0]
+        from rag_lib.server import service  # the stored-text layout is the HTTP route's
+
+        out = service.store_text(self, text, doc_id=doc_id, doc_type=doc_type, ticker=ticker, title=title,
+                                 doc_date=doc_date, collection=collection, force=force)
+        return EmbedResult(doc_id=out["doc_id"], file_path=out["path"], doc_type=doc_type or "note",
+                           ticker=ticker.upper() if ticker else None, chunk_count=out["chunks"],
+                           embed_model=self.settings.embedding.model, status=out["status"],
+                           error_message="unchanged" if out["status"] == "unchanged" else None)
+
+    def rag_stats(self, collection: str | None = None) -> RAGStats:
+        """Seed 001's `get_rag_stats()`: document and chunk counts, tickers, documents per type, last embed."""
+        import datetime as dt
+
+        st = self.status(collection)
+        last = st.get("last_ingest")
+        return RAGStats(document_count=int(st["documents"]), chunk_count=int(st["chunks"]), tickers=st["tickers"],
+                        doc_types=dict(st["by_type"]), last_embed=dt.datetime.fromisoformat(last) if last else None)
 
     def delete_document(self, ref: str, collection: str | None = None) -> list[str]:
         """Delete a document by path or id; returns the deleted paths."""
@@ -521,12 +596,14 @@ class KnowledgeBase:
         return graph_path(self.store, self._collection(collection), a, b, max_depth)
 
     def hybrid_context(self, query: str, ticker: str | None = None, token_budget: int = 4000, *,
-                       collection: str | None = None) -> Any:
+                       collection: str | None = None, analysis_type: str | None = None,
+                       exclude_doc_id: str | None = None) -> Any:
         """Passages and graph facts for `query`, routed by its class, within `token_budget` tokens
-        (a `rag_lib.graph.hybrid.HybridContext`)."""
+        (a `rag_lib.graph.hybrid.HybridContext`; seed 004's `vector_results`, `graph_context` and
+        `formatted` are attributes of it)."""
         from rag_lib.graph.hybrid import hybrid_context
 
-        return hybrid_context(self, query, ticker, token_budget, collection)
+        return hybrid_context(self, query, ticker, token_budget, collection, analysis_type, exclude_doc_id)
 
     def build_analysis_context(self, ticker: str, analysis_type: str = "stock-analysis", token_budget: int = 4000,
                                *, collection: str | None = None) -> Any:
@@ -576,6 +653,10 @@ class KnowledgeBase:
         stats = self.store.index_stats()
         counts["index_size_mb"] = stats["index_size_mb"]
         counts["index"] = stats
+        counts["tickers"] = sorted(self.store.known_tickers(collection))
+        # seed 001's RAGStats names beside ours
+        counts.update(document_count=counts["documents"], chunk_count=counts["chunks"],
+                      doc_types=counts["by_type"], last_embed=counts["last_ingest"])
         return counts
 
     def list_documents(self, collection: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict]:
@@ -658,11 +739,15 @@ class KnowledgeBase:
             return sum(verdicts) / len(claims)
 
         relevant = ev.parse_verdicts(judge.ask(ev.JUDGE_RELEVANCE, f"Question: {query}\n\n{ev._numbered(ctx)}"), len(ctx))
-        return {"query": query, "model": judge.model, "contexts": len(ctx),
-                "context_precision": round(ev.average_precision(relevant), 4),
-                "faithfulness": round(supported(answer), 4),
-                "context_recall": round(supported(reference), 4) if reference else None,
-                "judge_calls": judge.calls}
+        claims = ev._sentences(answer)
+        addressed = ev.parse_verdicts(judge.ask(
+            ev.JUDGE_ANSWER_RELEVANCE, f"Question: {query}\n\nStatements:\n{ev._numbered(claims)}"), len(claims)) if claims else []
+        scores = {"context_precision": round(ev.average_precision(relevant), 4),
+                  "faithfulness": round(supported(answer), 4),
+                  "context_recall": round(supported(reference), 4) if reference else None,
+                  "answer_relevancy": round(sum(addressed) / len(addressed), 4) if addressed else 0.0}
+        return {"query": query, "model": judge.model, "contexts": len(ctx), **scores,
+                "overall_score": ev.overall_score(scores), "judge_calls": judge.calls}
 
 
     # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
@@ -805,12 +890,78 @@ def ingest(paths: Iterable[str | Path], collection: str | None = None, **kwargs:
     return default_kb().ingest(paths, collection, **kwargs)
 
 
-def embed_document(path: str | Path, collection: str | None = None, **kwargs: Any) -> IngestReport:
+def close() -> None:
+    """Close the default knowledge base (its database pool); the next call opens a new one."""
+    global _default
+    with _default_lock:
+        base, _default = _default, None
+    if base is not None:
+        base.close()
+
+
+def embed_document(path: str | Path | None = None, collection: str | None = None, **kwargs: Any) -> EmbedResult:
     return default_kb().embed_document(path, collection, **kwargs)
 
 
-def embed_text(text: str) -> np.ndarray:
-    return default_kb().embed_text(text)
+def embed_text(text: str, doc_id: str | None = None, doc_type: str | None = None, ticker: str | None = None,
+               **kwargs: Any) -> Any:
+    return default_kb().embed_text(text, doc_id, doc_type, ticker, **kwargs)
+
+
+# ---- the seeds' search functions (000 §4.1/§5.5, 001, 004): thin calls on the default knowledge base.
+# They keep the seeds' defaults (top_k 5, min_similarity 0.3) and return lists of hits, which carry the
+# seeds' names (`r.content`, `r.similarity`, `r.file_path`, `r.section_label`). `section` matches as the
+# seeds' `ILIKE '%section%'`.
+
+def semantic_search(query: str, ticker: str | list[str] | None = None, doc_type: str | list[str] | None = None,
+                    section: str | None = None, date_from: Any = None, date_to: Any = None, top_k: int = 5,
+                    min_similarity: float = 0.3, **kwargs: Any) -> list:
+    return default_kb().search(query, mode="semantic", ticker=ticker, doc_type=doc_type, section_contains=section,
+                               date_from=date_from, date_to=date_to, top_k=top_k, min_similarity=min_similarity,
+                               **kwargs).hits
+
+
+def hybrid_search(query: str, ticker: str | list[str] | None = None, doc_type: str | list[str] | None = None,
+                  top_k: int = 5, vector_weight: float | None = None, bm25_weight: float | None = None,
+                  min_similarity: float = 0.0, **kwargs: Any) -> list:
+    """Weights default to ours (search.semantic_weight / lexical_weight, tuned on the dev sets)."""
+    return default_kb().search(query, mode="hybrid", ticker=ticker, doc_type=doc_type, top_k=top_k,
+                               semantic_weight=vector_weight, lexical_weight=bm25_weight,
+                               min_similarity=min_similarity, **kwargs).hits
+
+
+def search_with_rerank(query: str, ticker: str | list[str] | None = None, doc_type: str | list[str] | None = None,
+                       top_k: int = 5, retrieval_k: int = 50, use_hybrid: bool = True, **kwargs: Any) -> list:
+    """Reranks when a reranker is configured (else the hybrid order, as seed 004's NoOpReranker)."""
+    return default_kb().search(query, mode="hybrid" if use_hybrid else "semantic", ticker=ticker, doc_type=doc_type,
+                               top_k=top_k, rerank=True, rerank_depth=retrieval_k, **kwargs).hits
+
+
+def search_with_expansion(query: str, ticker: str | list[str] | None = None, top_k: int = 5, n_expansions: int = 3,
+                          **kwargs: Any) -> list:
+    return default_kb().search(query, mode=kwargs.pop("mode", "hybrid"), ticker=ticker, top_k=top_k, expand=True,
+                               n_expansions=n_expansions, **kwargs).hits
+
+
+def get_rag_stats(collection: str | None = None) -> RAGStats:
+    return default_kb().rag_stats(collection)
+
+
+def get_similar_analyses(ticker: str, analysis_type: str | None = None, top_k: int = 3, **kwargs: Any) -> list:
+    return default_kb().get_similar_analyses(ticker, analysis_type, top_k, **kwargs)
+
+
+def build_analysis_context(ticker: str, analysis_type: str = "stock-analysis", **kwargs: Any) -> Any:
+    """A `HybridContext`; `str()` of it (or `.formatted`) is the prompt text."""
+    return default_kb().build_analysis_context(ticker, analysis_type, **kwargs)
+
+
+def get_hybrid_context(ticker: str, query: str, analysis_type: str | None = None, exclude_doc_id: str | None = None,
+                       **kwargs: Any) -> Any:
+    """Seed 000 §4.3 / 004's argument order (ticker first). A `HybridContext` with `vector_results`,
+    `graph_context` and `formatted`; `str()` of it is the prompt text seed 000 returns."""
+    return default_kb().hybrid_context(query, ticker, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id,
+                                       **kwargs)
 
 
 def search(query: str, **kwargs: Any) -> SearchResult:

@@ -4,25 +4,52 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SECTIONS_FILE = PACKAGE_DIR / "sections.yaml"
 
 
+# What a provider named without a model gets (seed 000 §2.1 / §2.2, seed 001): the seeds' model and
+# dimensions for it, and for `ollama` / `openrouter` (OpenAI-compatible servers) their URL and key.
+PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "openai": {"provider": "openai", "model": "text-embedding-3-large", "dimensions": 1536},
+    "openrouter": {"provider": "openai_compatible", "base_url": "https://openrouter.ai/api/v1",
+                   "model": "openai/text-embedding-3-small", "dimensions": 1536, "api_key_env": "OPENROUTER_API_KEY"},
+    # Ollama answers in the model's own size; nomic-embed-text is 768 (seed 000's table, seed 001)
+    "ollama": {"provider": "openai_compatible", "base_url": "http://localhost:11434/v1", "model": "nomic-embed-text",
+               "dimensions": 768, "send_dimensions": False},
+}
+
+
 class ProviderSettings(BaseModel):
-    """One embedding backend: `local`, `openai` or `openai_compatible`, with its limits and retries."""
+    """One embedding backend: `local`, `openai` or `openai_compatible` (`ollama` and `openrouter` are
+    `openai_compatible` with their defaults), with its limits and retries."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_defaults(cls, data: Any) -> Any:
+        """A provider given without a model gets the seeds' model and dimensions for it (the local
+        MiniLM is served by none of them); whatever is given explicitly wins."""
+        if not isinstance(data, dict):
+            return data
+        defaults = PROVIDER_DEFAULTS.get(str(data.get("provider") or "").strip().lower())
+        if defaults is None:
+            return data
+        if "dimensions" in data:  # an asked-for size is sent (Ollama's own size is the default's only)
+            defaults = {k: v for k, v in defaults.items() if k != "send_dimensions"}
+        return {**defaults, **data, "provider": defaults["provider"]}
 
     name: str | None = None  # registry key (defaults to provider/model:dims)
     provider: str = "local"
@@ -306,7 +333,7 @@ class Settings(BaseSettings):
         config_file = Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, SeedEnvSource(settings_cls)]
         if config_file.is_file():
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            sources.append(ConfigFileSource(settings_cls, config_file))
         return tuple(sources)
 
     @property
@@ -326,14 +353,8 @@ _log = logging.getLogger("rag_lib.config")
 _LOGGED_CONFLICTS: set[str] = set()
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-# seed EMBED_PROVIDER value -> (our provider, default base_url)
-SEED_PROVIDERS = {
-    "local": ("local", None),
-    "openai": ("openai", None),
-    "ollama": ("openai_compatible", "http://localhost:11434/v1"),
-    "openrouter": ("openai_compatible", "https://openrouter.ai/api/v1"),
-    "openai_compatible": ("openai_compatible", None),
-}
+# seed EMBED_PROVIDER values; `ollama` and `openrouter` get their URL, model and key from PROVIDER_DEFAULTS
+SEED_PROVIDERS = ("local", "openai", "ollama", "openrouter", "openai_compatible")
 
 
 def _set(out: dict[str, Any], dotted: str, value: Any) -> None:
@@ -376,18 +397,17 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         ("RAG_ADAPTIVE", "search.routing", "RAG_SEARCH__ROUTING", lambda v: _flag("RAG_ADAPTIVE", v)),
         ("RAG_SEARCH_DATABASE_URL", "search.database_url", "RAG_SEARCH__DATABASE_URL", str),
     ]
-    provider = env.get("EMBED_PROVIDER")
+    provider = (env.get("EMBED_PROVIDER") or "").strip().lower()
     if provider:
-        ours, url = SEED_PROVIDERS.get(provider.strip().lower(), (provider.strip().lower(), None))
-        simple.append(("EMBED_PROVIDER", "embedding.provider", "RAG_EMBEDDING__PROVIDER", lambda v, o=ours: o))
-        if url and not env.get("LLM_BASE_URL"):
-            _set(out, "embedding.base_url", url)
+        simple.append(("EMBED_PROVIDER", "embedding.provider", "RAG_EMBEDDING__PROVIDER", lambda v: v.strip().lower()))
     if env.get("LLM_BASE_URL"):
         simple.append(("LLM_BASE_URL", "embedding.base_url", "RAG_EMBEDDING__BASE_URL", _v1))
         simple.append(("LLM_BASE_URL", "eval.judge_base_url", "RAG_EVAL__JUDGE_BASE_URL", _v1))
-    if env.get("LLM_API_KEY") and (provider or "").strip().lower() != "openai":
-        # the key's *name* is what settings hold; the seeds put non-OpenAI keys in LLM_API_KEY
-        simple.append(("LLM_API_KEY", "embedding.api_key_env", "RAG_EMBEDDING__API_KEY_ENV", lambda v: "LLM_API_KEY"))
+    if env.get("LLM_API_KEY") and provider != "openai":
+        # the key's *name* is what settings hold; the seeds put non-OpenAI keys in LLM_API_KEY, except
+        # that OPENROUTER_API_KEY (seed 000 §9, named by PROVIDER_DEFAULTS) wins for OpenRouter
+        if not (provider == "openrouter" and env.get("OPENROUTER_API_KEY")):
+            simple.append(("LLM_API_KEY", "embedding.api_key_env", "RAG_EMBEDDING__API_KEY_ENV", lambda v: "LLM_API_KEY"))
         simple.append(("LLM_API_KEY", "eval.judge_api_key_env", "RAG_EVAL__JUDGE_API_KEY_ENV", lambda v: "LLM_API_KEY"))
     metrics = env.get("RAG_METRICS")
     if metrics is not None:
@@ -437,6 +457,157 @@ class SeedEnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return seed_env_values()
+
+
+# ---- the seeds' config.yaml (000 §2.2, 001, 004 phase 2) read as rag.yaml ---------------------------
+
+_ENV_REF = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+# seed `features:` flag -> our setting (None: no setting of ours; the reason is logged)
+SEED_FEATURES: dict[str, str | None] = {
+    "reranking_enabled": "search.rerank",
+    "adaptive_retrieval": "search.routing",
+    "metrics_enabled": "search_metrics.enabled",
+    "query_expansion_enabled": None,
+    "element_aware_chunking": None,
+}
+_IGNORED_WHY = {
+    "features.query_expansion_enabled": "expansion runs where a request asks for it (rag_search_expanded, "
+                                        "search(expand=True)) once search.expansion_model is set",
+    "features.element_aware_chunking": "tables and code blocks are always kept whole where they fit",
+    "chunking.preserve_tables": "tables are always kept whole where they fit",
+    "rag_version": "the pipeline version is embedding.embed_version",
+}
+_LOGGED_IGNORED: set[str] = set()
+
+
+def _expand(value: Any, env: Mapping[str, str]) -> Any:
+    """The seeds' `${VAR:-default}` references, resolved against the environment."""
+    if isinstance(value, str):
+        return _ENV_REF.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+    return value
+
+
+def _seed_provider(name: str, block: Any, env: Mapping[str, str], ignored: list[str]) -> dict[str, Any]:
+    """One provider block of seed 000's `embedding:` (`ollama:`, `openrouter:`, `openai:`) as ours."""
+    out: dict[str, Any] = {"provider": name}
+    if not isinstance(block, dict):
+        return out
+    for key, value in block.items():
+        where = f"embedding.{name}.{key}"
+        if key == "api_key":  # a setting holds the variable's name, never a key
+            ref = _ENV_REF.fullmatch(str(value).strip()) if value is not None else None
+            if ref:
+                out["api_key_env"] = ref.group(1)
+            else:
+                ignored.append(where + " (write the key into an environment variable and give ${ITS_NAME})")
+        elif key in ("base_url", "model", "dimensions"):
+            value = _expand(value, env)
+            if value not in (None, ""):
+                out[key] = _v1(value) if key == "base_url" and name == "ollama" else value
+        else:
+            ignored.append(where)
+    return out
+
+
+def seed_config_values(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A config file's settings: our keys as they are, the seeds' (`features:`, `chunking:` with
+    `${VAR:-default}` values, `embedding:` with `default_provider`, `fallback_chain`, `timeout_seconds`
+    and per-provider blocks) mapped onto ours. Returns (settings, the dotted keys ignored)."""
+    env = os.environ if env is None else env
+    out: dict[str, Any] = {}
+    ignored: list[str] = []
+    ours = set(Settings.model_fields)
+    for key, value in data.items():
+        if key == "features" and isinstance(value, dict):
+            for flag, flag_value in value.items():
+                target = SEED_FEATURES.get(flag)
+                if target is None:
+                    ignored.append(f"features.{flag}")
+                else:
+                    _set(out, target, _expand(flag_value, env))
+        elif key == "chunking" and isinstance(value, dict):
+            for name, item in value.items():
+                if name in ChunkSettings.model_fields:
+                    _set(out, f"chunking.{name}", _expand(item, env))
+                else:
+                    ignored.append(f"chunking.{name}")
+        elif key == "embedding" and isinstance(value, dict):
+            _seed_embedding(value, env, out, ignored)
+        elif key in ours:
+            out[key] = value
+        else:
+            ignored.append(key)
+    return out, ignored
+
+
+def _seed_embedding(value: dict[str, Any], env: Mapping[str, str], out: dict[str, Any], ignored: list[str]) -> None:
+    blocks = {k: v for k, v in value.items() if k in PROVIDER_DEFAULTS or k in ("local", "openai_compatible")}
+    chain = [str(_expand(p, env)).strip().lower() for p in value.get("fallback_chain") or []]
+    primary = str(_expand(value.get("default_provider"), env) or "").strip().lower() or (chain[0] if chain else "")
+    shared = {k: _expand(value[k], env) for k in ("dimensions",) if value.get(k) not in (None, "")}
+    if "timeout_seconds" in value:
+        shared["timeout"] = _expand(value["timeout_seconds"], env)
+    emb: dict[str, Any] = {}
+    for key, item in value.items():  # our own embedding keys pass through
+        if key in EmbeddingSettings.model_fields:
+            emb[key] = _expand(item, env)
+        elif key not in blocks and key not in ("default_provider", "fallback_chain", "timeout_seconds"):
+            ignored.append(f"embedding.{key}")
+    if primary:
+        emb = {**shared, **_seed_provider(primary, blocks.get(primary), env, ignored), **emb}
+        first = ProviderSettings(**{k: v for k, v in emb.items() if k in ProviderSettings.model_fields})
+        fallback, providers = list(emb.get("fallback") or []), list(emb.get("providers") or [])
+        for name in chain:
+            if name == primary:
+                continue
+            entry = {**shared, **_seed_provider(name, blocks.get(name), env, ignored), "name": name}
+            if ProviderSettings(**entry).space != first.space:  # never mix vector spaces
+                ignored.append(f"embedding.fallback_chain[{name}] (makes {ProviderSettings(**entry).space}, the "
+                               f"primary {first.space}; a fallback must make the same space)")
+                continue
+            providers.append(entry)
+            fallback.append(name)
+        if fallback:
+            emb.update(fallback=fallback, providers=providers)
+    else:
+        emb.update(shared)
+        ignored.extend(f"embedding.{k}" for k in blocks)
+    for name in set(blocks) - {primary, *chain}:
+        ignored.append(f"embedding.{name} (neither default_provider nor in fallback_chain)")
+    out["embedding"] = emb
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """rag.yaml (or $RAG_CONFIG), in our format or the seeds' config.yaml format. Each key that maps
+    onto no setting is named in one warning (its value never is)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path):
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        import yaml
+
+        from rag_lib.errors import ConfigError
+
+        try:
+            data = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{self.path}: cannot read the settings file ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.path}: the settings file must be a mapping of setting names")
+        values, ignored = seed_config_values(data)
+        for entry in ignored:
+            key, _, why = entry.partition(" (")
+            why = why[:-1] if why else _IGNORED_WHY.get(key, "no setting of ours matches it")
+            note = f"{self.path}: {key} is ignored ({why})"
+            if note not in _LOGGED_IGNORED:
+                _LOGGED_IGNORED.add(note)
+                _log.warning("%s", note)
+        return values
 
 
 @lru_cache(maxsize=1)

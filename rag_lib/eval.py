@@ -236,6 +236,23 @@ JUDGE_SUPPORT = (
     "TASK: statement support. For each numbered statement, decide whether the contexts support it. Reply "
     "with one line per statement, exactly `N: yes` or `N: no`, nothing else."
 )
+JUDGE_ANSWER_RELEVANCE = (
+    "TASK: answer relevance. For each numbered statement of an answer, decide whether it addresses the "
+    "question (not whether it is true). Reply with one line per statement, exactly `N: yes` or `N: no`, "
+    "nothing else."
+)
+
+
+def overall_score(scores: Mapping[str, float | None]) -> float | None:
+    """Seed 004's `overall_score` (RAGAS's old `ragas_score`): the harmonic mean of the metrics judged."""
+    values = [v for v in scores.values() if v is not None]
+    if not values:
+        return None
+    if min(values) <= 0:
+        return 0.0
+    return round(len(values) / sum(1 / v for v in values), 4)
+
+
 _VERDICT = re.compile(r"^\s*\[?(\d+)\]?\s*[:.)\-]\s*(yes|no)\b", re.I | re.M)
 
 

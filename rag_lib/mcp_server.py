@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -133,11 +134,14 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         section: Section = None,
         date_from: Annotated[dt.date | None, Field(description="Documents dated on or after (YYYY-MM-DD).")] = None,
         date_to: Annotated[dt.date | None, Field(description="Documents dated on or before (YYYY-MM-DD).")] = None,
-        min_similarity: Annotated[float, Field(ge=0, le=1, description="Drop results scoring below this.")] = 0.0,
+        min_similarity: Annotated[float, Field(ge=0, le=1, description=(
+            "Drop results whose cosine similarity to the query (`similarity`) is below this, whichever "
+            "retriever found them; the seeds use 0.3-0.4."))] = 0.0,
         collection: Collection = None,
     ) -> s.SearchResponse:
-        """Search the trading-research knowledge base. Returns ranked chunks with score, unit_id
-        ('<path>#<section>'), document id, type, ticker, date, an excerpt and the chunk text.
+        """Search the trading-research knowledge base. Returns ranked chunks with score, similarity (cosine),
+        unit_id ('<path>#<section>'), document id, type, ticker, date, an excerpt and the chunk text
+        (also under the seeds' names content, file_path, section_label).
         Filter by doc_type (e.g. stock-analysis, earnings-analysis, research, ticker-profile,
         trade-journal, strategy, learning), ticker (e.g. NVDA, or a list of peers), section or date range."""
         filters = {"doc_type": doc_type, "ticker": ticker, "section": section, "date_from": date_from, "date_to": date_to}
@@ -155,7 +159,8 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
     ) -> s.SearchResponse:
         """Search with second-stage reranking for higher relevance: a wider candidate pool is rescored
         by the configured reranker (cross-encoder or /rerank service); each hit keeps its fused `score`
-        beside its `rerank_score`. Slower than rag_search."""
+        beside its `rerank_score`. Slower than rag_search. `reranked` says whether a reranker ran; without
+        one the hybrid order is kept and `rerank_note` names the setting that turns reranking on."""
         return _call(service.search, kb(), query, mode=mode, filters={"ticker": ticker, "doc_type": doc_type},
                      top_k=top_k, collection=collection, rerank=True)
 
@@ -264,7 +269,9 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
             "A reference answer (improves context recall).")) ] = None,
     ) -> dict[str, Any]:
         """Evaluate a RAG answer with RAGAS metrics judged by the configured chat model: context
-        precision, context recall and faithfulness (each 0-1). Needs an OpenAI-compatible chat model."""
+        precision, context recall (with ground_truth), faithfulness, answer_relevancy (each 0-1) and
+        overall_score (their harmonic mean). Without a configured chat model every metric is null and
+        `error_message` names the setting to set (eval.judge_model)."""
         return _json_safe(_call(service.evaluate, kb(), query, contexts, answer, ground_truth))
 
     register_graph_tools(server, kb, _call)  # rag_hybrid_context, rag_graph (rag_lib/server/graph_tools.py)
@@ -316,6 +323,16 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
                                       title=title, collection=collection)
 
     return server
+
+
+def tool_list(read_only: bool = False) -> list[tuple[str, str]]:
+    """(name, first line of the description) of every tool the server serves, from the server itself."""
+    import anyio
+
+    server = create_mcp(lambda: None, read_only=read_only)
+    tools = anyio.run(server.list_tools)
+    return [(t.name, re.split(r"(?<=\.)\s", " ".join((t.description or "").split()), maxsplit=1)[0].rstrip("."))
+            for t in tools]
 
 
 class _KeyGate:
@@ -378,3 +395,11 @@ def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: st
                     log_level="warning", server_header=False, **proxy_options(settings))
     finally:
         kb.close()
+
+
+if __name__ == "__main__":  # `python -m rag_lib.mcp_server [--transport http ...]`, as `rag mcp`
+    import sys
+
+    from rag_lib.cli import app
+
+    app(["mcp", *sys.argv[1:]], prog_name="rag")

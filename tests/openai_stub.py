@@ -20,6 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 
+# Vector sizes of models served without a `dimensions` parameter (an Ollama model answers in its own).
+NATIVE_DIMS = {"nomic-embed-text": 768}
+
+
 def stub_vector(model: str, text: str, dims: int) -> np.ndarray:
     """The stub's deterministic, L2-normalised vector for `text`."""
     seed = int.from_bytes(hashlib.sha256(f"{model}\x1f{text}".encode()).digest()[:8], "little")
@@ -44,6 +48,8 @@ class OpenAIStub:
         self.inputs = 0  # texts embedded successfully
         self.outcomes: Counter[str] = Counter()
         self.models: Counter[str] = Counter()
+        self.keys: Counter[str] = Counter()  # API keys sent (Bearer tokens), for provider-default tests
+        self.sent_dimensions: Counter[str] = Counter()  # requests per model that passed `dimensions`
         self.in_flight = 0
         self.max_in_flight = 0  # most requests served at once (proves the client's concurrency)
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -135,6 +141,8 @@ class OpenAIStub:
                     return self._error(404, "not found", "not_found")
                 if not self.headers.get("Authorization", "").startswith("Bearer "):
                     return self._error(401, "missing API key", "invalid_api_key")
+                with stub._lock:
+                    stub.keys[self.headers["Authorization"].removeprefix("Bearer ")] += 1
                 fault = stub._next_fault()
                 with stub._lock:
                     stub.in_flight += 1
@@ -165,7 +173,9 @@ class OpenAIStub:
                 texts = body["input"]
                 texts = [texts] if isinstance(texts, str) else texts
                 model = body["model"]
-                dims = int(body.get("dimensions") or 64)
+                dims = int(body.get("dimensions") or NATIVE_DIMS.get(body["model"], 64))
+                with stub._lock:
+                    stub.sent_dimensions[model] += "dimensions" in body
                 if fault == "wrong_dims":
                     dims += 1
                 data = []

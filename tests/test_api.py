@@ -49,3 +49,101 @@ def test_api_errors_are_typed(default_kb, tmp_path):
         rag_lib.embed_document(tmp_path)
     with pytest.raises(NotFoundError):
         rag_lib.delete_document("nope")
+
+
+NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
+AMD = "tradegent/knowledge/analysis/stock/AMD_20250122T0935.yaml"
+LEARNING_DIR = "tradegent/knowledge/learnings"
+
+
+def test_seed_python_api(default_kb, corpus_copy):
+    """Seed 000 §5.5 and seed 001's Python API, called as the seeds call it, reading the seeds' names."""
+    import datetime as dt
+
+    root = corpus_copy(NVDA, AMD, TRADE)
+    rag_lib.ingest([root / AMD, root / TRADE], root=root)
+    # Option 1: embed a YAML file (seed 000: `embed_document(file_path=..., force=False)`)
+    result = rag_lib.embed_document(file_path=str(root / NVDA), force=False, root=root)
+    assert result.doc_id and result.chunk_count > 3 and result.embed_model == "all-MiniLM-L6-v2"
+    assert result.error_message is None and result.doc_type == "earnings-analysis" and result.ticker == "NVDA"
+    assert result.count("new") == 1 and result.outcomes[0].path == NVDA  # the ingest report reads through
+    assert rag_lib.embed_document(file_path=str(root / NVDA), root=root).error_message == "unchanged"
+    # Option 2: raw text with a doc id is stored and searchable
+    stored = rag_lib.embed_text(text="NVIDIA reported strong Q4 with data center revenue up 400%...",
+                                doc_id="external-article-001", doc_type="article", ticker="NVDA")
+    assert stored.doc_id == "external-article-001" and stored.chunk_count == 1 and stored.error_message is None
+    assert [h.doc_id for h in rag_lib.search("data center revenue up 400%", mode="lexical",
+                                             doc_type="article").hits] == ["external-article-001"]
+    # Option 3: semantic search with the seed's filters and threshold; hits answer to the seed's names
+    results = rag_lib.semantic_search(query="NVDA data center revenue growth", ticker="NVDA",
+                                      doc_type="earnings-analysis", top_k=5, min_similarity=0.4)
+    assert results and len(results) <= 5
+    for r in results:
+        assert r.doc_id == result.doc_id and r.similarity >= 0.4 and r.content == r.text
+        assert r.file_path == NVDA and r.section_label == r.section
+    guidance = rag_lib.semantic_search("NVIDIA earnings guidance")  # the seed's defaults: top 5, cosine >= 0.3
+    assert 0 < len(guidance) <= 5 and all(r.similarity >= 0.3 for r in guidance)
+    assert rag_lib.semantic_search("what could go wrong") == []  # MiniLM scores it at most 0.22 here
+    risks = rag_lib.semantic_search("what could go wrong", section="RISK", min_similarity=0.0)
+    assert risks and all("risk" in r.section_path.lower() for r in risks)  # seed: section_label ILIKE '%risk%'
+    hybrid = rag_lib.hybrid_search(query="earnings volatility", ticker="NVDA", vector_weight=0.7, bm25_weight=0.3)
+    assert hybrid and all(r.ticker == "NVDA" and r.similarity is not None for r in hybrid)
+    reranked = rag_lib.search_with_rerank(query="competitive position", ticker="NVDA", top_k=5, retrieval_k=50)
+    assert 0 < len(reranked) <= 5 and all(r.rerank_score is None for r in reranked)  # no reranker configured
+    assert rag_lib.search_with_expansion(query="AI chip demand", top_k=5, n_expansions=3)
+    # RAGStats, similar analyses, analysis and hybrid context (ticker first, as the seeds call it)
+    stats = rag_lib.get_rag_stats()
+    assert stats.document_count == 4 and stats.chunk_count > 10 and {"NVDA", "AMD"} <= set(stats.tickers)
+    assert stats.doc_types["earnings-analysis"] == 1 and isinstance(stats.last_embed, dt.datetime)
+    similar = rag_lib.get_similar_analyses(ticker="NVDA", analysis_type="earnings-analysis", top_k=3)
+    assert [s.file_path for s in similar] == [NVDA]
+    assert "NVDA" in str(rag_lib.build_analysis_context("NVDA", "earnings-analysis"))
+    ctx = rag_lib.get_hybrid_context("NVDA", "What are the risks to the NVDA thesis?")
+    assert ctx.ticker == "NVDA" and ctx.formatted == str(ctx) and ctx.vector_results
+    assert isinstance(ctx.graph_context, dict) and ctx.graph_context.get("ticker") == "NVDA"
+    assert result.doc_id in {r.doc_id for r in ctx.vector_results}
+    without = rag_lib.get_hybrid_context("NVDA", "What are the risks to the NVDA thesis?", exclude_doc_id=result.doc_id)
+    assert without.vector_results and result.doc_id not in {r.doc_id for r in without.vector_results}
+    typed = rag_lib.get_hybrid_context("NVDA", "What are the risks to the NVDA thesis?", analysis_type="stock-analysis")
+    assert "earnings-analysis" not in {r.doc_type for r in typed.vector_results}
+    # the default knowledge base closes and reopens
+    first = rag_lib.api._default
+    rag_lib.close()
+    assert rag_lib.api._default is None and rag_lib.get_rag_stats().document_count == 4
+    assert rag_lib.api._default is not first
+
+
+def test_seed_tools_say_what_they_did(default_kb, corpus_copy):
+    """Without a reranker or a judge model, rag_search_rerank and rag_evaluate say so and name the setting."""
+    import json
+
+    import anyio
+    from mcp import Client
+
+    from rag_lib.mcp_server import create_mcp
+
+    root = corpus_copy(NVDA)
+    rag_lib.ingest([root])
+    kb = rag_lib.api.default_kb()
+
+    async def run() -> None:
+        async with Client(create_mcp(lambda: kb)) as client:
+            res = await client.call_tool("rag_search_rerank", {"query": "competitive position", "ticker": "NVDA",
+                                                               "top_k": 5})
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert not res.is_error and body["results"] and body["reranked"] is False
+            assert "search.rerank_model_path" in body["rerank_note"]
+            hit = body["results"][0]
+            assert hit["content"] == hit["text"] and hit["file_path"] == NVDA and hit["similarity"] is not None
+            res = await client.call_tool("rag_evaluate", {"query": "What drove NVDA's Q4?",
+                                                          "contexts": ["Data center revenue rose on AI demand."],
+                                                          "answer": "AI demand."})
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert not res.is_error and body["overall_score"] is None and body["answer_relevancy"] is None
+            assert "eval.judge_model" in body["error_message"]
+            res = await client.call_tool("rag_status", {})
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert body["document_count"] == body["documents"] == 1 and body["tickers"] == ["NVDA"]
+            assert body["doc_types"] == {"earnings-analysis": 1} and body["last_embed"] == body["last_ingest"]
+
+    anyio.run(run)

@@ -34,6 +34,9 @@ class ChatStub:
     """An OpenAI-compatible chat-completions server that answers every prompt with VARIATIONS."""
 
     def __init__(self) -> None:
+        stub = self
+        self.expansions = 0  # expander prompts answered (a request expands once, and only when asked)
+
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
@@ -45,6 +48,7 @@ class ChatStub:
                     numbers = re.findall(r"^(?:context |statement )?(\d+):", user, re.M)
                     content = "\n".join(f"{n}: yes" for n in numbers)
                 else:  # the query expander
+                    stub.expansions += 1
                     content = "\n".join(VARIATIONS)
                 body = json.dumps({
                     "id": "chat-1", "object": "chat.completion", "created": 0, "model": "stub",
@@ -117,13 +121,26 @@ async def check_listing(client: Client, expected: set[str]) -> None:
         assert "ctx" not in by_name["rag_embed"].input_schema["properties"]
 
 
-async def exercise_seed_tools(client: Client) -> None:
+def seed_hits(hits: list[dict]) -> None:
+    """Every hit carries the seeds' names (000 §4.1/§5.5, 001 SearchResult) beside ours."""
+    assert hits
+    for h in hits:
+        assert (h["content"], h["file_path"], h["section_label"]) == (h["text"], h["path"], h["section"])
+        assert isinstance(h["similarity"], float)
+
+
+async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     """Every tool with the seeds' example arguments (000 section 5, 001, 004 phases 3-7)."""
     await check_listing(client, TOOLS)
 
     # seed 000 5.5: embed a YAML file, then raw text
     made = payload(await client.call_tool("rag_embed", {"file_path": SEED_FILE, "force": False}))
     assert made["status"] == "embedded" and made["doc_id"] and made["chunks"] > 3 and made["tokens_processed"] > 100
+    # seed 001's EmbedResult names
+    assert made["chunk_count"] == made["chunks"] and made["embed_model"] == "all-MiniLM-L6-v2"
+    assert made["error_message"] is None
+    again = payload(await client.call_tool("rag_embed", {"file_path": SEED_FILE}))
+    assert again["error_message"] == "unchanged" and again["chunk_count"] == made["chunk_count"]
     stored = payload(await client.call_tool("rag_embed_text", {
         "text": "NVIDIA reported strong Q4 with data center revenue up 400%...",
         "doc_id": "external-article-001", "doc_type": "article", "ticker": "NVDA"}))
@@ -133,6 +150,12 @@ async def exercise_seed_tools(client: Client) -> None:
     past = payload(await client.call_tool("rag_search", {"query": "NVDA earnings-analysis thesis catalysts risks",
                                                          "ticker": "NVDA", "top_k": 3}))
     assert len(past["results"]) == 3 and all(h["ticker"] == "NVDA" for h in past["results"])
+    seed_hits(past["results"])
+    expansions = chat.expansions
+    held = payload(await client.call_tool("rag_search", {"query": "AI capex thesis", "ticker": "NVDA", "top_k": 5,
+                                                         "min_similarity": 0.4}))
+    assert held["results"] and all(h["similarity"] >= 0.4 for h in held["results"])
+    assert chat.expansions == expansions  # an expander is configured, but rag_search did not ask for it
     assert past["results"][0]["unit_id"].startswith(past["results"][0]["path"] + "#")
     peers = payload(await client.call_tool("rag_search", {"query": "earnings-analysis thesis catalysts",
                                                           "ticker": ["AMD", "AVGO"], "top_k": 2}))
@@ -150,8 +173,10 @@ async def exercise_seed_tools(client: Client) -> None:
     paths = [h["path"] for h in sim["results"]]
     assert 0 < len(paths) <= 3 and len(set(paths)) == len(paths)
     assert all(h["ticker"] == "NVDA" and h["doc_type"] == "earnings-analysis" for h in sim["results"])
+    seed_hits(sim["results"])
     related = payload(await client.call_tool("rag_similar", {"ref": NVDA, "top_k": 3}))
     assert related["results"] and NVDA not in [h["path"] for h in related["results"]]
+    seed_hits(related["results"])
     assert "invalid_input" in error_text(await client.call_tool("rag_similar", {"top_k": 3}))
 
     # seed 001: hybrid context (relationship questions go graph-first), status
@@ -160,8 +185,22 @@ async def exercise_seed_tools(client: Client) -> None:
     assert hybrid["context"] and hybrid["citations"] and hybrid["graph"]
     assert hybrid["query_type"] == "relationship" and hybrid["strategy"] == hybrid["route"]
     assert hybrid["tokens"] <= hybrid["token_budget"]
+    # seed 004's HybridContext: vector_results, graph_context, formatted; analysis_type and exclude_doc_id
+    assert hybrid["formatted"] == hybrid["markdown"] and hybrid["graph_context"]["ticker"] == "NVDA"
+    seed_hits(hybrid["vector_results"])
+    excluded = hybrid["vector_results"][0]["doc_id"]
+    without = payload(await client.call_tool("rag_hybrid_context", {
+        "ticker": "NVDA", "query": "How does NVDA relate to AMD?", "exclude_doc_id": excluded}))
+    assert without["vector_results"] and excluded not in {h["doc_id"] for h in without["vector_results"]}
+    narrowed = payload(await client.call_tool("rag_hybrid_context", {
+        "ticker": "NVDA", "query": "NVDA thesis catalysts risks", "analysis_type": "earnings-analysis"}))
+    learning_types = {"learning", "post-trade-review"}
+    assert {h["doc_type"] for h in narrowed["vector_results"]} - learning_types == {"earnings-analysis"}
     status = payload(await client.call_tool("rag_status", {}))
     assert status["documents"] > 50
+    # seed 001's RAGStats names beside ours
+    assert status["document_count"] == status["documents"] and status["doc_types"] == status["by_type"]
+    assert {"NVDA", "AMD"} <= set(status["tickers"]) and status["last_embed"] == status["last_ingest"]
 
     # seed 004 phase 4-6: classify, expand, expanded search, reranked search
     cls = payload(await client.call_tool("rag_classify_query", {"query": "Compare NVDA vs AMD earnings"}))
@@ -169,8 +208,11 @@ async def exercise_seed_tools(client: Client) -> None:
     assert cls["suggested_strategy"] == "vector" and 0 < cls["confidence"] <= 1
     expanded = payload(await client.call_tool("rag_expand_query", {"query": "AI chip demand", "n": 3}))
     assert expanded["variations"] == VARIATIONS and expanded["all_queries"] == ["AI chip demand", *VARIATIONS]
+    expansions = chat.expansions
     wide = payload(await client.call_tool("rag_search_expanded", {"query": "AI chip demand", "top_k": 5,
                                                                   "n_expansions": 3}))
+    assert chat.expansions == expansions + 1  # expanded once for the request (each search did not again)
+    seed_hits(wide["results"])
     assert wide["queries"] == ["AI chip demand", *VARIATIONS] and len(wide["results"]) == 5
     assert len({h["chunk_id"] for h in wide["results"]}) == 5
     assert {h["matched_query"] for h in wide["results"]} <= set(wide["queries"])
@@ -204,7 +246,10 @@ async def exercise_seed_tools(client: Client) -> None:
     reranked = payload(await client.call_tool("rag_search_rerank", {"query": "NVDA competitive position vs AMD",
                                                                      "ticker": "NVDA", "top_k": 5}))
     assert 0 < len(reranked["results"]) <= 5 and all(h["ticker"] == "NVDA" for h in reranked["results"])
-    assert all(h["rerank_score"] is not None for h in reranked["results"])
+    seed_hits(reranked["results"])
+    # no reranker is configured here: the tool says so instead of returning the hybrid order as reranked
+    assert reranked["reranked"] is False and "search.rerank_model_path" in reranked["rerank_note"]
+    assert all(h["rerank_score"] is None for h in reranked["results"])
 
     metrics = payload(await client.call_tool("rag_metrics_summary", {"days": 7}))
     assert metrics
@@ -212,7 +257,8 @@ async def exercise_seed_tools(client: Client) -> None:
         "query": "What drove NVDA's Q4?", "contexts": ["NVIDIA data center revenue rose 400% on AI demand."],
         "answer": "Data center revenue driven by AI demand."}))
     assert judged["context_precision"] == judged["faithfulness"] == 1.0 and judged["context_recall"] is None
-    assert judged["judge_calls"] == 2
+    assert judged["answer_relevancy"] == judged["overall_score"] == 1.0  # seed 004's RAGEvalResult names
+    assert judged["judge_calls"] == 3
 
 
 def test_mcp_tools_over_stdio(corpus_db_url: str, tmp_path: Path, chat_stub: ChatStub):
@@ -220,7 +266,7 @@ def test_mcp_tools_over_stdio(corpus_db_url: str, tmp_path: Path, chat_stub: Cha
 
     async def run() -> None:
         async with Client(params, read_timeout_seconds=120) as client:
-            await exercise_seed_tools(client)
+            await exercise_seed_tools(client, chat_stub)
 
     anyio.run(run)
 
@@ -256,7 +302,7 @@ def test_mcp_tools_over_streamable_http(corpus_db_url: str, tmp_path: Path, chat
         async def run() -> None:
             full = httpx2.AsyncClient(headers={"X-API-Key": "mcp-full-1"}, timeout=120)
             async with full, Client(streamable_http_client(url, http_client=full), read_timeout_seconds=120) as client:
-                await exercise_seed_tools(client)
+                await exercise_seed_tools(client, chat_stub)
             read = httpx2.AsyncClient(headers={"X-API-Key": "mcp-read-1"}, timeout=60)
             async with read, Client(streamable_http_client(url, http_client=read), read_timeout_seconds=60) as client:
                 found = payload(await client.call_tool("rag_search", {"query": "AMD guidance", "mode": "semantic",

@@ -170,3 +170,53 @@ def test_metrics_can_be_switched_off(rag, ingested, monkeypatch):
     monkeypatch.delenv("RAG_METRICS")
     code, out, _ = rag("metrics", "--json")
     assert json.loads(out)["searches"] == 0
+
+
+def test_embed_dir_and_section_as_seed_000_writes_them(rag, corpus_copy):
+    # seed 000 §5.1: `rag embed --dir DIR`, `rag search "QUERY" --section risks` (section_label ILIKE '%risk%')
+    root = corpus_copy(NVDA, NFLX)
+    code, out, err = rag("embed", "--dir", str(root), "--json")
+    assert code == 0, err
+    assert json.loads(out)["new"] == 2
+    code, _, err = rag("embed", "--dir", str(root / NVDA))
+    assert code == 2 and "not a directory" in err
+    hits = _results(rag, "what could go wrong", "--section", "RISK", "--chunks")
+    assert hits and all("risk" in h["section_path"].lower() for h in hits)
+    assert {h["section"] for h in hits} != {"RISK"}  # a part of the name matches, in any case
+
+
+def test_mcp_help_lists_every_tool_it_serves(rag):
+    import anyio
+
+    from rag_lib.mcp_server import create_mcp
+
+    served = [t.name for t in anyio.run(create_mcp(lambda: None).list_tools)]
+    assert len(served) == 15
+    code, out, _ = rag("mcp", "--help")
+    assert code == 0
+    assert all(re.search(rf"^\W*{name}\b", out, re.M) for name in served), out
+    assert re.search(r"rag_embed \(not with --read-only\)", out)
+
+
+def test_python_m_mcp_server_serves_the_tools(tmp_path, database_url):
+    """`python -m rag_lib.mcp_server` is an entry point: it speaks MCP over stdio like `rag mcp`."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from rag_lib.testing import child_env
+
+    env = child_env(database_url, tmp_path / ".rag", PYTHONPATH=os.pathsep.join(
+        [str(Path(rag_lib.api.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "rag_lib.mcp_server"], env=env)
+
+    async def run() -> set[str]:
+        with open(tmp_path / "mcp.err", "w") as errlog:  # pytest's captured stderr has no file descriptor
+            async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=60) as client:
+                return {t.name for t in (await client.list_tools()).tools}
+
+    assert {"rag_search", "rag_search_rerank", "rag_embed", "rag_evaluate"} <= anyio.run(run)

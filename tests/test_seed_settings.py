@@ -15,14 +15,17 @@ from rag_lib.errors import ConfigError
 
 SEED_VARS = ("EMBED_PROVIDER", "EMBED_MODEL", "EMBED_DIMENSIONS", "LLM_BASE_URL", "LLM_API_KEY", "CHUNK_MAX_TOKENS",
              "CHUNK_OVERLAP", "RAG_RERANKING", "RAG_ADAPTIVE", "RAG_METRICS", "PG_HOST", "PG_PORT", "PG_USER",
-             "PG_PASS", "PG_DB", "RAG_CHUNKING__OVERLAP_TOKENS", "RAG_DATABASE_URL", "RAG_EMBEDDING__MODEL")
+             "PG_PASS", "PG_DB", "RAG_CHUNKING__OVERLAP_TOKENS", "RAG_DATABASE_URL", "RAG_EMBEDDING__MODEL",
+             "OPENAI_API_KEY", "OPENROUTER_API_KEY", "RAG_CONFIG", "RAG_EMBEDDING__PROVIDER")
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
+def clean_env(monkeypatch, tmp_path):
     for name in SEED_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(config, "_LOGGED_CONFLICTS", set())
+    monkeypatch.setattr(config, "_LOGGED_IGNORED", set())
+    monkeypatch.chdir(tmp_path)  # no rag.yaml of the working directory
 
 
 def test_seed_004_chunking_and_feature_flags(monkeypatch):
@@ -124,3 +127,116 @@ def test_fallback_chain_with_no_key_left_is_an_error(monkeypatch):
     monkeypatch.delenv("RAG_TEST_MISSING_KEY", raising=False)
     with pytest.raises(ConfigError, match="lacks its API key"):
         get_provider(_chain_settings("RAG_TEST_MISSING_KEY", "RAG_TEST_MISSING_KEY"))
+
+
+@pytest.mark.parametrize("seed_provider, key_var, model, dims, sends_dims", [
+    ("openai", "OPENAI_API_KEY", "text-embedding-3-large", 1536, True),  # seed 000 §2.1: truncated to 1536
+    ("openrouter", "OPENROUTER_API_KEY", "openai/text-embedding-3-small", 1536, True),
+    ("ollama", None, "nomic-embed-text", 768, False),  # Ollama answers in the model's own size
+])
+def test_seed_provider_alone_gets_its_model_over_http(monkeypatch, seed_provider, key_var, model, dims, sends_dims):
+    """Only EMBED_PROVIDER set (and the server's URL): the provider's own model and size, its key, real HTTP."""
+    from openai_stub import OpenAIStub
+
+    monkeypatch.setenv("EMBED_PROVIDER", seed_provider)
+    if key_var:
+        monkeypatch.setenv(key_var, f"key-of-{seed_provider}")
+    with OpenAIStub() as stub:
+        monkeypatch.setenv("LLM_BASE_URL", stub.base_url)
+        settings = Settings()
+        assert (settings.embedding.model, settings.embedding.dimensions) == (model, dims)
+        vectors = get_provider(settings).embed(["NVIDIA data center revenue"])
+        assert vectors.shape == (1, dims)
+        assert stub.models[model] == 1 and stub.sent_dimensions[model] == int(sends_dims)
+        if key_var:
+            assert stub.keys[f"key-of-{seed_provider}"] == 1
+
+
+def test_openrouter_reads_openrouter_api_key(monkeypatch):
+    monkeypatch.setenv("EMBED_PROVIDER", "openrouter")
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-1")
+    monkeypatch.setenv("LLM_API_KEY", "sk-llm-1")
+    e = Settings().embedding
+    assert (e.api_key_env, e.base_url) == ("OPENROUTER_API_KEY", "https://openrouter.ai/api/v1")
+    monkeypatch.delenv("OPENROUTER_API_KEY")
+    assert Settings().embedding.api_key_env == "LLM_API_KEY"  # seed 000's config.yaml: ${LLM_API_KEY}
+    monkeypatch.setenv("EMBED_MODEL", "openai/text-embedding-3-large")  # a chosen model keeps the size
+    assert Settings().embedding.space == "openai/text-embedding-3-large:1536"
+
+
+SEED_CONFIG = """\
+rag_version: "2.0.0"
+embedding:
+  # EMBED_PROVIDER env var selects default (recommended: openai)
+  default_provider: "${EMBED_PROVIDER:-ollama}"
+  fallback_chain:
+    - ollama           # Try local first ($0)
+    - openrouter       # Fallback to cloud if Ollama fails/unavailable
+  timeout_seconds: 30
+  dimensions: "${EMBED_DIMENSIONS:-1536}"   # All providers must match
+  ollama:
+    base_url: "${LLM_BASE_URL:-http://localhost:11434}"
+    model: "${EMBED_MODEL:-nomic-embed-text}"
+  openrouter:
+    api_key: "${LLM_API_KEY}"
+    model: "${EMBED_MODEL:-openai/text-embedding-3-small}"
+    dimensions: "${EMBED_DIMENSIONS:-1536}"
+  openai:
+    api_key: "sk-literal-secret-123"
+    model: "${EMBED_MODEL:-text-embedding-3-large}"
+    dimensions: "${EMBED_DIMENSIONS:-1536}"
+chunking:
+  max_tokens: "${CHUNK_MAX_TOKENS:-768}"
+  min_tokens: "${CHUNK_MIN_TOKENS:-50}"
+  overlap_tokens: "${CHUNK_OVERLAP:-150}"
+  preserve_tables: "${CHUNK_PRESERVE_TABLES:-true}"
+features:
+  element_aware_chunking: "${RAG_ELEMENT_CHUNKING:-true}"
+  reranking_enabled: "${RAG_RERANKING:-false}"
+  adaptive_retrieval: "${RAG_ADAPTIVE:-false}"
+  metrics_enabled: "${RAG_METRICS:-true}"
+  query_expansion_enabled: true
+"""
+
+
+def test_seed_config_yaml_maps_onto_our_settings(monkeypatch, tmp_path, caplog):
+    """Seed 000 §2.2's `embedding:` block and seed 004's `chunking:` / `features:` as RAG_CONFIG: what
+    maps onto a setting is read; each key that does not is named in a warning, never its value."""
+    path = tmp_path / "config.yaml"
+    path.write_text(SEED_CONFIG)
+    monkeypatch.setenv("RAG_CONFIG", str(path))
+    with caplog.at_level(logging.WARNING, logger="rag_lib.config"):
+        s = Settings()
+    e = s.embedding
+    assert (e.provider, e.base_url, e.model, e.dimensions, e.timeout) == (
+        "openai_compatible", "http://localhost:11434/v1", "nomic-embed-text", 1536, 30.0)
+    assert e.fallback == []  # openrouter makes another space: never a fallback of ollama's
+    assert (s.chunking.max_tokens, s.chunking.min_tokens, s.chunking.overlap_tokens) == (768, 50, 150)
+    assert s.search.rerank is False and s.search.routing is False and s.search_metrics.enabled is True
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    for key in ("rag_version", "chunking.preserve_tables", "features.element_aware_chunking",
+                "features.query_expansion_enabled", "embedding.fallback_chain[openrouter]", "embedding.openai"):
+        assert key in warned, key
+    assert "sk-literal-secret" not in warned and "search.expansion_model" in warned
+
+    # the environment still chooses: EMBED_PROVIDER=openrouter with its block's key variable
+    monkeypatch.setenv("EMBED_PROVIDER", "openrouter")
+    monkeypatch.setenv("LLM_API_KEY", "sk-or-2")
+    e = Settings().embedding
+    assert (e.base_url, e.model, e.dimensions, e.api_key_env) == (
+        "https://openrouter.ai/api/v1", "openai/text-embedding-3-small", 1536, "LLM_API_KEY")
+
+
+def test_seed_config_same_space_fallback_is_kept(monkeypatch, tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text("embedding:\n  default_provider: openai\n  fallback_chain: [openai, openrouter]\n"
+                    "  openai: {api_key: sk-literal-secret-456}\n"
+                    "  openrouter: {model: text-embedding-3-large, api_key: '${OPENROUTER_API_KEY}'}\n")
+    monkeypatch.setenv("RAG_CONFIG", str(path))
+    with caplog.at_level(logging.WARNING, logger="rag_lib.config"):
+        e = Settings().embedding
+    assert e.space == "text-embedding-3-large:1536" and e.fallback == ["openrouter"]
+    assert e.providers[0].space == e.space and e.providers[0].api_key_env == "OPENROUTER_API_KEY"
+    assert e.api_key_env == "OPENAI_API_KEY"  # a literal key is not a setting: named, never shown
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "embedding.openai.api_key" in warned and "sk-literal-secret" not in warned

@@ -358,8 +358,12 @@ def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db
     body = r.json()
     assert body["status"] == "embedded" and body["new"] == 1 and body["chunks"] > 3
     assert body["doc_id"] and body["content_hash"] and body["tokens_processed"] > 100
+    # seed 001's EmbedResult names
+    assert (body["chunk_count"], body["embed_model"], body["error_message"]) == (body["chunks"], "all-MiniLM-L6-v2", None)
     doc_id = body["doc_id"]
-    assert client.post("/api/rag/embed", json={"file_path": SEED_NVDA}).json()["status"] == "unchanged"
+    again = client.post("/api/rag/embed", json={"file_path": SEED_NVDA}).json()
+    assert again["status"] == "unchanged" and again["error_message"] == "unchanged"
+    assert again["chunk_count"] == body["chunk_count"]
 
     r = client.post("/api/rag/search", json={
         "query": "AI capex thesis",
@@ -379,6 +383,10 @@ def test_seed000_embed_search_status_delete(client: TestClient, roots, corpus_db
     status = client.get("/api/rag/status").json()
     assert status["documents"] > 50 and status["chunks"] > 1000
     assert "index_size_mb" in status
+    # seed 001's RAGStats names beside ours
+    assert (status["document_count"], status["chunk_count"]) == (status["documents"], status["chunks"])
+    assert status["doc_types"] == status["by_type"] and status["last_embed"] == status["last_ingest"]
+    assert {"NVDA", "AMD", "MSFT"} <= set(status["tickers"]) and status["tickers"] == sorted(status["tickers"])
 
     chunks = rows_for(corpus_db_url, SEED_NVDA)["chunks"]
     r = client.delete(f"/api/rag/document/{doc_id}")

@@ -58,7 +58,9 @@ def print_ingest_report(report: IngestReport) -> None:
 @app.command("embed", help="Same as `ingest` (the name the design brief uses).")
 @app.command()
 def ingest(
-    paths: list[Path] = typer.Argument(..., help="Files or folders (a folder is its own corpus root)."),
+    paths: Optional[list[Path]] = typer.Argument(None, help="Files or folders (a folder is its own corpus root)."),
+    dirs: Optional[list[Path]] = typer.Option(None, "--dir", help="A folder to embed (seed 000's `rag embed --dir "
+                                              "DIR`; same as giving it as an argument). Repeatable."),
     collection: Optional[str] = CollectionOpt,
     prune: bool = typer.Option(False, "--prune", help="Delete documents whose files are gone."),
     force: bool = typer.Option(False, "--force", help="Re-chunk and re-publish unchanged files too."),
@@ -66,6 +68,12 @@ def ingest(
     as_json: bool = JsonOpt,
 ) -> None:
     """Parse, chunk, embed and publish files; unchanged files are skipped."""
+    for d in dirs or []:
+        if not d.is_dir():
+            fail(f"--dir {d}: not a directory; give a folder, or the file as an argument", 2)
+    paths = [*(paths or []), *(dirs or [])]
+    if not paths:
+        fail("nothing to ingest: give files or folders as arguments, or --dir DIR", 2)
     base = kb()
     with Progress(
         TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -92,7 +100,8 @@ def search(
     collection: Optional[str] = CollectionOpt,
     doc_type: Optional[list[str]] = typer.Option(None, "--doc-type", "--type", "-t", help="Only these document types."),
     ticker: Optional[list[str]] = typer.Option(None, "--ticker", help="Only these tickers."),
-    section: Optional[str] = typer.Option(None, "--section", help="Only this top-level section."),
+    section: Optional[str] = typer.Option(None, "--section", help="Only sections whose path contains this, any "
+                                          "case (seed 000: `--section risks` searches the risk sections)."),
     date_from: Optional[str] = typer.Option(None, "--from", "--since", help="Documents dated on or after (YYYY-MM-DD)."),
     date_to: Optional[str] = typer.Option(None, "--to", help="Documents dated on or before (YYYY-MM-DD)."),
     top_k: int = typer.Option(10, "--top-k", "-k", min=1, max=1000),
@@ -104,7 +113,7 @@ def search(
 ) -> None:
     """Search the knowledge base (one result per section unless --chunks)."""
     result = kb().search(
-        query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section=section,
+        query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section_contains=section,
         date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
         min_similarity=min_similarity, path=path, group=not chunks, rerank=rerank,
     )

@@ -5,8 +5,25 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
 
 from rag_lib.cli.app import app
+
+
+class _McpCommand(TyperCommand):
+    """`rag mcp --help` lists the tools the server serves, read from the server when help is shown
+    (building it costs the MCP SDK import, which other commands should not pay)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from rich.markup import escape
+
+        from rag_lib.mcp_server import tool_list
+
+        writes = {name for name, _ in tool_list()} - {name for name, _ in tool_list(read_only=True)}
+        lines = [f"{name}{' (not with --read-only)' if name in writes else ''}: {escape(text)}"
+                 for name, text in tool_list()]
+        self.epilog = "Tools served:\n\n" + "\n\n".join(lines)
+        super().format_help(ctx, formatter)
 
 
 @app.command()
@@ -22,14 +39,14 @@ def serve(
     run(host=host, port=port, log_level=log_level)
 
 
-@app.command("mcp")
+@app.command("mcp", cls=_McpCommand)
 def mcp_command(
     transport: str = typer.Option("stdio", "--transport", "-t", help="stdio | http (streamable HTTP at /mcp)."),
     host: Optional[str] = typer.Option(None, "--host", help="HTTP only: address to bind."),
     port: Optional[int] = typer.Option(None, "--port", help="HTTP only: port."),
     read_only: bool = typer.Option(False, "--read-only", help="Leave out the rag_embed tool."),
 ) -> None:
-    """Run the MCP server: tools rag_search, rag_similar, rag_context, rag_embed, rag_status, rag_list."""
+    """Run the MCP server (also `python -m rag_lib.mcp_server`); the tools it serves are listed below."""
     from rag_lib.mcp_server import run_mcp
 
     run_mcp(transport=transport, host=host, port=port, read_only=read_only)

@@ -34,6 +34,24 @@ class HybridContext:
     markdown: str = ""
     tokens: int = 0
     token_budget: int = 0
+    vector_results: list[SearchHit] = field(default_factory=list)  # the hits whose passages were kept
+
+    # seed 004's HybridContext names: ticker, vector_results (above), graph_context, formatted
+    @property
+    def ticker(self) -> str | None:
+        return self.tickers[0] if self.tickers else None
+
+    @property
+    def graph_context(self) -> dict[str, Any]:
+        """The graph context of the ticker asked about (seed 004 keeps one ticker's)."""
+        return self.graph[0] if self.graph else {}
+
+    @property
+    def formatted(self) -> str:
+        return self.markdown
+
+    def __str__(self) -> str:  # seed 000's get_hybrid_context returns the prompt text
+        return self.markdown
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +59,8 @@ class HybridContext:
             "related_tickers": self.related_tickers,
             "hits": [c.to_dict() for c in self.passages.citations],
             "graph": self.graph, "markdown": self.markdown, "tokens": self.tokens, "token_budget": self.token_budget,
+            "ticker": self.ticker, "vector_results": [h.to_dict() for h in self.vector_results],
+            "graph_context": self.graph_context, "formatted": self.formatted,
         }
 
 
@@ -104,14 +124,19 @@ def _render(kb, query: str, kind: str, route: str, tickers: list[str], related: 
         if tokens <= token_budget or available == 0:  # joins can shift a token or two: retry tighter
             break
         available = max(0, available - (tokens - token_budget) - 4)
-    return HybridContext(query, kind, route, tickers, related, passages, graph, markdown, tokens, token_budget)
+    cited = {c.chunk_id for c in passages.citations}
+    return HybridContext(query, kind, route, tickers, related, passages, graph, markdown, tokens, token_budget,
+                         [h for h in hits if h.chunk_id in cited])
 
 
 def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int = 4000,
-                   collection: str | None = None) -> HybridContext:
+                   collection: str | None = None, analysis_type: str | None = None,
+                   exclude_doc_id: str | None = None) -> HybridContext:
     """Context for `query` routed by its class: relationship → graph first (related tickers, then search
     across them); comparison → one list per ticker; trend → time filter, oldest first; else hybrid
-    search. Relevant learnings are always added."""
+    search. Relevant learnings are always added. `analysis_type` limits the passages (not the
+    learnings) to one document type; `exclude_doc_id` leaves a document out (seed 004: the analysis
+    being written)."""
     if not query or not query.strip():
         raise ValidationError("query is empty; pass a question to build context for")
     if token_budget < 64:
@@ -123,7 +148,8 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     related: list[str] = []
 
     def search(q: str, **kw: Any) -> list[SearchHit]:
-        return kb.search(q, mode="hybrid", collection=collection, top_k=depth, group=False, **kw).hits
+        return kb.search(q, mode="hybrid", collection=collection, top_k=depth, group=False,
+                         doc_type=analysis_type, **kw).hits
 
     if plan.kind == "relationship" and tickers:
         route = "graph-first"
@@ -146,7 +172,7 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
         hits = search(query, ticker=tickers[:1] or None)
     learnings = kb.search(query, mode="hybrid", collection=collection, doc_type=list(LEARNING_TYPES), top_k=2).hits
     # Learnings go after the passages of the first few documents so a tight budget still keeps one.
-    hits = _dedupe(hits[:6] + learnings + hits[6:])
+    hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
     return _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget)
 
 

@@ -26,13 +26,19 @@ def register_graph_tools(server, kb: Callable[[], Any], _call: Callable[..., Any
         query: Annotated[str, Field(min_length=1, max_length=4000, description="The question, in plain words.")],
         ticker: Annotated[str | None, Field(max_length=16, description="The ticker the question is about.")] = None,
         token_budget: Annotated[int, Field(ge=64, le=16000, description="Maximum tokens of markdown.")] = 2000,
+        analysis_type: Annotated[str | None, Field(max_length=200, description=(
+            "Only passages of this document type, e.g. earnings-analysis (learnings are still added)."))] = None,
+        exclude_doc_id: Annotated[str | None, Field(max_length=512, description=(
+            "Leave this document out, e.g. the analysis being written."))] = None,
         collection: Collection = None,
     ) -> dict[str, Any]:
         """Prompt-ready context combining passages (with [n] citations) and knowledge-graph facts
         (biases, strategies, catalysts, peers, learnings). Relationship questions go graph-first
         (related tickers, then search across them); comparisons get one list per ticker; trend
-        questions are time-ordered; learnings are always included."""
-        out = _call(kb().hybrid_context, query, ticker=ticker, token_budget=token_budget, collection=collection).to_dict()
+        questions are time-ordered; learnings are always included. Seed 004's names are there too:
+        vector_results (the hits used), graph_context and formatted (the markdown)."""
+        out = _call(kb().hybrid_context, query, ticker=ticker, token_budget=token_budget, collection=collection,
+                    analysis_type=analysis_type, exclude_doc_id=exclude_doc_id).to_dict()
         # seed 001's names for the same parts: context (markdown), citations, query_type, strategy
         out.update(context=out["markdown"], citations=out["hits"], query_type=out["kind"], strategy=out["route"])
         return _safe(out)

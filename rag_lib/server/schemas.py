@@ -287,6 +287,10 @@ class EmbedResponse(BaseModel):
     status: str | None = Field(None, description="embedded | unchanged | skipped | failed (one-file requests).")
     content_hash: str | None = Field(None, description="sha256 of the file (one-file requests).")
     tokens_processed: int = Field(0, description="Model tokens of the documents published by this request.")
+    chunk_count: int | None = Field(None, description="Chunks of the document (one-file requests; seed 001).")
+    embed_model: str | None = Field(None, description="Embedding model of the document (one-file requests).")
+    error_message: str | None = Field(None, description="Null when embedded, 'unchanged', or why the file was "
+                                      "skipped or failed (one-file requests; seed 001).")
     request_id: str | None = None
 
 

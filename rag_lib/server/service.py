@@ -39,6 +39,9 @@ STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "
 RERANK_NOTE = ("no reranker is configured, so the results keep the hybrid order; set search.rerank_model_path "
                "(a local CrossEncoder folder, $RAG_SEARCH__RERANK_MODEL_PATH) or search.rerank_base_url "
                "(a /rerank server, $RAG_SEARCH__RERANK_BASE_URL) to turn reranking on")
+JUDGED = ("context_precision", "context_recall", "faithfulness", "answer_relevancy", "overall_score")
+NO_JUDGE = ("not judged: the RAGAS metrics need a chat model; set eval.judge_model ($RAG_EVAL__JUDGE_MODEL) and "
+            "eval.judge_base_url ($RAG_EVAL__JUDGE_BASE_URL or $LLM_BASE_URL) for an OpenAI-compatible server")
 FORMATS = {"markdown": (".md", ".markdown"), "yaml": (".yaml", ".yml"), "jsonl": (".jsonl",)}
 
 
@@ -172,18 +175,22 @@ def similar_for_ticker(kb: KnowledgeBase, ticker: str, *, analysis_type: str | N
 
 
 def _published(kb: KnowledgeBase, report: dict[str, Any], collection: str | None) -> dict[str, Any]:
-    """Seed fields of a one-file ingest: doc_id, status, content_hash, tokens_processed."""
+    """Seed fields of a one-file ingest: doc_id, status, content_hash, tokens_processed, and seed 001's
+    EmbedResult names chunk_count, embed_model and error_message (None, "unchanged", or why not)."""
     files = report["files"]
     if len(files) != 1:
         return {"tokens_processed": 0}
     outcome = files[0]
     status = {"new": "embedded", "changed": "embedded"}.get(outcome["status"], outcome["status"])
     if outcome["status"] not in ("new", "changed", "unchanged"):
-        return {"status": status, "tokens_processed": 0}
+        why = ": ".join(x for x in (outcome.get("reason"), outcome.get("detail")) if x) or outcome["status"]
+        return {"status": status, "tokens_processed": 0, "chunk_count": 0, "error_message": why}
     doc = kb.show(outcome["path"], collection)
     published = outcome["status"] in ("new", "changed")
     return {"doc_id": doc["doc_id"], "status": status, "content_hash": doc.get("content_hash"),
-            "tokens_processed": int(doc.get("token_count") or 0) if published else 0}
+            "tokens_processed": int(doc.get("token_count") or 0) if published else 0,
+            "chunk_count": int(doc.get("chunk_count") or 0), "embed_model": kb.embedding_info()["model"],
+            "error_message": None if published else "unchanged"}
 
 
 def embed_path(kb: KnowledgeBase, path: str, *, collection: str | None = None, force: bool = False) -> dict[str, Any]:
@@ -338,6 +345,9 @@ def evaluate(kb: KnowledgeBase, query: str, contexts: list[str], answer: str,
     """Seed 004's `rag_evaluate`: RAGAS context precision / recall and faithfulness of an answer,
     judged by the configured chat model."""
     check_query(kb, query)
+    if not kb.settings.eval.judge_model:  # say what to set instead of failing with a hidden 500
+        return {"query": query, "model": None, "contexts": len(contexts), **{m: None for m in JUDGED},
+                "judge_calls": 0, "error_message": NO_JUDGE}
     return kb.judge_answer(query, contexts, answer, reference=ground_truth)
 
 
