@@ -24,7 +24,7 @@ def clean_env(monkeypatch, tmp_path):
     for name in SEED_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(config, "_LOGGED_CONFLICTS", set())
-    monkeypatch.setattr(config, "_LOGGED_IGNORED", set())
+    monkeypatch.setattr(config, "_LOGGED_IGNORED", set(), raising=False)
     monkeypatch.chdir(tmp_path)  # no rag.yaml of the working directory
 
 

@@ -545,6 +545,6 @@ def test_compatibility_routes_are_tagged_in_openapi(client: TestClient):
     hit = spec["components"]["schemas"]["SearchHitOut"]["properties"]
     from dataclasses import fields
 
-    from rag_lib.models import SearchHit
-    assert set(hit) == {"rank"} | {f.name for f in fields(SearchHit)}
+    from rag_lib.models import SEED_HIT_NAMES, SearchHit
+    assert set(hit) == {"rank"} | {f.name for f in fields(SearchHit)} | set(SEED_HIT_NAMES)
     assert Settings().server.port == 8081

@@ -199,7 +199,9 @@ def search(
             t0 = time.perf_counter()
             vectors = provider.embed([query])
             timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+        t0 = time.perf_counter()
         lists = _with_similarity(store, space["space"], vectors[0], lists, min_similarity)
+        timings["similarity"] = round((time.perf_counter() - t0) * 1000, 2)
 
     t0 = time.perf_counter()
     if len(lists) == 1:

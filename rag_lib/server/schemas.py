@@ -138,7 +138,8 @@ class SearchRequest(Request):
                                      description="Metadata filters; seed-style top-level `ticker`, `doc_type`, "
                                      "`section`, `path`, `date_from`, `date_to` are accepted too.")
     top_k: int = Field(10, ge=1, le=1000, description="How many results (capped by settings.server.max_top_k).")
-    min_similarity: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this.")
+    min_similarity: float = Field(0.0, ge=0.0, le=1.0, description="Drop results whose cosine similarity to the "
+                                  "query (`similarity`) is below this, whichever retriever found them.")
     collection: CollectionName | None = None
     rerank: bool | None = Field(None, description="Rerank with the configured second stage (default: settings).")
 
@@ -451,7 +452,8 @@ class RetrieveFilters(Request):
 class RetrieveRequest(Request):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY)
     top_k: int = Field(5, ge=1, le=1000)
-    similarity_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Same as `min_similarity`.")
+    similarity_threshold: float = Field(0.0, ge=0.0, le=1.0, description="Same as `min_similarity` (seed 003's "
+                                        "default 0.7 is not ours: see README, Retrieval).")
     filters: RetrieveFilters = Field(default_factory=RetrieveFilters)
     mode: Mode | None = None
     collection: CollectionName | None = None
