@@ -208,7 +208,7 @@ def test_python_m_mcp_server_serves_the_tools(tmp_path, database_url):
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from rag_lib.testing import child_env
+    from testkit import child_env
 
     env = child_env(database_url, tmp_path / ".rag", PYTHONPATH=os.pathsep.join(
         [str(Path(rag_lib.api.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
