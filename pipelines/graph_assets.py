@@ -126,11 +126,38 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
     return [outcomes[k] for k in keys]
 
 
+def rebuild_profiles(rag: RagResource, outcomes: list[StageOutcome]) -> dict[str, Any]:
+    """The ticker profiles (entity linking) of the collections whose graph changed in this run, or
+    whose profiles are missing: one rebuild per run, only changed profiles embedded again."""
+    kb = rag.kb()
+    space = (kb.store.active_space() or {}).get("space")
+    pmap = rag.partition_map()
+    collections, missing = set(), {}
+    for o in outcomes:
+        if o.status in ("ok", "unchanged"):
+            collection = pmap.target(o.key).collection
+            if collection not in missing:
+                missing[collection] = bool(space) and not kb.store.ticker_profile_hashes(collection, space)
+            if o.status == "ok" or missing[collection]:
+                collections.add(collection)
+    reports = [kb.rebuild_profiles(c).to_dict() for c in sorted(collections)]
+    if not reports:
+        return {"profiles_rebuilt": 0}
+    return {"profiles": sum(r["profiles"] for r in reports),
+            "profiles_rebuilt": sum(len(r["rebuilt"]) for r in reports),
+            "profiles_removed": sum(len(r["removed"]) for r in reports),
+            "profiles_detail": MetadataValue.json(
+                {r["collection"]: {"rebuilt": r["rebuilt"][:50], "removed": r["removed"][:50]} for r in reports}),
+            "profiles_sample": MetadataValue.md("\n\n".join(f"**{t}**: {text}" for r in reports
+                                                            for t, text in r["sample"].items()))}
+
+
 @asset(partitions_def=corpus_files, backfill_policy=BackfillPolicy.single_run(), group_name=GROUP,
        deps=[raw_documents, vector_table], code_version=f"graph-{GRAPH_VERSION}",
        description="The file's knowledge graph (entities, `_graph` triples, `_links`, ticker/type/date facts), "
                    "written with its chunks by vector_table: counts per node kind and predicate, dangling links, "
-                   "a sample of triples.")
+                   "a sample of triples; then the ticker profiles entity linking uses are rebuilt where "
+                   "documents changed (run metadata `profiles_*`).")
 def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     outcomes = graph_outcomes(rag, list(context.partition_keys))
     with partition_keys_read_once(context):
@@ -140,6 +167,7 @@ def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> Materia
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)
     summary["run_edges"] = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)
+    summary.update(rebuild_profiles(rag, outcomes))
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         kb = rag.kb()

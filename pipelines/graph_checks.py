@@ -26,9 +26,15 @@ def graph_stale_edges(context: AssetCheckExecutionContext, rag: RagResource) -> 
 
 
 @asset_check(asset=knowledge_graph,
+             description="Graph nodes that look like one thing under two names (warning, listed).")
+def graph_duplicate_nodes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
+    return to_check_result(rag.kb().graph_check("duplicate_nodes"))
+
+
+@asset_check(asset=knowledge_graph,
              description="Nodes per entity type and edges per predicate as metadata, with a sample of triples.")
 def graph_counts(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
     return to_check_result(rag.kb().graph_check("counts"))
 
 
-GRAPH_CHECKS = [graph_dangling_links, graph_orphan_nodes, graph_stale_edges, graph_counts]
+GRAPH_CHECKS = [graph_dangling_links, graph_orphan_nodes, graph_stale_edges, graph_duplicate_nodes, graph_counts]

@@ -155,8 +155,22 @@ class KnowledgeBase:
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
                 parsed=parsed, max_request_chunks=max_request_chunks,
             )
+            if report.count("new") or report.count("changed") or report.pruned or \
+                    not self.store.ticker_profile_hashes(report.collection, (self.store.active_space() or {}).get("space", "")):
+                report.profiles = self.rebuild_profiles(report.collection).to_dict()
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report
+
+    def rebuild_profiles(self, collection: str | None = None) -> Any:
+        """Rebuild the collection's ticker profiles (entity linking) from its documents and graph;
+        only profiles whose text or documents changed are embedded again. A `ProfileReport`."""
+        from rag_lib.graph.profiles import build_profiles
+
+        return build_profiles(self.store, self.provider, self._collection(collection))
+
+    def ticker_profiles(self, collection: str | None = None) -> list[dict[str, Any]]:
+        """The stored ticker profiles (ticker, space, text, sources, updated_at)."""
+        return self.store.ticker_profiles(self._collection(collection))
 
     def embed_document(self, path: str | Path | None = None, collection: str | None = None,
                        root: str | Path | None = None, force: bool = False, *,
@@ -218,6 +232,7 @@ class KnowledgeBase:
         deleted = self.store.delete_document(self._collection(collection), ref)
         if not deleted:
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
+        self.rebuild_profiles(collection)  # a profile built from the deleted document changes or goes
         return deleted
 
     def set_tags(self, path: str, tags: dict[str, Any], collection: str | None = None) -> int:

@@ -169,6 +169,16 @@ class SearchSettings(BaseModel):
     # `document_units` units in the first pass; each chunk enters RRF at its document's rank
     document_weight: float = 0.0
     document_units: int = 3
+    # entity linking (semantic and hybrid modes, queries naming no ticker): the query vector against
+    # each ticker's profile (rag_lib.graph.profiles); a match at least `link_threshold` (cosine) and
+    # `link_margin` (hubness-corrected score) above the next profile becomes a ticker hint like a
+    # named ticker (boost, graph seeds). Chosen on tradegent-dev + dev2: margin 0.08-0.15 x boost
+    # 0.6/1.0 grid, margin 0.10 / boost 1.0 best on both (README, Retrieval).
+    entity_linking: bool = True
+    link_threshold: float = 0.2
+    link_margin: float = 0.1
+    link_max: int = 1  # tickers linked per query at most
+    link_boost: float = 1.0  # soft boost for results about a linked ticker (like hint_boost for a named one)
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

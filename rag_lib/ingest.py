@@ -12,6 +12,7 @@ from pathlib import Path
 from rag_lib.documents import iter_corpus_files
 from rag_lib.engine import EMBED_BATCH_CHUNKS, Engine, Loaded, Prepared, error_text
 from rag_lib.errors import LimitExceededError, RagError, TooManyChunksError, ValidationError
+from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger
 from rag_lib.models import FileOutcome, IngestReport, ParsedFile, Skipped, SourceFile
 
@@ -69,6 +70,7 @@ def ingest(
     this number raise `LimitExceededError` with nothing embedded or written; without it, a document
     over the per-document limit is skipped with its reason and the others go on."""
     started = time.perf_counter()
+    forget_corpus_indexes()  # files added since the last run name tickers and link targets for this one
     store = engine.store
     engine.ensure_space()
     report = IngestReport(collection=collection)

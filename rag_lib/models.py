@@ -243,6 +243,7 @@ class IngestReport:
     embedded: int = 0  # chunks sent to the provider
     cache_hits: int = 0
     seconds: float = 0.0
+    profiles: dict[str, Any] = field(default_factory=dict)  # the ticker-profile rebuild, when one ran
 
     def count(self, status: str) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
@@ -264,6 +265,7 @@ class IngestReport:
             "embedded": self.embedded,
             "cache_hits": self.cache_hits,
             "seconds": round(self.seconds, 3),
+            "profiles": self.profiles,
             "files": [asdict(o) for o in self.outcomes],
         }
 
@@ -288,6 +290,16 @@ class GraphEdge:
     role: str | None = None  # the `_links` key (analysis, strategy, ...) for links_to edges
 
 
+@dataclass(frozen=True)
+class GraphAlias:
+    """A name the document gives node `key`: `alias` is the normalised spelling resolution looks up,
+    `spelling` the name as written (`loss_aversion`, `NVIDIA Corporation`, `TRD-2025-001`)."""
+
+    alias: str
+    key: str
+    spelling: str
+
+
 @dataclass
 class DocumentGraph:
     """The nodes and edges one document contributes; `dangling` lists `_links` not found in the corpus."""
@@ -297,6 +309,7 @@ class DocumentGraph:
     nodes: list[GraphNode] = field(default_factory=list)
     edges: list[GraphEdge] = field(default_factory=list)
     dangling: list[str] = field(default_factory=list)
+    aliases: list[GraphAlias] = field(default_factory=list)
 
     def triples(self) -> set[tuple[str, str, str]]:
         return {(e.src, e.predicate, e.dst) for e in self.edges}

@@ -33,12 +33,12 @@ def test_trade_journal_graph_has_its_exact_triples_and_links(corpus_copy):
     graph = document_graph(doc, flatten(doc, load_mapping(Path("rag_lib/sections.yaml"))))
     me = f"doc:{TRADE}"
     triples = {(e.src, e.predicate, e.dst) for e in graph.edges if e.section == "_graph" and e.predicate != "has_entity"}
-    assert triples == {
-        ("trd-2025-001", "traded", "ticker:NVDA"),
-        ("trd-2025-001", "catalyst_type", "earnings"),
-        ("trd-2025-001", "resulted_in", "win"),
-        ("trd-2025-001", "exhibited_bias", "loss-aversion"),
-        ("trd-2025-001", "based_on", "ea-nvda-q4-2024"),
+    assert triples == {  # the trade's id names its journal: one node
+        (me, "traded", "ticker:NVDA"),
+        (me, "catalyst_type", "earnings"),
+        (me, "resulted_in", "win"),
+        (me, "exhibited_bias", "loss-aversion"),
+        (me, "based_on", "ea-nvda-q4-2024"),
     }
     links = {(e.role, e.dst) for e in graph.edges if e.predicate == "links_to"}
     assert links == {
@@ -48,10 +48,11 @@ def test_trade_journal_graph_has_its_exact_triples_and_links(corpus_copy):
     assert all(e.src == me and e.section == "_links" for e in graph.edges if e.predicate == "links_to")
     assert graph.dangling == []
     facts = {(e.predicate, e.dst) for e in graph.edges if e.section == "_meta"}
-    assert {("about_ticker", "ticker:NVDA"), ("has_type", "doc_type:trade-journal"), ("dated", "date:2025-01-15"),
-            ("describes", "trd-2025-001")} <= facts
+    assert {("about_ticker", "ticker:NVDA"), ("has_type", "doc_type:trade-journal"), ("dated", "date:2025-01-15")} <= facts
     kinds = {n.key: n.kind for n in graph.nodes}
-    assert kinds["trd-2025-001"] == "trade" and kinds["loss-aversion"] == "bias" and kinds["earnings"] == "catalyst"
+    assert "trd-2025-001" not in kinds and ("trd-2025-001", me, "TRD-2025-001") in \
+        {(a.alias, a.key, a.spelling) for a in graph.aliases}
+    assert kinds["loss-aversion"] == "bias" and kinds["earnings"] == "catalyst"
     assert kinds["ticker:NVDA"] == "ticker" and kinds[me] == "doc"
     # every edge endpoint is a node of the graph
     assert {k for e in graph.edges for k in (e.src, e.dst)} <= set(kinds)
@@ -90,10 +91,10 @@ def test_ingest_writes_graph_and_replace_delete_leave_no_orphans_or_stale_edges(
     report = kb.ingest([root])
     assert report.count("failed") == 0
     trade = _edges(kb, TRADE)
-    assert ("trd-2025-001", "exhibited_bias", "loss-aversion") in trade
+    assert (f"doc:{TRADE}", "exhibited_bias", "loss-aversion") in trade
     assert (f"doc:{TRADE}", "links_to", f"doc:{EARNINGS}") in trade
-    # the learning derives from the trade: both documents reach the same entity node
-    assert ("lrn-loss-aversion-pre-earnings", "derived_from", "trd-2025-001") in _edges(kb, LEARNING)
+    # the learning derives from the trade: its id resolves to the trade's node
+    assert (f"doc:{LEARNING}", "derived_from", f"doc:{TRADE}") in _edges(kb, LEARNING)
     assert "win" in _node_keys(kb)
 
     # replace: the trade no longer records an outcome, its edge and the now-unused node go
@@ -111,7 +112,7 @@ def test_ingest_writes_graph_and_replace_delete_leave_no_orphans_or_stale_edges(
     kb.delete_document(TRADE)
     assert _edges(kb, TRADE) == set()
     keys = _node_keys(kb)
-    assert "trd-2025-001" in keys  # the learning still derives from it
+    assert f"doc:{TRADE}" in keys  # the learning still derives from it
     assert "earnings" not in keys or any("earnings" in (s, d) for p in (EARNINGS, LEARNING)
                                          for s, _, d in _edges(kb, p))
     assert kb.store.graph_orphan_nodes("default") == []
@@ -145,8 +146,8 @@ def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy)
     near = kb.neighbors("loss_aversion", depth=1)
     assert near["node"]["key"] == "loss-aversion" and near["node"]["kind"] == "bias"
     facts = {(e["src"], e["predicate"], e["dst"], e["path"]) for e in near["edges"]}
-    assert ("trd-2025-001", "exhibited_bias", "loss-aversion", TRADE) in facts
-    assert ("lrn-loss-aversion-pre-earnings", "addresses", "loss-aversion", LEARNING) in facts
+    assert (f"doc:{TRADE}", "exhibited_bias", "loss-aversion", TRADE) in facts
+    assert (f"doc:{LEARNING}", "addresses", "loss-aversion", LEARNING) in facts
     two = kb.neighbors("loss-aversion", depth=2)
     assert len(two["edges"]) > len(near["edges"]) and max(n["depth"] for n in two["nodes"]) == 2
     only = kb.neighbors("TRD-2025-001", depth=2, predicates=["traded"])
@@ -197,7 +198,7 @@ def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy)
 def test_graph_checks_fail_on_planted_dangling_link_orphan_and_stale_edge(kb, corpus_copy):
     root = corpus_copy(TRADE, EARNINGS, STRATEGY, PROFILE, LEARNING)
     assert kb.ingest([root]).count("failed") == 0
-    dangling, orphans, stale, summary = kb.graph_checks()
+    dangling, orphans, stale, duplicates, summary = kb.graph_checks()
     # the learning links to learnings/biases/timing-conservatism.yaml, which the corpus does not have
     assert not dangling.passed and dangling.severity == "warn"
     assert f"{LEARNING} → learnings/biases/timing-conservatism.yaml" in dangling.metadata["links"]
@@ -210,10 +211,10 @@ def test_graph_checks_fail_on_planted_dangling_link_orphan_and_stale_edge(kb, co
     with kb.store.db.connection() as conn:
         conn.execute("INSERT INTO rag_graph_nodes (collection, key, kind, label) VALUES ('default', 'planted', 'bias', 'x')")
         conn.execute("UPDATE rag_graph_edges SET doc_hash = 'old' WHERE path = %s AND predicate = 'traded'", (TRADE,))
-    _, orphans, stale, _ = kb.graph_checks()
+    _, orphans, stale, _, _ = kb.graph_checks()
     assert not orphans.passed and orphans.severity == "error" and orphans.metadata["nodes"] == ["planted"]
     assert not stale.passed and stale.severity == "error"
-    assert stale.metadata["edges"] == [f"{TRADE}: trd-2025-001 traded ticker:NVDA"]
+    assert stale.metadata["edges"] == [f"{TRADE}: doc:{TRADE} traded ticker:NVDA"]
 
     # re-publishing the trade replaces its stale edges
     kb.ingest([root], force=True)
@@ -261,7 +262,8 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
     with TestClient(app, base_url="http://127.0.0.1") as client:
         r = client.get("/api/rag/graph/TRD-2025-001", params={"depth": 1})
         assert r.status_code == 200, r.text
-        assert ("trd-2025-001", "traded", "ticker:NVDA") in {(e["src"], e["predicate"], e["dst"]) for e in r.json()["edges"]}
+        assert r.json()["node"]["key"] == f"doc:{TRADE}" and r.json()["node"]["label"] == "TRD-2025-001"
+        assert (f"doc:{TRADE}", "traded", "ticker:NVDA") in {(e["src"], e["predicate"], e["dst"]) for e in r.json()["edges"]}
         r = client.get(f"/api/rag/graph/{TRADE}", params={"depth": 1})
         assert r.status_code == 200 and r.json()["node"]["kind"] == "doc"
         r = client.get("/api/rag/graph/NVDA", params={"context": True})
@@ -298,7 +300,7 @@ def test_documents_without_parsed_body_reread_their_source_for_the_graph(corpus_
     root = corpus_copy(TRADE, LEARNING)
     doc = _doc(root, TRADE)
     bare = dataclasses.replace(doc, body=None)
-    assert ("trd-2025-001", "traded", "ticker:NVDA") in document_graph(bare).triples()
+    assert (f"doc:{TRADE}", "traded", "ticker:NVDA") in document_graph(bare).triples()
     (root / TRADE).write_text((root / TRADE).read_text() + "\n# edited\n")  # content no longer what was chunked
     assert not any(e.section == "_graph" for e in document_graph(bare).edges)
 

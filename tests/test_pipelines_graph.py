@@ -27,7 +27,8 @@ TARGETS = [f"{K}/analysis/earnings/NVDA_20250120T0900.yaml", f"{K}/strategies/ea
            f"{K}/learnings/biases/loss-aversion-pre-earnings.yaml"]
 LEARNING = TARGETS[-1]
 KEYS = sorted(f"corpus/{rel}" for rel in [TRADE, *TARGETS])
-GRAPH_CHECK_NAMES = {"graph_dangling_links", "graph_orphan_nodes", "graph_stale_edges", "graph_counts"}
+GRAPH_CHECK_NAMES = {"graph_dangling_links", "graph_orphan_nodes", "graph_stale_edges", "graph_duplicate_nodes",
+                     "graph_counts"}
 
 
 def _rewrite(path, change) -> None:
@@ -68,14 +69,18 @@ def test_knowledge_graph_asset_reports_each_file_and_its_checks_catch_planted_fa
         assert set(graph) == set(KEYS) and {m["status"].value for m in graph.values()} == {"ok"}
         trade = graph[trade_key]
         assert trade["edges_by_predicate"].value == {
-            "about_ticker": 1, "based_on": 1, "catalyst_type": 1, "dated": 1, "describes": 1, "exhibited_bias": 1,
-            "has_entity": 5, "has_type": 1, "links_to": 4, "resulted_in": 1, "traded": 1}
-        # `earnings` is a catalyst here but a category for the strategy, published before it: the first type stays
+            "about_ticker": 1, "based_on": 1, "catalyst_type": 1, "dated": 1, "exhibited_bias": 1,
+            "has_entity": 4, "has_type": 1, "links_to": 4, "resulted_in": 1, "traded": 1}
+        # `earnings` is a catalyst here but a category for the strategy, published before it: the first type stays.
+        # The trade's id is its own node and `based_on EA-NVDA-Q4-2024` is the earnings analysis' node.
         assert trade["nodes_by_kind"].value == {"bias": 1, "category": 1, "date": 1, "doc": 5, "doc_type": 1,
-                                                "entity": 1, "outcome": 1, "ticker": 1, "trade": 1}
-        assert trade["edges"].value == 18 and trade["nodes"].value == 13 and trade["dangling_links"].value == 0
+                                                "outcome": 1, "ticker": 1}
+        assert trade["edges"].value == 16 and trade["nodes"].value == 11 and trade["dangling_links"].value == 0
         table = trade["triples"].value
-        assert "| trd-2025-001 | exhibited_bias | loss-aversion | _graph |" in table
+        assert f"| doc:{TRADE} | exhibited_bias | loss-aversion | _graph |" in table
+        # the run rebuilt the ticker profiles entity linking uses: NVDA, the one ticker documents are about
+        assert trade["profiles"].value == 1 and trade["profiles_rebuilt"].value == 1
+        assert "**NVDA**: NVDA: NVIDIA Corporation" in trade["profiles_sample"].value
         assert {n: checks[n].passed for n in GRAPH_CHECK_NAMES} == dict.fromkeys(GRAPH_CHECK_NAMES, True)
         counts = checks["graph_counts"].metadata
         assert counts["edges_by_predicate"].value["links_to"] == 4 and counts["nodes_by_kind"].value["doc"] == 5
@@ -95,11 +100,12 @@ def test_knowledge_graph_asset_reports_each_file_and_its_checks_catch_planted_fa
         assert learning["dangling"].value == ["related_learnings: learnings/biases/gone.yaml"]
         assert graph[trade_key]["status"].value == "unchanged"  # same graph: the same report, re-emitted
         assert graph[trade_key]["edges_by_predicate"].value == trade["edges_by_predicate"].value
+        assert graph[trade_key]["profiles_rebuilt"].value == 0  # NVDA's documents did not change
         dangling, orphans, stale = (checks[n] for n in ("graph_dangling_links", "graph_orphan_nodes", "graph_stale_edges"))
         assert not dangling.passed and dangling.severity == AssetCheckSeverity.WARN
         assert dangling.metadata["links"].value == [f"{LEARNING} → learnings/biases/gone.yaml"]
         assert not orphans.passed and orphans.severity == AssetCheckSeverity.ERROR
         assert orphans.metadata["nodes"].value == ["planted-orphan"]
         assert not stale.passed and stale.severity == AssetCheckSeverity.ERROR
-        assert stale.metadata["edges"].value == [f"{TRADE}: trd-2025-001 traded ticker:NVDA"]
+        assert stale.metadata["edges"].value == [f"{TRADE}: doc:{TRADE} traded ticker:NVDA"]
         assert checks["graph_counts"].passed

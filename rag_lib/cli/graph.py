@@ -62,12 +62,20 @@ def graph(
         print_json(result)
         return
     start = result["node"]
+    if start.get("aliases"):
+        console.print(f"{start['key']} is also named: {', '.join(start['aliases'])}", highlight=False)
     table = Table(title=f"{start['key']} ({start['kind']}): {len(result['edges'])} edges within {depth}")
     for col in ("depth", "src", "predicate", "dst", "provenance"):
         table.add_column(col, overflow="fold")
     for e in result["edges"]:
         table.add_row(str(e["depth"]), e["src"], e["predicate"], e["dst"], f"{e['path']}#{e['section']}")
     console.print(table)
+    nodes = Table(title=f"{len(result['nodes'])} nodes")
+    for col in ("depth", "node", "kind", "also named"):
+        nodes.add_column(col, overflow="fold")
+    for n in result["nodes"]:
+        nodes.add_row(str(n["depth"]), n["key"], n["kind"], ", ".join(n.get("aliases") or []))
+    console.print(nodes)
 
 
 @app.command("context")

@@ -1,5 +1,6 @@
 """Knowledge-graph quality checks as plain results (the orchestrator maps them to its own checks):
-dangling `_links` (a warning, listed), orphan nodes and stale edges (errors), and counts per node
+dangling `_links` and nodes that look like duplicates (warnings, listed), orphan nodes and stale edges
+(errors), and counts per node
 kind and predicate with a small sample of triples as markdown."""
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def check_stale_edges(store, collection: str | None = None) -> QualityResult:
     )
 
 
+def check_duplicate_nodes(store, collection: str | None = None) -> QualityResult:
+    """Nodes that look like one real thing under two keys (a warning: the corpus spells it two ways
+    that resolution does not unify; listed so a person can fix the spelling or the `_graph`)."""
+    rows = store.graph_duplicate_nodes(collection)
+    table = [{"collection": r["collection"], "nodes": ", ".join(r["keys"]), "kinds": ", ".join(r["kinds"]),
+              "reason": r["reason"]} for r in rows]
+    return QualityResult(
+        passed=not rows, severity="warn",
+        description=f"{len(rows)} groups of graph nodes look like duplicates" if rows
+        else "no graph nodes look like duplicates",
+        metadata={"duplicate_groups": len(rows), "groups": [" = ".join(r["keys"]) for r in rows[:50]]},
+        markdown={"duplicate_nodes": _md_table(table, ["collection", "nodes", "kinds", "reason"])} if rows else {},
+    )
+
+
 def graph_summary(store, collection: str | None = None) -> QualityResult:
     """Counts per node kind and predicate (always passes; the numbers are the point)."""
     counts = store.graph_counts(collection)
@@ -58,8 +74,10 @@ def graph_summary(store, collection: str | None = None) -> QualityResult:
 
 def graph_checks(store, collection: str | None = None) -> list[QualityResult]:
     return [check_dangling_links(store, collection), check_orphan_nodes(store, collection),
-            check_stale_edges(store, collection), graph_summary(store, collection)]
+            check_stale_edges(store, collection), check_duplicate_nodes(store, collection),
+            graph_summary(store, collection)]
 
 
 GRAPH_CHECKS = {"dangling_links": check_dangling_links, "orphan_nodes": check_orphan_nodes,
-                "stale_edges": check_stale_edges, "counts": graph_summary}
+                "stale_edges": check_stale_edges, "duplicate_nodes": check_duplicate_nodes,
+                "counts": graph_summary}

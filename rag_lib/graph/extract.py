@@ -17,10 +17,12 @@ import yaml
 
 from rag_lib.corpus_files import FileRefused, read_file, walk
 from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, parse_yaml
-from rag_lib.models import Document, DocumentGraph, GraphEdge, GraphNode, Section
+from rag_lib.models import Document, DocumentGraph, GraphAlias, GraphEdge, GraphNode, Section
 
 # Bump when extraction changes what a document contributes (the Dagster asset's code version).
-GRAPH_VERSION = "1"
+# 2: a document's own id is an alias of its node (no `describes` entity), a ticker profile's id and
+#    company name are aliases of the ticker, every spelling is kept as an alias.
+GRAPH_VERSION = "2"
 GRAPH_SECTION = "_graph"
 LINKS_SECTION = "_links"
 META_SECTION = "_meta"
@@ -29,7 +31,6 @@ META_SECTION = "_meta"
 ABOUT = "about_ticker"
 HAS_TYPE = "has_type"
 DATED = "dated"
-DESCRIBES = "describes"
 HAS_ENTITY = "has_entity"
 LINKS_TO = "links_to"
 MENTIONS = "mentions"
@@ -43,6 +44,37 @@ _SPACES = re.compile(r"[\s_]+")
 def normalise_name(name: Any) -> str:
     """One spelling per entity: `loss_aversion`, `Loss Aversion` and `loss-aversion` are one node."""
     return _SPACES.sub("-", str(name).strip().lower()).strip("-")
+
+
+_CORPORATE = re.compile(r"[\s,]+(inc|incorporated|corp|corporation|co|company|ltd|limited|plc|holdings?|group|"
+                        r"sa|ag|nv|se|llc|lp)\.?$", re.I)
+
+
+def alias_key(name: Any) -> str:
+    """What a spelling is looked up by: `$NVDA`, `nvda` and `NVDA` are one alias; see normalise_name."""
+    return normalise_name(str(name).strip().lstrip("$"))
+
+
+def company_names(name: str) -> list[str]:
+    """A company's name and its short forms: `NVIDIA Corporation` → also `NVIDIA`; `The Walt Disney
+    Company` → also `Walt Disney` (legal suffixes and a leading `The` are not how people name it)."""
+    out = [name.strip()]
+    short = re.sub(r"^the\s+", "", out[0], flags=re.I)
+    while (shorter := _CORPORATE.sub("", short).strip(" ,.")) != short and shorter:
+        short = shorter
+    if short and short != out[0]:
+        out.append(short)
+    return out
+
+
+def _company_name(doc: Document, body: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """The company name a document about one ticker states (`company.name`, `company_name`, `_meta.name`)."""
+    company = body.get("company")
+    for value in ((company.get("name") if isinstance(company, dict) else company), body.get("company_name"),
+                  meta.get("company_name"), meta.get("name") if doc.ticker else None):
+        if isinstance(value, str) and value.strip() and len(value) <= 100:
+            return value.strip()
+    return None
 
 
 def ticker_key(ticker: str) -> str:
@@ -91,6 +123,12 @@ def corpus_index(root: Path) -> CorpusIndex:
     return index
 
 
+def forget_corpus_indexes() -> None:
+    """Drop the cached corpus indexes (a new ingest run scans its roots afresh)."""
+    with _cache_lock:
+        _cache.clear()
+
+
 def corpus_root(doc: Document) -> Path | None:
     """The corpus root a document was loaded from (its source path minus its relative path)."""
     if not doc.source_path or doc.format == "jsonl":
@@ -125,11 +163,20 @@ class _Builder:
         self.graph = DocumentGraph(doc.collection, doc.path)
         self.nodes: dict[str, GraphNode] = {}
         self.seen: set[tuple[str, str, str]] = set()
+        self.aliases: dict[tuple[str, str], str] = {}  # (alias, key) → the first spelling
 
     def node(self, key: str, kind: str, label: str) -> str:
         old = self.nodes.get(key)
         if old is None or (old.kind == "entity" and kind != "entity"):
             self.nodes[key] = GraphNode(key, kind, label)
+        if kind not in ("doc", "date", "doc_type"):
+            self.alias(key, label)
+        return key
+
+    def alias(self, key: str, spelling: Any) -> str:
+        spelling = str(spelling).strip()
+        if spelling and (alias := alias_key(spelling)):
+            self.aliases.setdefault((alias, key), spelling)
         return key
 
     def edge(self, src: str, predicate: str, dst: str, section: str, role: str | None = None) -> None:
@@ -140,6 +187,8 @@ class _Builder:
 
     def done(self) -> DocumentGraph:
         self.graph.nodes = list(self.nodes.values())
+        used = {k for e in self.graph.edges for k in (e.src, e.dst)}
+        self.graph.aliases = [GraphAlias(a, k, s) for (a, k), s in self.aliases.items() if k in used]
         return self.graph
 
 
@@ -173,9 +222,20 @@ def extract_graph(
         day = doc.doc_date.isoformat()
         b.edge(me, DATED, b.node(f"date:{day}", "date", day), META_SECTION)
     meta = body.get("_meta") if isinstance(body.get("_meta"), dict) else {}
-    own_id = normalise_name(meta["id"]) if meta.get("id") else None
-    if own_id:
-        b.edge(me, DESCRIBES, b.node(own_id, "entity", str(meta["id"])), META_SECTION)
+    # One node per real thing: a ticker profile's id is its ticker, any other document's id names the
+    # document itself (a trade's TRD-2025-001 is its journal), a company name names its ticker.
+    own_ids: set[str] = set()
+    names: dict[str, str] = {}  # alias → ticker key, from this document's own statements
+    for value in (meta.get("id"), doc.doc_id if meta.get("id") else None):
+        if isinstance(value, (str, int)) and str(value).strip():
+            if doc.ticker and str(value).strip().upper() == doc.ticker:
+                names[alias_key(value)] = b.alias(ticker_key(doc.ticker), value)
+            else:
+                own_ids.add(alias_key(value))
+                b.alias(me, value)
+    if doc.ticker and (company := _company_name(doc, body, meta)):
+        for name in company_names(company):
+            names[alias_key(name)] = b.alias(ticker_key(doc.ticker), name)
 
     graph = body.get(GRAPH_SECTION) if isinstance(body.get(GRAPH_SECTION), dict) else {}
     kinds: dict[str, tuple[str, str]] = {}  # raw name → (key, kind)
@@ -184,12 +244,16 @@ def extract_graph(
         raw = str(name).strip()
         if raw.lower() == "this":
             return me
+        if alias_key(raw) in own_ids:
+            return b.alias(me, raw)
         if kind is None and raw in kinds:
             return kinds[raw][0]
         kind = normalise_name(kind) if kind else None
         if kind == "ticker" or (kind is None and raw.upper() == raw and raw.upper() in tickers):
             tickers.add(raw.upper())
-            return b.node(ticker_key(raw), "ticker", raw.upper())
+            return b.alias(b.node(ticker_key(raw), "ticker", raw.upper()), raw)
+        if alias_key(raw) in names:
+            return b.alias(names[alias_key(raw)], raw)
         return b.node(normalise_name(raw), kind or "entity", raw)
 
     for item in graph.get("entities") or []:

@@ -12,7 +12,7 @@ from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.models import SearchHit
 from rag_lib.search.context import ContextResult, assemble
-from rag_lib.search.engine import plan_query
+from rag_lib.search.engine import SearchOptions, link_query, plan_query
 
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
 LEARNING_TYPES = ("learning", "post-trade-review")
@@ -143,6 +143,10 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
         raise ValidationError(f"token_budget must be at least 64, got {token_budget}")
     collection = kb._collection(collection)
     plan = plan_query(kb.store, query, collection)
+    space = kb.store.active_space()
+    if not plan.tickers and not ticker and space:  # a described company ("the GPU maker") counts as named
+        opts = SearchOptions.from_settings(kb.settings)
+        plan = link_query(kb.store, plan, kb.provider.embed([query])[0], space["space"], collection, opts)
     tickers = list(dict.fromkeys(([ticker.upper()] if ticker else []) + plan.tickers))
     depth = max(20, min(100, token_budget // 60))
     related: list[str] = []

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_lib.errors import NotFoundError, ValidationError
-from rag_lib.graph.extract import STRUCTURAL, doc_key, normalise_name, ticker_key
+from rag_lib.graph.extract import STRUCTURAL, alias_key, doc_key, normalise_name, ticker_key
 
 MAX_DEPTH = 3
 
@@ -34,14 +34,18 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
     ref = ref.strip()
     if not ref:
         raise ValidationError("node is empty; pass a ticker, a document path or id, or an entity name")
-    # an entity named like the ref wins over the document whose id it is (the walk is about the entity)
-    candidates = [ref, normalise_name(ref), ticker_key(ref) if len(ref) <= 10 else ref, doc_key(ref)]
-    with store.db.connection() as conn:
-        row = conn.execute("SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path LIMIT 1",
-                           (collection, ref)).fetchone()
-    if row:
-        candidates.append(doc_key(row[0]))
-    node = store.graph_find_node(collection, candidates)
+    # A key as written, then the ticker, then any node a document gave this name (a company name, a
+    # trade id, another spelling), then the entity and document spellings.
+    candidates = [ref, ticker_key(ref) if len(ref) <= 10 else ref]
+    node = store.graph_find_node(collection, candidates, alias=alias_key(ref))
+    if node is None:
+        candidates = [normalise_name(ref), doc_key(ref)]
+        with store.db.connection() as conn:
+            row = conn.execute("SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path"
+                               " LIMIT 1", (collection, ref)).fetchone()
+        if row:
+            candidates.append(doc_key(row[0]))
+        node = store.graph_find_node(collection, candidates)
     if node is None:
         raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'; try a ticker, a document path, "
                             "or see `rag graph export`")
@@ -65,7 +69,7 @@ def neighbors(store, collection: str, ref: str, depth: int = 1, predicates: Sequ
         for k in (e["src"], e["dst"]):
             depth_of.setdefault(k, e["depth"])
     nodes = store.graph_nodes(collection, list(depth_of))
-    out_nodes = [{**nodes.get(k, {"key": k, "kind": "?", "label": k}), "depth": d}
+    out_nodes = [{**nodes.get(k, {"key": k, "kind": "?", "label": k, "aliases": []}), "depth": d}
                  for k, d in sorted(depth_of.items(), key=lambda kv: (kv[1], kv[0]))]
     return {"node": start, "depth": depth, "nodes": out_nodes, "edges": edges}
 
@@ -84,11 +88,11 @@ def _doc_types(store, collection: str, paths: Sequence[str]) -> dict[str, dict[s
         return {}
     with store.db.connection() as conn:
         rows = conn.execute(
-            "SELECT path, doc_type, title, ticker, doc_date FROM rag_documents WHERE collection = %s AND path = ANY(%s)",
-            (collection, list(paths)),
+            "SELECT path, doc_type, title, ticker, doc_date, doc_id FROM rag_documents WHERE collection = %s"
+            " AND path = ANY(%s)", (collection, list(paths)),
         ).fetchall()
-    return {p: {"path": p, "doc_type": t, "title": title, "ticker": tk,
-                "doc_date": d.isoformat() if d else None} for p, t, title, tk, d in rows}
+    return {p: {"path": p, "doc_type": t, "title": title, "ticker": tk, "doc_id": doc_id,
+                "doc_date": d.isoformat() if d else None} for p, t, title, tk, d, doc_id in rows}
 
 
 def ticker_context(store, collection: str, ticker: str, depth: int = 2) -> dict[str, Any]:
@@ -114,7 +118,7 @@ def ticker_context(store, collection: str, ticker: str, depth: int = 2) -> dict[
                 continue  # a dangling link target
             out["documents"].append(doc)
             if (heading := DOC_TYPE_HEADINGS.get(doc["doc_type"])):
-                out[heading].append(doc["title"] or doc["path"])
+                out[heading].append(doc["title"] or doc["doc_id"] or doc["path"])
         elif node["kind"] in by_kind:
             out[by_kind[node["kind"]]].append(node["label"])
     # peers: other tickers one step from a node that is one step from this ticker's neighbourhood

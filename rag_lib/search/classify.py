@@ -50,6 +50,7 @@ class QueryPlan:
     kind: str = "retrieval"
     tickers: list[str] = field(default_factory=list)
     doc_types: list[str] = field(default_factory=list)
+    linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,6 +13,7 @@ from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
+from rag_lib.graph.profiles import link_tickers
 from rag_lib.search.classify import QueryPlan, classify
 from rag_lib.search.fusion import Candidates, boost, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
@@ -37,6 +38,11 @@ class SearchOptions:
     graph_weight: float = 0.25
     graph_seeds: int = 10
     graph_candidates: int = 20
+    entity_linking: bool = True
+    link_threshold: float = 0.2
+    link_margin: float = 0.1
+    link_max: int = 1
+    link_boost: float = 1.0
 
     @classmethod
     def from_settings(cls, settings) -> SearchOptions:
@@ -65,6 +71,25 @@ def _known_tickers(store, collection: str | None) -> set[str]:
 
 def plan_query(store, query: str, collection: str | None) -> QueryPlan:
     return classify(query, _known_tickers(store, collection))
+
+
+def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions) -> QueryPlan:
+    """A query naming no ticker but describing one ("the GPU maker") gets the ticker its vector
+    matches confidently among the ticker profiles, as if it had named it (`plan.linked` says so)."""
+    if not (opts.entity_linking and opts.routing) or plan.tickers or vector is None:
+        return plan
+    linked = link_tickers(store, collection, space, vector, opts.link_threshold, opts.link_margin, opts.link_max)
+    if linked:
+        plan.tickers = [t for t, _ in linked]
+        plan.linked = dict(linked)
+    return plan
+
+
+def _hints(hits: list[SearchHit], plan: QueryPlan, opts: SearchOptions) -> list[SearchHit]:
+    """Soft boosts: named tickers and document types by `hint_boost`, linked tickers by `link_boost`."""
+    named = [t for t in plan.tickers if t not in plan.linked]
+    hits = boost(hits, named, plan.doc_types, opts.hint_boost)
+    return boost(hits, list(plan.linked), [], opts.link_boost) if plan.linked else hits
 
 
 def _validate(query: str, mode: str, top_k: int) -> None:
@@ -204,18 +229,21 @@ def search(
         timings["similarity"] = round((time.perf_counter() - t0) * 1000, 2)
 
     t0 = time.perf_counter()
+    if vectors is not None:
+        plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts)
+        timings["link"] = round((time.perf_counter() - t0) * 1000, 2)
     if len(lists) == 1:
         ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
     else:
         ranked = rrf(lists, opts.rrf_k)
-    ranked = boost(ranked, plan.tickers, plan.doc_types, opts.hint_boost)
+    ranked = _hints(ranked, plan, opts)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
         t_g = time.perf_counter()
         related = graph_candidates(store, filters, ranked, opts)
         if related is not None:
-            ranked = boost(rrf(lists + [related], opts.rrf_k), plan.tickers, plan.doc_types, opts.hint_boost)
+            ranked = _hints(rrf(lists + [related], opts.rrf_k), plan, opts)
         timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)
     if reranker is not None and ranked:
         t_r = time.perf_counter()

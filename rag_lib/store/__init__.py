@@ -10,6 +10,7 @@ from rag_lib.store.evalruns import EvalRunStore
 from rag_lib.store.graph import GraphStore
 from rag_lib.store.lexical import LexicalStore
 from rag_lib.store.metrics import MetricsStore
+from rag_lib.store.profiles import ProfileStore
 from rag_lib.store.roots import RootStore
 from rag_lib.store.schema import SchemaStore
 from rag_lib.store.similar import SimilarStore
@@ -21,7 +22,7 @@ from rag_lib.store.vectors import VectorStore
 
 
 class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, StageStore, CheckStore,
-            LexicalStore, SimilarStore, RootStore, GraphStore, MetricsStore, EvalRunStore, SchemaStore):
+            LexicalStore, SimilarStore, RootStore, GraphStore, ProfileStore, MetricsStore, EvalRunStore, SchemaStore):
     """Database access for one process: open once, share, `close()` at the end."""
 
     def __init__(self, settings: Settings, read_url: str | None = None):

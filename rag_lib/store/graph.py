@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from rag_lib.errors import LimitExceededError, QueryTimeoutError
-from rag_lib.models import Document, DocumentGraph
+from rag_lib.models import Document, DocumentGraph, GraphNode
 
 MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
 MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
@@ -81,22 +81,72 @@ class GraphStore:
 
     @staticmethod
     def _graph_write(conn: psycopg.Connection, doc: Document, graph: DocumentGraph) -> None:
-        """Insert the document's nodes (kept if present; a typed kind replaces `entity`) and edges."""
+        """Insert the document's nodes (kept if present; a typed kind replaces `entity`), edges and
+        aliases. One node per real thing: a name that another document declared to be a ticker or a
+        document (a company name, a trade id) is written as that node, and nodes this document's
+        aliases now identify are merged into their ticker or document node."""
         if graph.collection != doc.collection or graph.path != doc.path:
             raise ValueError(f"graph of {graph.collection}/{graph.path} published with document {doc.path}")
+        c = doc.collection
+        canon = GraphStore._canonical(conn, c, doc.path, [n.key for n in graph.nodes if _mergeable(n.key)])
+        nodes = {n.key: n for n in graph.nodes if n.key not in canon}
+        for key in set(canon.values()) - set(nodes):
+            nodes[key] = GraphNode(key, "ticker" if key.startswith("ticker:") else "doc", key.split(":", 1)[1])
+        edges = {(canon.get(e.src, e.src), e.predicate, canon.get(e.dst, e.dst)): e for e in graph.edges}
+        aliases = {(a.alias, canon.get(a.key, a.key)): a.spelling for a in graph.aliases}
         with conn.cursor() as cur:
             cur.executemany(
                 """INSERT INTO rag_graph_nodes (collection, key, kind, label) VALUES (%s, %s, %s, %s)
                    ON CONFLICT (collection, key) DO UPDATE SET kind = EXCLUDED.kind
                    WHERE rag_graph_nodes.kind = 'entity' AND EXCLUDED.kind <> 'entity'""",
-                [(doc.collection, n.key, n.kind, n.label) for n in graph.nodes],
+                [(c, n.key, n.kind, n.label) for n in nodes.values()],
             )
             cur.executemany(
                 """INSERT INTO rag_graph_edges (collection, path, section, src, predicate, dst, role, doc_hash)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-                [(doc.collection, doc.path, e.section, e.src, e.predicate, e.dst, e.role, doc.content_hash)
-                 for e in graph.edges],
+                [(c, doc.path, e.section, src, pred, dst, e.role, doc.content_hash)
+                 for (src, pred, dst), e in edges.items() if src != dst],
             )
+            cur.executemany(
+                "INSERT INTO rag_graph_aliases (collection, path, alias, key, spelling) VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING", [(c, doc.path, a, k, sp) for (a, k), sp in aliases.items()])
+        GraphStore._merge_into(conn, c, {a: k for (a, k) in aliases if _mergeable(a) and not _mergeable(k)
+                                         and a != k})
+
+    @staticmethod
+    def _canonical(conn: psycopg.Connection, collection: str, path: str, keys: Sequence[str]) -> dict[str, str]:
+        """Entity keys other documents declared to name a ticker or a document → that node's key
+        (a ticker wins over a document; then the first by key, so the choice is stable)."""
+        if not keys:
+            return {}
+        rows = conn.execute(
+            """SELECT DISTINCT ON (alias) alias, key FROM rag_graph_aliases
+               WHERE collection = %s AND alias = ANY(%s) AND path <> %s
+                 AND (key LIKE 'ticker:%%' OR key LIKE 'doc:%%')
+               ORDER BY alias, key NOT LIKE 'ticker:%%', key""", (collection, list(keys), path)).fetchall()
+        return {a: k for a, k in rows if a != k}
+
+    @staticmethod
+    def _merge_into(conn: psycopg.Connection, collection: str, names: dict[str, str]) -> None:
+        """Point other documents' edges at entity node `alias` to `key` instead, and drop the entity
+        node (the name was written before the document saying what it names)."""
+        if not names:
+            return
+        found = [r[0] for r in conn.execute(
+            "SELECT key FROM rag_graph_nodes WHERE collection = %s AND key = ANY(%s)",
+            (collection, list(names))).fetchall()]
+        for alias in found:
+            params = {"c": collection, "a": alias, "k": names[alias]}
+            for end, other in (("src", "dst"), ("dst", "src")):
+                conn.execute(  # edges that would become duplicates (or loops) go first
+                    f"""DELETE FROM rag_graph_edges e WHERE e.collection = %(c)s AND e.{end} = %(a)s
+                        AND (e.{other} = %(k)s OR EXISTS (SELECT 1 FROM rag_graph_edges x
+                             WHERE x.collection = e.collection AND x.path = e.path AND x.{end} = %(k)s
+                               AND x.predicate = e.predicate AND x.{other} = e.{other}))""", params)
+                conn.execute(f"UPDATE rag_graph_edges SET {end} = %(k)s WHERE collection = %(c)s AND {end} = %(a)s",
+                             params)
+            conn.execute("UPDATE rag_graph_aliases SET key = %(k)s WHERE collection = %(c)s AND key = %(a)s", params)
+            conn.execute("DELETE FROM rag_graph_nodes WHERE collection = %(c)s AND key = %(a)s", params)
 
     @staticmethod
     def _graph_drop_orphans(conn: psycopg.Connection, collection: str, keys: Iterable[str]) -> int:
@@ -114,27 +164,41 @@ class GraphStore:
     # ---- reading -------------------------------------------------------------------------
 
     def graph_nodes(self, collection: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Nodes by key, each with `aliases`: the other spellings documents give it."""
         with self.db.connection() as conn:
             rows = conn.execute(
-                "SELECT key, kind, label FROM rag_graph_nodes WHERE collection = %s AND key = ANY(%s)",
+                """SELECT n.key, n.kind, n.label, coalesce((
+                       SELECT array_agg(DISTINCT a.spelling ORDER BY a.spelling) FROM rag_graph_aliases a
+                       WHERE a.collection = n.collection AND a.key = n.key AND a.spelling <> n.label), '{}')
+                   FROM rag_graph_nodes n WHERE n.collection = %s AND n.key = ANY(%s)""",
                 (collection, list(keys)),
             ).fetchall()
-        return {k: {"key": k, "kind": kind, "label": label} for k, kind, label in rows}
+        return {k: {"key": k, "kind": kind, "label": label, "aliases": list(aliases)}
+                for k, kind, label, aliases in rows}
 
-    def graph_find_node(self, collection: str, candidates: Sequence[str]) -> dict[str, Any] | None:
-        """The first of `candidates` (keys, in preference order) that exists, else a node whose label matches."""
+    def graph_find_node(self, collection: str, candidates: Sequence[str],
+                        alias: str | None = None) -> dict[str, Any] | None:
+        """The first of `candidates` (keys, in preference order) that exists, else the node `alias`
+        (a normalised spelling) names (a ticker first), else a node whose label matches."""
         with self.db.connection() as conn:
             row = conn.execute(
-                """SELECT key, kind, label FROM rag_graph_nodes
+                """SELECT key FROM rag_graph_nodes
                    WHERE collection = %s AND key = ANY(%s) ORDER BY array_position(%s, key) LIMIT 1""",
                 (collection, list(candidates), list(candidates)),
             ).fetchone()
+            if row is None and alias:
+                row = conn.execute(
+                    """SELECT a.key FROM rag_graph_aliases a JOIN rag_graph_nodes n
+                         ON n.collection = a.collection AND n.key = a.key
+                       WHERE a.collection = %s AND a.alias = %s
+                       GROUP BY a.key ORDER BY a.key NOT LIKE 'ticker:%%', count(*) DESC, a.key LIMIT 1""",
+                    (collection, alias)).fetchone()
             if row is None and candidates:
                 row = conn.execute(
-                    "SELECT key, kind, label FROM rag_graph_nodes WHERE collection = %s AND lower(label) = lower(%s)"
+                    "SELECT key FROM rag_graph_nodes WHERE collection = %s AND lower(label) = lower(%s)"
                     " ORDER BY key LIMIT 1", (collection, candidates[-1]),
                 ).fetchone()
-        return {"key": row[0], "kind": row[1], "label": row[2]} if row else None
+        return self.graph_nodes(collection, [row[0]])[row[0]] if row else None
 
     def graph_walk(
         self,
@@ -301,6 +365,35 @@ class GraphStore:
                    ORDER BY 1, 2 LIMIT %(l)s""", {"c": collection, "l": limit})
             return _dicts(cur)
 
+    def graph_duplicate_nodes(self, collection: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Groups of nodes that look like one thing: the same name once case, punctuation and a plural
+        `s` are ignored (`DataCenter Revenue` / `data-center-revenue`, an entity `nvda` beside the
+        ticker NVDA), or an entity whose name a document declared to be a ticker or document."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                r"""WITH n AS (
+                       SELECT collection, key, kind, regexp_replace(lower(CASE WHEN key LIKE 'ticker:%%'
+                              THEN substr(key, 8) ELSE key END), '[^a-z0-9]', '', 'g') AS compact
+                       FROM rag_graph_nodes
+                       WHERE (%(c)s::text IS NULL OR collection = %(c)s) AND kind NOT IN ('doc', 'date', 'doc_type')),
+                   named AS (
+                       SELECT collection, CASE WHEN length(compact) > 4 THEN regexp_replace(compact, 's$', '')
+                              ELSE compact END AS name, key, kind FROM n WHERE compact <> ''),
+                   same_name AS (
+                       SELECT collection, array_agg(key ORDER BY key) AS keys, array_agg(kind ORDER BY key) AS kinds,
+                              'same name ignoring case, punctuation and plural' AS reason
+                       FROM named GROUP BY collection, name HAVING count(*) > 1),
+                   unmerged AS (
+                       SELECT DISTINCT n.collection, ARRAY[a.key, n.key] AS keys, ARRAY['?', n.kind] AS kinds,
+                              'named as ' || a.key || ' by ' || a.path AS reason
+                       FROM rag_graph_nodes n JOIN rag_graph_aliases a
+                         ON a.collection = n.collection AND a.alias = n.key AND a.key <> n.key
+                       WHERE (%(c)s::text IS NULL OR n.collection = %(c)s)
+                         AND (a.key LIKE 'ticker:%%' OR a.key LIKE 'doc:%%'))
+                   SELECT * FROM same_name UNION ALL SELECT * FROM unmerged
+                   ORDER BY collection, keys LIMIT %(l)s""", {"c": collection, "l": limit})
+            return _dicts(cur)
+
     def graph_dangling_links(self, collection: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """`_links` whose target is not a live document."""
         with self.db.connection() as conn:
@@ -371,6 +464,11 @@ class GraphStore:
                 "SELECT src, predicate, dst, path, section, role FROM rag_graph_edges WHERE collection = %s"
                 " ORDER BY id", (collection,)))
         return nodes, edges
+
+
+def _mergeable(key: str) -> bool:
+    """Entity keys (names from `_graph`) may turn out to name a ticker or a document; those may not."""
+    return not key.startswith(("doc:", "ticker:", "date:", "doc_type:"))
 
 
 def _dicts(cur) -> list[dict[str, Any]]:
