@@ -130,7 +130,7 @@ def build_profiles(store, provider, collection: str) -> ProfileReport:
 
 _cache: dict[tuple[int, str | None, str], tuple[float, list[str], np.ndarray, np.ndarray]] = {}
 _cache_lock = threading.Lock()
-CACHE_SECONDS = 5.0  # a rebuilt profile is seen by other processes within this delay
+CACHE_SECONDS = 30.0  # a rebuilt profile is seen by other processes within this delay (the rebuilding one at once)
 
 
 def _profiles(store, collection: str | None, space: str) -> tuple[list[str], np.ndarray, np.ndarray]:
