@@ -155,8 +155,9 @@ class KnowledgeBase:
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
                 parsed=parsed, max_request_chunks=max_request_chunks,
             )
+            space = (self.store.active_space() or {}).get("space", "")
             if report.count("new") or report.count("changed") or report.pruned or \
-                    not self.store.ticker_profile_hashes(report.collection, (self.store.active_space() or {}).get("space", "")):
+                    not self.store.ticker_profile_hashes(report.collection, space):
                 report.profiles = self.rebuild_profiles(report.collection).to_dict()
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report

@@ -283,6 +283,8 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
             assert not res.is_error
             body = res.structured_content or json.loads(res.content[0].text)
             assert any(e["predicate"] == "addresses" for e in body["edges"])
+            # one node for the bias the trade spells loss_aversion and the learning loss-aversion, both shown
+            assert {body["node"]["label"], *body["node"]["aliases"]} >= {"loss_aversion", "loss-aversion"}
             res = await client.call_tool("rag_hybrid_context", {"query": "How does NVDA relate to AMD?",
                                                                  "token_budget": 300})
             body = res.structured_content or json.loads(res.content[0].text)
