@@ -70,14 +70,6 @@ class PartitionMap:
                                   "(`rag roots list`; register one with `rag roots add`)")
         return FileTarget(root.collection, root.path, rel, key)
 
-    def target_for_file(self, path: Path) -> FileTarget:
-        path = path.resolve()
-        for root in self.roots:
-            if path.is_relative_to(root.path):
-                rel = path.relative_to(root.path).as_posix()
-                return FileTarget(root.collection, root.path, rel, self.key(root, rel))
-        raise ValidationError(f"{path} is under none of the corpus roots")
-
     def present_roots(self) -> list[CorpusRoot]:
         """Roots whose folder exists (a missing folder, e.g. an unmounted disk, is left alone)."""
         return [r for r in self.roots if r.path.is_dir()]

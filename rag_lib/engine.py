@@ -106,8 +106,8 @@ class Engine:
         self.begin_run()
 
     def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
-        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage);
-        Dagster passes its run id so asset metadata can show `store.run_usage(run_id)`."""
+        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage),
+        read back with `store.run_usage(run_id)`."""
         self.run_kind = kind
         self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
         return self.run_id

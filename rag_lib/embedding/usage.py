@@ -44,19 +44,3 @@ class Usage:
         out = asdict(self)
         out.pop("_lock")
         return out
-
-
-def merge_usage(items: list[Usage]) -> list[Usage]:
-    """Sum usages per (provider, model, dimensions)."""
-    merged: dict[tuple[str, str, int], Usage] = {}
-    for item in items:
-        if item.key not in merged:
-            merged[item.key] = Usage(*item.key)
-        merged[item.key].merge(item)
-    return list(merged.values())
-
-
-def run_usage(store, run_id: str) -> dict | None:
-    """Per-run usage for asset metadata (Dagster `embeddings`): cache hits/misses, hit rate, and per
-    provider requests, retries, failures, tokens and estimated cost. `store` is a rag_lib Store."""
-    return store.run_usage(run_id)

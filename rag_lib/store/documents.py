@@ -142,10 +142,6 @@ class DocumentStore:
                 (skipped.collection, skipped.path, skipped.reason, skipped.detail, skipped.content_hash),
             )
 
-    def clear_skip(self, collection: str, path: str) -> None:
-        with self.db.connection() as conn:
-            conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (collection, path))
-
     def list_skipped(self, collection: str | None = None) -> list[dict[str, Any]]:
         with self.db.connection() as conn:
             cur = conn.execute(

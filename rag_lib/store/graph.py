@@ -290,19 +290,6 @@ class GraphStore:
                 f"the graph query took longer than graph.query_timeout_ms={timeout} "
                 "(RAG_GRAPH__QUERY_TIMEOUT_MS); ask for a smaller depth or raise the setting") from exc
 
-    def graph_edges_of(self, collection: str, keys: Sequence[str], predicates: Sequence[str] | None = None,
-                       limit: int = MAX_ROWS) -> list[dict[str, Any]]:
-        """Edges touching any of `keys` (one step), optionally only some predicates."""
-        with self.db.connection() as conn:
-            cur = conn.execute(
-                """SELECT src, predicate, dst, path, section, role FROM rag_graph_edges
-                   WHERE collection = %(c)s AND (src = ANY(%(k)s) OR dst = ANY(%(k)s))
-                     AND (%(p)s::text[] IS NULL OR predicate = ANY(%(p)s))
-                   ORDER BY predicate, src, dst LIMIT %(l)s""",
-                {"c": collection, "k": list(keys), "p": list(predicates) if predicates else None, "l": limit},
-            )
-            return _dicts(cur)
-
     def graph_related_paths(self, collection: str, paths: Sequence[str], exclude: Sequence[str],
                             limit: int = 50) -> list[tuple[str, int]]:
         """Documents linked to, or sharing a graph node with, `paths`, with how many connections each has."""

@@ -48,11 +48,6 @@ class SimilarStore:
             ).fetchall()
         return {r[0]: (r[1], r[2]) for r in rows}
 
-    def chunk_text(self, chunk_id: str) -> str | None:
-        with self.db.connection() as conn:
-            row = conn.execute("SELECT text FROM rag_chunks WHERE chunk_id = %s", (chunk_id,)).fetchone()
-        return row[0] if row else None
-
     def chunk_vectors(self, collection: str, space: str, limit: int | None = None) -> list[tuple[dict[str, Any], np.ndarray]]:
         """(chunk row, vector) of a collection's chunks in the space, in document order (benchmarks, checks)."""
         with self.db.connection() as conn:
