@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean test-external-pg
+.PHONY: demo test test-fast install clean test-external-pg
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The suite without the tests that start child processes or run Dagster (markers in pyproject.toml).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow and not subprocess"
 
 # Also part of `make test`: ingest, search and a Dagster run against a standalone PostgreSQL under a
 # non-superuser role, PgBouncer (skipped without the `pgbouncer` package) and a streaming replica.

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
+import pytest
 
 LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
 MALFORMED = "tradegent/templates/post-trade-review.yaml"
@@ -92,6 +92,7 @@ def test_db_status_reports_an_external_database(rag):
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}
 
 
+@pytest.mark.subprocess
 def test_installed_entry_point_prints_no_traceback(database_url, tmp_path):
     env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path)}
     rag_bin = Path(sys.executable).parent / "rag"

@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from rag_lib.config import Settings
 from rag_lib.db import embedded_running, server_status, stop_embedded
+
+pytestmark = pytest.mark.subprocess
 
 START = "from pathlib import Path; import sys; from rag_lib.db import start_embedded; print(start_embedded(Path(sys.argv[1])))"
 

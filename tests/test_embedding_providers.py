@@ -281,6 +281,7 @@ def _in_a_fresh_process(provider, tmp_path, body: str) -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.subprocess
 def test_a_search_process_does_not_import_torch(provider, tmp_path):
     runtime, torch_loaded, *_ = _in_a_fresh_process(provider, tmp_path, (
         "v = p.embed(['NVDA bull case'])\n"
@@ -340,6 +341,7 @@ def test_onnx_batches_make_the_torch_models_vectors(provider):
         assert np.abs(got - expected).max() < 1e-5, size
 
 
+@pytest.mark.subprocess
 def test_an_ingest_process_does_not_import_torch(provider, tmp_path):
     printed = _in_a_fresh_process(provider, tmp_path, (
         "before = p.loaded\n"

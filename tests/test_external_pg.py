@@ -53,6 +53,8 @@ def role_url(cluster: Cluster, dbname: str, port: int | None = None) -> str:
     return url(ROLE, PASSWORD, port or cluster.primary.port, dbname)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_non_superuser_role_runs_ingest_search_and_a_dagster_run(cluster, corpus_copy, provider, tmp_path):
     rag_url = role_url(cluster, "rag")
     with psycopg.connect(rag_url) as conn:
@@ -87,6 +89,8 @@ def test_non_superuser_role_runs_ingest_search_and_a_dagster_run(cluster, corpus
         assert {kb.show(rel)["path"] for rel in (TRADE, RESEARCH, LEARNING)} == {TRADE, RESEARCH, LEARNING}
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_what_needs_an_admin_is_a_typed_error_naming_the_statement(cluster, tmp_path, provider, monkeypatch, rag):
     # pgvector is not a trusted extension: the role cannot create it, and is told who must
     settings = Settings(database_url=role_url(cluster, "rag_noext"), home=tmp_path / ".rag")
@@ -151,6 +155,8 @@ def test_no_session_level_settings_in_the_code():
                            f"set_config(name, value, true) inside the query's transaction, pg_advisory_xact_lock: {offenders}")
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_search_through_pgbouncer_transaction_pooling_leaks_no_setting(cluster, corpus_copy, provider, tmp_path):
     exe = shutil.which("pgbouncer") or next((p for p in ("/usr/sbin/pgbouncer",) if Path(p).exists()), None)
     if exe is None:
@@ -203,6 +209,8 @@ def test_search_through_pgbouncer_transaction_pooling_leaks_no_setting(cluster, 
     assert sorted(applied) == sorted(path.name for _, path in migration_files())
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_search_reads_from_a_streaming_replica(cluster, corpus_copy, provider, tmp_path):
     replica = cluster.start_replica()
     primary_url, replica_url = role_url(cluster, "rag_replica"), role_url(cluster, "rag_replica", port=replica.port)

@@ -20,6 +20,8 @@ from conftest import SHARED_CORPUS
 
 from testkit import RAG, child_env, start_server
 
+pytestmark = pytest.mark.subprocess
+
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
 SEED_FILE = "trading/knowledge/analysis/earnings/NVDA_20260219T0900.yaml"  # seed 000's example path
 SEED_TOOLS = {"rag_embed", "rag_embed_text", "rag_search", "rag_similar", "rag_hybrid_context", "rag_status",

@@ -25,6 +25,8 @@ from testkit import free_port
 from conftest import DEMO_CORPUS
 from dagster_ui import ASSET_JOB, BIN, LOCATION, REPO, DagsterUI, running_dagster
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
 PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"]
 ALL_ASSETS = PARTITIONED + ["hnsw_index"]
 RUN_TIMEOUT = 360  # one run: a process that imports the code location and loads the model (slow on a busy 2-core box)

@@ -26,6 +26,8 @@ from rag_lib.errors import NotFoundError  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
 from pipelines.partitions import PartitionMap  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 RELS = [
     "tradegent/fixtures/sample_trade.yaml",
     "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml",

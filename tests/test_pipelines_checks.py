@@ -57,6 +57,7 @@ def _sql(url: str, query: str, params=()):
         return cur.fetchall() if cur.description else None
 
 
+@pytest.mark.slow
 def test_embeddings_check(staged):
     kb, _, _ = staged
     good = quality.check_embeddings(kb.store, kb.settings)
@@ -76,6 +77,7 @@ def test_embeddings_check(staged):
     assert result.severity == AssetCheckSeverity.ERROR and not result.passed
 
 
+@pytest.mark.slow
 def test_blocking_embeddings_check_stops_vector_table(corpus_copy, database_url, provider, tmp_path):
     root = corpus_copy(FILES[0])
     home = tmp_path / ".rag"
@@ -97,6 +99,7 @@ def test_blocking_embeddings_check_stops_vector_table(corpus_copy, database_url,
     assert "embeddings" in materialized and "vector_table" not in materialized
 
 
+@pytest.mark.slow
 def test_vector_table_check(staged):
     kb, _, _ = staged
     space = kb.provider.space
@@ -117,6 +120,7 @@ def test_vector_table_check(staged):
     assert bad.metadata["chunks_with_stale_hash"] == 1 and bad.metadata["duplicate_chunks"] == 1
 
 
+@pytest.mark.slow
 def test_chunk_size_check(staged):
     kb, _, _ = staged
     limit = kb.provider.max_tokens
@@ -140,6 +144,7 @@ def test_chunk_size_check(staged):
     assert not tiny.passed and tiny.severity == "warn" and tiny.metadata["tiny_fraction"] == 1.0
 
 
+@pytest.mark.slow
 def test_skipped_inputs_check(staged):
     kb, rag, root = staged
     assert quality.check_skipped(kb.store).passed
@@ -154,6 +159,7 @@ def test_skipped_inputs_check(staged):
     assert "templates/broken.yaml" in warn.markdown["skipped_inputs"]
 
 
+@pytest.mark.slow
 def test_hnsw_check(staged):
     kb, _, _ = staged
     space = kb.provider.space

@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 
 import psycopg
+import pytest
 import yaml
 from dagster import AssetCheckSeverity, AssetKey, instance_for_test
 
@@ -19,6 +20,8 @@ from pipelines.partitions import CORPUS_FILES, range_tags  # noqa: E402
 from pipelines.resources import preload_provider  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 K = "tradegent/knowledge"
 TRADE = f"{K}/trades/2025/01/NVDA_20250115T1000.yaml"

@@ -8,12 +8,15 @@ import uuid
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+import pytest
 
 from pipelines.definitions import defs
 from pipelines.instance import get_instance, prepare_dagster_home, sqlalchemy_url
 from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG, corpus_files
 from rag_lib.config import Settings
 from testkit import create_database
+
+pytestmark = pytest.mark.slow
 
 KEYS = [f"corpus/notes/n{i:02d}.md" for i in range(12)]
 PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table", "knowledge_graph"]

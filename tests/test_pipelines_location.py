@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.subprocess
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

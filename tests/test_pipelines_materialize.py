@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from pipelines.instance import get_instance, sqlalchemy_url
 from pipelines.partitions import CORPUS_FILES
@@ -21,6 +22,8 @@ RELS = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_resea
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_materialize_runs_through_the_code_location(corpus_copy, pg_server, database_url, provider, tmp_path,
                                                     monkeypatch):
     name = "dagster_" + uuid.uuid4().hex[:8]
@@ -75,6 +78,7 @@ def test_rag_lib_imports_nothing_from_pipelines():
     assert not offenders, offenders
 
 
+@pytest.mark.subprocess
 def test_dagster_commands_come_from_the_entry_point():
     from rag_lib.cli.plugins import command_plugins
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import psycopg
+import pytest
 
 from pipelines.instance import get_instance, sqlalchemy_url
 from pipelines.partitions import plan_ranges
@@ -57,6 +58,8 @@ def _rows(url: str) -> dict[str, list]:
         }
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_four_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy, pg_server, database_url, provider,
                                                                    tmp_path, monkeypatch):
     root = corpus_copy(*RELS)

@@ -110,6 +110,7 @@ def test_keys_name_their_root(tmp_path):
         pmap.target("gone/x.md")
 
 
+@pytest.mark.slow
 def test_sensor_new_changed_deleted(env):
     root, rag, kb, instance = env
     # New files: partitions added and one run over all of them.
@@ -153,6 +154,7 @@ def test_sensor_new_changed_deleted(env):
     assert instance.get_dynamic_partitions(CORPUS_FILES) == [FILES[0]]
 
 
+@pytest.mark.slow
 def test_unregistered_root_drops_partitions_keeps_documents(env):
     root, rag, kb, instance = env
     first = tick(instance, rag, None)
@@ -168,6 +170,7 @@ def test_unregistered_root_drops_partitions_keeps_documents(env):
         assert isinstance(nightly_reconcile(ctx), SkipReason)  # nothing registered, nothing to do
 
 
+@pytest.mark.slow
 def test_many_new_files_become_one_run(env, tmp_path):
     root, rag, kb, instance = env
     src = root / RELS[0]
@@ -179,6 +182,7 @@ def test_many_new_files_become_one_run(env, tmp_path):
     assert len(result.run_requests) == 1
 
 
+@pytest.mark.slow
 def test_run_failure_sensor_records_failure(env):
     root, rag, kb, instance = env
     tick(instance, rag, None)
@@ -199,6 +203,7 @@ def test_run_failure_sensor_records_failure(env):
                for f in failures)
 
 
+@pytest.mark.slow
 def test_schedules_reconcile_and_reembed(env):
     root, rag, kb, instance = env
     when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)

@@ -97,6 +97,7 @@ def test_check_errors_below_the_floor(configured):
     assert "eval.ndcg_floor = 0.8" in bad.description
 
 
+@pytest.mark.slow
 def test_dagster_check_blocks_below_the_floor_and_warns_on_a_drop(corpus_copy, database_url, provider, tmp_path,
                                                                   monkeypatch):
     root = corpus_copy(TRADE, EARNINGS)

@@ -13,6 +13,8 @@ import pytest
 
 from testkit import RAG, child_env, free_port, start_server
 
+pytestmark = pytest.mark.subprocess
+
 FULL = "proc-full-key-0b1c"
 READ = "proc-read-key-9d2e"
 

@@ -224,6 +224,7 @@ def test_an_upload_is_parsed_once_in_the_sandbox_not_again_in_the_server(upload_
     assert [s["name"] for s in shown["sections"]] == [f"k{i:05d}" for i in range(10)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dagster_skips_a_file_over_the_chunk_limit_and_publishes_the_others(database_url, provider, tmp_path,
                                                                             monkeypatch):

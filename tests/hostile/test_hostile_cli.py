@@ -13,6 +13,8 @@ import pytest
 
 from bombs import GOOD_FILES, cases
 
+pytestmark = pytest.mark.subprocess
+
 RAG = [sys.executable, "-m", "rag_lib.cli"] if not (Path(sys.executable).parent / "rag").exists() else [
     str(Path(sys.executable).parent / "rag")]
 

@@ -115,6 +115,7 @@ def test_conflicting_seed_variables_log_names_never_values(monkeypatch):
     assert "sk-live" not in text and "pw-" not in text
 
 
+@pytest.mark.subprocess
 def test_no_secret_reaches_a_cli_process_output(tmp_path: Path):
     """A `rag` process with conflicting variables and an unparsable database URL that holds a password:
     its log and its error line name the variables, never a key or a password."""
@@ -294,6 +295,7 @@ def live(pg_server: str, tmp_path_factory):
     server.stop()
 
 
+@pytest.mark.subprocess
 def test_server_log_records_once_and_ignores_untrusted_forwarded_for(live):
     with httpx.Client(base_url=live.url, timeout=60, headers={"X-API-Key": FULL}) as c:
         start = len(live.log_path.read_text().splitlines())

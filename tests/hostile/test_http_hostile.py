@@ -15,6 +15,8 @@ import pytest
 
 from testkit import ServerProcess, child_env, create_database, start_server
 
+pytestmark = pytest.mark.subprocess
+
 FULL = "hostile-full-key-7a1"
 READ = "hostile-read-key-3c9"
 GOOD = "# Good desk note\n\n## Thesis\n\nZirconium refiners gain from the new reactor build-out.\n"

@@ -14,6 +14,8 @@ from mcp import Client, StdioServerParameters
 
 from testkit import RAG, child_env, start_server
 
+pytestmark = pytest.mark.subprocess
+
 GOOD = "# Good\n\n## Thesis\n\nZirconium refiners gain from the new reactor build-out.\n"
 
 

@@ -126,6 +126,7 @@ def test_a_file_that_becomes_a_link_or_pipe_is_skipped_and_keeps_its_live_versio
 
 # ---- `rag ingest` and `rag validate` as a user runs them -----------------------------------------
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 def test_rag_ingest_and_validate_skip_special_files_with_one_line_each(kb, database_url, tmp_path: Path):
     root = make_root(tmp_path)
@@ -165,6 +166,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 def test_ingest_checks_the_size_before_reading_under_a_memory_limit(database_url, tmp_path: Path):
     root = tmp_path / "corpus"
@@ -192,6 +194,7 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(900)
 def test_http_embed_of_an_oversized_file_costs_the_server_no_memory(pg_server, tmp_path: Path):
     root = tmp_path / "root"
@@ -267,6 +270,8 @@ RECONCILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, database_url, provider,
                                                                    tmp_path: Path):
@@ -312,6 +317,7 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
     assert plan["stale"] == ["corpus/became.md"], plan
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_nightly_reconcile_syncs_every_root_past_a_long_path(pg_instance, database_url, provider, tmp_path: Path):
     """The schedule syncs the partitions of every root: one unkeyable path stopped it for all."""
@@ -343,6 +349,8 @@ def test_nightly_reconcile_syncs_every_root_past_a_long_path(pg_instance, databa
         assert "path_too_long" in {s["reason"] for s in kb.store.list_skipped()}
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rag_materialize_skips_special_files_and_long_paths_without_sql(pg_server, database_url, provider,
                                                                         tmp_path: Path, monkeypatch):
