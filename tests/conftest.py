@@ -1,5 +1,6 @@
 """Shared fixtures: one real embedded PostgreSQL + pgvector server per test session, a fresh
-database per test, and the real local embedding model loaded once."""
+database per test (copied from a template that already holds the migrations), and the real local
+embedding model loaded once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import psycopg
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,6 +19,7 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
+from rag_lib.store import apply_migrations  # noqa: E402
 from testkit import create_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +38,25 @@ def pg_server(tmp_path_factory) -> str:
     stop_embedded(pgdata)
 
 
+@pytest.fixture(scope="session")
+def migrated_template(pg_server: str) -> str:
+    """Name of a template database holding every migration and nothing else: copying it is much
+    cheaper than migrating each test's fresh database again."""
+    name = "migrated_template"
+    with psycopg.connect(create_database(pg_server, name), autocommit=True) as conn:
+        apply_migrations(conn)
+    return name
+
+
 @pytest.fixture
-def database_url(pg_server: str) -> str:
-    """A fresh, empty database for one test."""
+def database_url(pg_server: str, migrated_template: str) -> str:
+    """A fresh database for one test: the schema, no data (an empty embedding cache too)."""
+    return create_database(pg_server, template=migrated_template)
+
+
+@pytest.fixture
+def empty_database_url(pg_server: str) -> str:
+    """A fresh database without even the schema, for tests of migrating one."""
     return create_database(pg_server)
 
 

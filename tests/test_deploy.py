@@ -323,7 +323,7 @@ def test_values_queue_storage_and_secrets_say_what_the_chart_docs_say(monkeypatc
     assert deployment["includeConfigInLaunchedRuns"]["enabled"] is False  # runs sized by runLauncher
     # the ConfigMap's settings are ones rag_lib reads
     env = env_file(RAG_ENV)
-    assert all(k.startswith(("RAG_", "HF_", "TRANSFORMERS_")) for k in env)
+    assert env and all(k.startswith(("RAG_", "HF_", "TRANSFORMERS_")) for k in env)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = Settings()

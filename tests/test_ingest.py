@@ -40,7 +40,7 @@ def test_round_trip_publishes_documents_sections_chunks_and_vectors(kb, corpus_c
     assert doc["path"] == PFE and doc["ticker"] == "PFE"
     section_names = {s["name"] for s in doc["sections"]}
     assert {"phase1_catalyst", "bear_case_analysis"} <= section_names  # empty stubs are listed too
-    assert all(c["token_count"] <= 254 for c in doc["chunks"])
+    assert doc["chunks"] and all(c["token_count"] <= 254 for c in doc["chunks"])
     hit = kb.search("Pfizer dividend yield oversold", top_k=3).hits[0]
     assert hit.path == PFE and hit.unit_id.startswith(PFE + "#")
 
@@ -181,13 +181,16 @@ def test_configured_space_must_match_the_stored_one(kb, corpus_copy, settings):
         kb.store.ensure_space("text-embedding-3-large:1536", "text-embedding-3-large", 1536, "openai")
 
 
-def test_migrations_apply_once(kb, database_url):
+def test_migrations_apply_once(empty_database_url, provider, tmp_path):
+    from rag_lib.api import KnowledgeBase
+    from rag_lib.config import Settings
     from rag_lib.store import apply_migrations, migration_files
 
-    kb.store  # opening the store migrates the fresh database
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        assert apply_migrations(conn) == []
-        recorded = conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0]
+    with KnowledgeBase(Settings(database_url=empty_database_url, home=tmp_path / ".rag"), provider=provider) as base:
+        base.store  # opening the store migrates the fresh database (no schema yet: not the template's copy)
+        with psycopg.connect(empty_database_url, autocommit=True) as conn:
+            assert apply_migrations(conn) == []
+            recorded = conn.execute("SELECT count(*) FROM rag_schema_migrations").fetchone()[0]
     assert recorded == len(migration_files())
 
 

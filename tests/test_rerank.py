@@ -77,6 +77,7 @@ def test_search_keeps_the_fused_score_beside_rerank_score(database_url, provider
             assert base.rerank_enabled()  # a configured HTTP reranker is on by default
             fused = base.search(query, mode="hybrid", top_k=10, rerank=False, group=False)
             reranked = base.search(query, mode="hybrid", top_k=10, group=False)
+    assert len(fused.hits) == len(reranked.hits) == 10
     assert all(h.rerank_score is None for h in fused.hits)
     assert all(h.rerank_score is not None for h in reranked.hits)
     scores = [h.rerank_score for h in reranked.hits]
