@@ -2,7 +2,7 @@
 concurrent clients for N seconds each, against the shared corpus; the in-process search p95 is
 measured in the same script for comparison. Prints ONE JSON line.
 
-    .venv/bin/python benchmarks/api.py [--seconds 30] [--levels 1,8,32] [--mode hybrid]
+    .venv/bin/python benchmarks/api.py [--seconds 30] [--levels 1,8,32] [--mode hybrid] [--corpus DIR]
 
 Database: $RAG_DATABASE_URL, else database `rag_bench_api` on the embedded server (.rag/pgdata);
 the shared corpus is ingested into it when missing (incremental: later runs reuse it)."""
@@ -43,7 +43,7 @@ def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 2) if values else 0.0
 
 
-def prepare_db() -> str:
+def prepare_db(corpus: Path) -> str:
     """URL of a database holding the shared corpus (ingested if missing)."""
     settings = Settings()
     if settings.database_url:
@@ -54,7 +54,7 @@ def prepare_db() -> str:
     with KnowledgeBase(Settings(database_url=url)) as kb:
         if kb.store.status_counts(kb.settings.collection)["documents"] == 0:
             print("ingesting the shared corpus (first run only)...", file=sys.stderr)
-            kb.ingest([SHARED])
+            kb.ingest([corpus])
         space = kb.store.active_space()
         kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
     return url
@@ -125,9 +125,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--mode", default=None, help=f"semantic | lexical | hybrid (default: {DEFAULT_MODE})")
+    parser.add_argument("--corpus", type=Path, default=SHARED, help="ingested when the database is empty")
     args = parser.parse_args()
     mode = args.mode or DEFAULT_MODE
-    url = prepare_db()
+    url = prepare_db(args.corpus)
     queries = load_queries()
     # half before and half after the HTTP levels, so a shared machine's load swings hit both alike
     local_ms = in_process(url, queries, mode, min(args.seconds, 20.0) / 2)

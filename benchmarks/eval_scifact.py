@@ -28,14 +28,23 @@ def main() -> None:
     parser.add_argument("--split", default="test", choices=("train", "test"))
     parser.add_argument("--modes", default="semantic,lexical,hybrid")
     parser.add_argument("--database", default="scifact")
+    parser.add_argument("--docs", type=int, default=None, help="only the first N records of the corpus (a quick run)")
+    parser.add_argument("--work", type=Path, default=None,
+                    help="folder of the reusable benchmark server (default: .rag/bench)")
     args = parser.parse_args()
     data = SHARED / "datasets" / "scifact"
-    url, work = bench_database(args.database)
+    url, work = bench_database(args.database, args.work)
     # The corpus is one 8 MB file of records; the per-file size limit is for analyst documents.
     settings = Settings(database_url=url, home=work / "home", max_file_bytes=64 * 1024 * 1024)
     kb = KnowledgeBase(settings)
     started = time.perf_counter()
-    report = kb.ingest([data / "corpus.jsonl"], "scifact")
+    corpus = data / "corpus.jsonl"
+    if args.docs is not None:  # a prefix of the records, in a file of the same name (same document ids)
+        corpus = work / "scifact-sample" / "corpus.jsonl"
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        with open(data / "corpus.jsonl", encoding="utf-8") as fh:
+            corpus.write_text("".join(line for _, line in zip(range(args.docs), fh)), encoding="utf-8")
+    report = kb.ingest([corpus], "scifact")
     space = kb.store.active_space()
     kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
     counts = kb.store.status_counts("scifact")

@@ -2,12 +2,15 @@
 generated graph of ~100k edges (2,000 documents; entities with a realistic skew: a few hubs, many
 rare). Prints one JSON line. Target: p95 <= 20 ms. `--explain` also prints the slowest walk's plan.
 
+    .venv/bin/python benchmarks/graph.py [--docs 2000] [--queries 300] [--explain]
+
 Also path searches (issue 29): shortest paths (max depth 4, as `rag graph A --to B`) between random
 nodes of that graph, with how many were found, had none, or hit `graph.max_path_rows`; and the
 review's hostile case, a path from a 52-node complete graph to a node it cannot reach."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -98,6 +101,13 @@ def timed_paths(store: Store, collection: str, pairs: list[tuple[str, str]]) -> 
 
 
 def main() -> None:
+    global DOCS, QUERIES  # build() and the start sampling read these
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=DOCS, help=f"documents of {EDGES_PER_DOC} edges each (default: {DOCS})")
+    ap.add_argument("--queries", type=int, default=QUERIES, help=f"depth-2 walks timed (default: {QUERIES})")
+    ap.add_argument("--explain", action="store_true", help="also print the slowest walk's plan on stderr")
+    args = ap.parse_args()
+    DOCS, QUERIES = args.docs, max(3, args.queries)
     rng = random.Random(16)
     with scratch_server("rag-graph-bench-") as (admin, work):
         url = create_database(admin, "graph_bench")
@@ -118,7 +128,7 @@ def main() -> None:
         paths = timed_paths(store, "b", [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes), 2)])
         build_complete(url)
         complete = timed_paths(store, "k", [("n0", "island-a")] * 5)
-        if "--explain" in sys.argv:  # the plan of the slowest start's walk, on stderr
+        if args.explain:  # the plan of the slowest start's walk, on stderr
             slow = starts[max(range(len(times)), key=times.__getitem__)]
             print(f"slowest start {slow}:", file=sys.stderr)
             for line in store.graph_walk_plan("b", slow, 2):

@@ -50,8 +50,11 @@ def main() -> None:
     ap.add_argument("--weights", default="0.15,0.25,0.35")
     ap.add_argument("--seeds", default="5,10")
     ap.add_argument("--candidates", type=int, default=20)
+    ap.add_argument("--corpus", type=Path, default=SHARED / "corpus", help="ingested when the database is empty")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="folder of the reusable benchmark server (default: .rag/bench)")
     args = ap.parse_args()
-    url, work = bench_database("graph_fusion")
+    url, work = bench_database("graph_fusion", args.work)
     settings = Settings(database_url=url, home=work)
     settings.search_metrics.enabled = False
     queries, qrels = load_queries(EVAL / "queries.jsonl"), load_qrels(EVAL / "qrels.tsv")
@@ -59,7 +62,7 @@ def main() -> None:
     with KnowledgeBase(settings) as kb:
         started = time.perf_counter()
         if kb.status("default")["documents"] == 0:
-            report = kb.ingest([SHARED / "corpus"], "default")
+            report = kb.ingest([args.corpus], "default")
             if report.count("failed"):
                 raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
         ingest_s = round(time.perf_counter() - started, 1)

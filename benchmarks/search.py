@@ -53,8 +53,8 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_real(kb: KnowledgeBase) -> None:
-    report = kb.ingest([SHARED / "corpus"], "default")
+def build_real(kb: KnowledgeBase, corpus: Path) -> None:
+    report = kb.ingest([corpus], "default")
     if report.count("failed"):
         raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
 
@@ -172,13 +172,16 @@ def main() -> None:
     parser.add_argument("--recall-queries", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured SciFact train claims run first")
     parser.add_argument("--database", default="bench_search")
+    parser.add_argument("--corpus", type=Path, default=SHARED / "corpus", help="the real documents beside the generated ones")
+    parser.add_argument("--work", type=Path, default=None,
+                    help="folder of the reusable benchmark server (default: .rag/bench)")
     args = parser.parse_args()
 
-    url, work = bench_database(args.database, template="tradegent")
+    url, work = bench_database(args.database, args.work, template="tradegent")
     settings = Settings(database_url=url, home=work / "home", max_file_bytes=64 * 1024 * 1024)
     kb = KnowledgeBase(settings)
     t0 = time.perf_counter()
-    build_real(kb)
+    build_real(kb, args.corpus)
     corpus = build_generated(kb, args.chunks, seed=7)
     space = kb.store.active_space()
     index = kb.store.ensure_hnsw_index(space["space"], space["dimensions"], rebuild=bool(corpus["generated_added"]))

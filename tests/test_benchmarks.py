@@ -1,0 +1,96 @@
+"""Every script in benchmarks/ still runs: `--help` answers without starting the run, and a tiny run
+prints one JSON line with its figures. A refactor that breaks a benchmark fails here instead of
+rotting until someone needs the numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rag_lib.db import stop_embedded
+from testkit import create_database
+
+pytestmark = pytest.mark.subprocess
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+# A few files of the shared corpus: YAML analyses of two types, a trade, and a markdown note.
+FILES = ("tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml",
+         "tradegent/knowledge/analysis/stock/MSFT_20260220T1805.yaml",
+         "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml",
+         "tradegent/fixtures/sample_trade.yaml")
+
+
+def run(script: str, *args: str, cwd: Path, env: dict[str, str] | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    base.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_answers_without_starting_the_run(script: str, tmp_path: Path):
+    done = run(script, "--help", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage:"), done.stdout[:500]
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+# Per script: the arguments of a run of a few seconds (given the small corpus copy `corpus`, a
+# scratch folder `tmp`), and figures its JSON line must hold.
+SMALL = {
+    "api.py": (lambda corpus, tmp: ["--seconds", "1", "--levels", "1", "--corpus", str(corpus)],
+               {"in_process", "http", "errors"}),
+    "dagster_overhead.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--sensor-files", "20", "--rounds", "1"],
+                            {"library_seconds", "dagster_seconds", "ratio", "chunks"}),
+    "embedding.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--latency", "0"],
+                     {"clean", "with_faults", "second_run_cache_hit_rate"}),
+    "eval_scifact.py": (lambda corpus, tmp: ["--docs", "30", "--modes", "lexical", "--work", str(tmp / "bench")],
+                        {"ingest", "results"}),
+    "graph.py": (lambda corpus, tmp: ["--docs", "30", "--queries", "9"],
+                 {"edges", "p95_ms", "paths_depth4", "complete_graph_52_unreachable"}),
+    "graph_fusion.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--weights", "0.25", "--seeds", "5",
+                                             "--work", str(tmp / "bench")],
+                        {"runs", "graph", "per_query"}),
+    "ingest.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--copies", "1"], set()),
+    "local_batch_size.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "8", "--sizes", "8",
+                                                 "--runtimes", "onnx", "--rounds", "1"], set()),
+    "parallel.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--runs", "1", "--local-files", "2",
+                                         "--latency", "0"], {"stub", "local"}),
+    "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "10", "--queries", "3", "--types", "vector",
+                                      "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy")],
+                 {"load", "chunks"}),
+    "search.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "400", "--queries", "3",
+                                       "--recall-queries", "2", "--warmup", "0", "--work", str(tmp / "bench")],
+                  set()),
+    "soak.py": (lambda corpus, tmp: ["--seconds", "3", "--clients", "2", "--files", "3"], set()),
+}
+
+
+def test_every_benchmark_has_a_small_run():
+    assert sorted(SMALL) == SCRIPTS, "give the new benchmark a small size here"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SMALL))
+def test_small_run_prints_one_json_line_of_figures(script: str, corpus_copy, pg_server: str, tmp_path: Path):
+    make_args, figures = SMALL[script]
+    corpus = corpus_copy(*FILES)
+    env = {"RAG_DATABASE_URL": create_database(pg_server)} if script == "api.py" else {}
+    try:
+        done = run(script, *make_args(corpus, tmp_path), cwd=tmp_path, env=env)
+    finally:
+        if (tmp_path / "bench" / "pgdata").exists():
+            stop_embedded(tmp_path / "bench" / "pgdata")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stdout[-3000:]
+    out = json.loads(lines[0])
+    assert isinstance(out, dict) and figures <= set(out), (figures - set(out), sorted(out))
