@@ -200,6 +200,7 @@ def test_mcp_help_lists_every_tool_it_serves(rag):
     assert re.search(r"rag_embed \(not with --read-only\)", out)
 
 
+@pytest.mark.subprocess
 def test_python_m_mcp_server_serves_the_tools(tmp_path, database_url):
     """`python -m rag_lib.mcp_server` is an entry point: it speaks MCP over stdio like `rag mcp`."""
     import os
