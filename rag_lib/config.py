@@ -165,9 +165,9 @@ class SearchSettings(BaseModel):
     graph_weight: float = 0.25  # its RRF weight (semantic and lexical lists weigh 1.0)
     graph_seeds: int = 10  # top documents of the first pass whose graph neighbours count
     graph_candidates: int = 20  # graph-related documents at most
-    # document evidence (hybrid): a list ranking documents by the summed scores of their best
-    # `document_units` units in the first pass; each chunk enters RRF at its document's rank
-    document_weight: float = 0.0
+    # document evidence (hybrid): each hit's score gains document_weight x its document's summed
+    # scores of its best `document_units` units (relative to the best document's); CV over dev + dev2
+    document_weight: float = 0.2
     document_units: int = 3
     # entity linking (semantic and hybrid modes, queries naming no ticker): the query vector against
     # each ticker's profile (rag_lib.graph.profiles); a match at least `link_threshold` (cosine) and
@@ -179,6 +179,10 @@ class SearchSettings(BaseModel):
     link_margin: float = 0.1
     link_max: int = 1  # tickers linked per query at most
     link_boost: float = 1.0  # soft boost for results about a linked ticker (like hint_boost for a named one)
+    # how the semantic and lexical lists combine: rrf (reciprocal rank fusion, rrf_k) or convex (a
+    # weighted sum of each list's scores divided by its best, semantic lists weighted convex_alpha)
+    fusion: Literal["rrf", "convex"] = "convex"
+    convex_alpha: float = 0.5
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

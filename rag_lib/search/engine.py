@@ -15,7 +15,7 @@ from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph.profiles import link_tickers
 from rag_lib.search.classify import QueryPlan, classify
-from rag_lib.search.fusion import Candidates, boost, graph_candidates, rrf
+from rag_lib.search.fusion import Candidates, boost, convex, document_evidence, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -43,6 +43,10 @@ class SearchOptions:
     link_margin: float = 0.1
     link_max: int = 1
     link_boost: float = 1.0
+    document_weight: float = 0.2
+    document_units: int = 3
+    fusion: str = "convex"
+    convex_alpha: float = 0.5
 
     @classmethod
     def from_settings(cls, settings) -> SearchOptions:
@@ -234,16 +238,24 @@ def search(
         timings["link"] = round((time.perf_counter() - t0) * 1000, 2)
     if len(lists) == 1:
         ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
+    elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
+        ranked = convex(lists, opts.convex_alpha)
     else:
         ranked = rrf(lists, opts.rrf_k)
     ranked = _hints(ranked, plan, opts)
+    if mode == "hybrid":
+        ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
         t_g = time.perf_counter()
         related = graph_candidates(store, filters, ranked, opts)
         if related is not None:
-            ranked = _hints(rrf(lists + [related], opts.rrf_k), plan, opts)
+            # under convex fusion the first pass (document evidence included) stands for the
+            # retrievers' lists, with their summed weight; under RRF the lists are fused again
+            base = lists if opts.fusion != "convex" else [
+                Candidates("fused", ranked, sum(c.weight for c in lists if c.hits))]
+            ranked = _hints(rrf(base + [related], opts.rrf_k), plan, opts)
         timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)
     if reranker is not None and ranked:
         t_r = time.perf_counter()

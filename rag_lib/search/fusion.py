@@ -1,5 +1,5 @@
-"""Reciprocal rank fusion of ranked candidate lists, the knowledge graph's list, and soft boosts from
-query hints."""
+"""Fusion of ranked candidate lists (a convex combination of scores, or reciprocal rank fusion),
+parent-document evidence, the knowledge graph's list, and soft boosts from query hints."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rag_lib.models import SearchFilters, SearchHit
 class Candidates:
     """One ranked list (best first) from one retriever, with its fusion weight."""
 
-    source: str  # semantic | lexical (| semantic:NVDA, lexical:expanded, ...)
+    source: str  # semantic | lexical | fused | graph (| semantic:NVDA, lexical:expanded, ...)
     hits: list[SearchHit]
     weight: float = 1.0
 
@@ -33,6 +33,36 @@ def rrf(lists: list[Candidates], k: int = 60) -> list[SearchHit]:
     for cid in order:
         hit = first[cid]
         hit.score = fused[cid] / best
+        out.append(hit)
+    return out
+
+
+def convex(lists: list[Candidates], alpha: float) -> list[SearchHit]:
+    """Fuse by a convex combination of scores: each list's scores divided by its best (cosine for
+    semantic lists, the raw full-text score for lexical ones), semantic lists weighted `alpha` and
+    the others `1 - alpha`, times their own weights. Unlike RRF, a much better match in one list is
+    not outvoted by a middling one that appears in both. Scores are scaled to [0, 1]."""
+    fused: dict[str, float] = {}
+    first: dict[str, SearchHit] = {}
+    best = 0.0
+    for cand in lists:
+        if not cand.hits:
+            continue
+        semantic = cand.source.startswith("semantic")
+        # lexical hits carry raw / (1 + raw): recover the raw score, whose ratios mean something
+        values = [h.score if semantic else h.score / max(1e-9, 1.0 - h.score) for h in cand.hits]
+        # divided by the list's best only: subtracting its lowest (min-max) lowered both dev sets
+        top = max(values) or 1.0
+        weight = cand.weight * (alpha if semantic else 1.0 - alpha)
+        best += weight
+        for hit, value in zip(cand.hits, values):
+            fused[hit.chunk_id] = fused.get(hit.chunk_id, 0.0) + weight * max(0.0, value) / top
+            first.setdefault(hit.chunk_id, hit)
+    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
+    out = []
+    for cid in order:
+        hit = first[cid]
+        hit.score = fused[cid] / (best or 1.0)
         out.append(hit)
     return out
 
@@ -69,3 +99,24 @@ def graph_candidates(store, filters: SearchFilters, ranked: list[SearchHit], opt
     related = {p for p, _ in store.graph_related_paths(collection, seeds, STRUCTURAL, opts.graph_candidates)}
     hits = [h for h in ranked if h.path in related and h.collection == collection]
     return Candidates("graph", hits, opts.graph_weight) if hits else None
+
+
+def document_evidence(ranked: list[SearchHit], units: int, weight: float) -> list[SearchHit]:
+    """Parent-document scoring: each hit's score plus `weight` times its document's evidence (the
+    summed scores of the document's best `units` units in this ranking, relative to the best
+    document's), rescaled to [0, 1]. A document several of whose sections match lifts its second
+    and third sections above loosely related sections of other documents; a document matching
+    once gains little."""
+    if weight <= 0 or units <= 0 or not ranked:
+        return ranked
+    seen: set[str] = set()
+    doc_units: dict[tuple[str, str], list[float]] = {}
+    for hit in ranked:
+        if hit.unit_id not in seen:  # a unit's best chunk speaks for it
+            seen.add(hit.unit_id)
+            doc_units.setdefault((hit.collection, hit.path), []).append(hit.score)
+    evidence = {doc: sum(sorted(scores, reverse=True)[:units]) for doc, scores in doc_units.items()}
+    top = max(evidence.values()) or 1.0
+    for hit in ranked:
+        hit.score = (hit.score + weight * evidence[(hit.collection, hit.path)] / top) / (1.0 + weight)
+    return sorted(ranked, key=lambda h: -h.score)

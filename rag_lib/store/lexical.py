@@ -135,6 +135,17 @@ class LexicalStore:
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         return [(hit_from_row(r, 0.0), float(r["lex_score"])) for r in rows]
 
+    def chunk_texts(self, collection: str) -> list[dict[str, Any]]:
+        """Every chunk of a collection with its unit, document, section and the text the full-text
+        columns index (`embed_text`): for comparing our scoring with a reference BM25."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                "SELECT c.chunk_id, c.unit_id, c.doc_id, c.path, c.section, c.ticker, c.text, c.embed_text,"
+                " d.title FROM rag_chunks c LEFT JOIN rag_documents d USING (collection, path)"
+                " WHERE c.collection = %s ORDER BY c.chunk_id", (collection,))
+            cols = [d.name for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
     def analyze(self) -> None:
         """Refresh planner statistics after bulk loads (so full-text filters use the GIN indexes)."""
         with self.db.connection() as conn:

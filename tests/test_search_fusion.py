@@ -1,0 +1,141 @@
+"""Hybrid fusion on small fixture corpora (real database, real model): a document whose several
+sections match lifts its other sections above weak matches elsewhere (parent-document evidence), and
+a section naming a rare identifier is not outvoted by generic sections that both retrievers half
+like (convex fusion of scores, where reciprocal rank fusion counted votes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rag_lib.search.fusion import Candidates, convex, document_evidence, rrf
+from rag_lib.models import SearchHit
+
+MARGIN = {
+    "margin-calls.md": """# Margin calls
+
+## What triggers a margin call
+A margin call comes when the equity in a margin account falls below the broker's maintenance
+requirement, usually 25% to 30% of the position's value, after the positions lose value.
+
+## Deadline to respond
+You have two to five business days to meet the call by depositing cash or selling holdings; in a
+fast market the broker may act sooner and without notice.
+
+## Forced liquidation
+If the call is not met in time, the broker sells positions of its own choosing, at market prices,
+and the account owner pays any shortfall that remains.
+""",
+    "broker-costs.md": """# Broker costs
+
+## Margin interest
+Interest on margin loans is charged daily; a margin call is a different matter from margin interest.
+
+## Commissions
+Most stock trades are commission-free; options cost about 0.65 per contract.
+""",
+    "account-types.md": """# Account types
+
+## Cash and margin accounts
+A cash account trades with settled funds only; a margin account borrows against its securities
+and can receive a margin call.
+
+## Retirement accounts
+IRAs cannot use margin borrowing; short selling is not allowed.
+""",
+    "futures.md": """# Futures basics
+
+## Contract months
+Index futures trade in March, June, September and December contracts.
+
+## Variation margin
+Futures accounts settle gains and losses every day through variation margin.
+""",
+}
+
+GATEWAY = {
+    "gateway.md": """# Gateway operations
+
+## Session expiry
+When the gateway logs ERR_4417 the broker session has expired: log in again through the
+gateway's web page and restart the order router.
+
+## Restart order
+Start the gateway first, then the order router, then the scanners.
+
+## Gateway log
+The gateway writes its errors to gateway.log, one line per event with the time and the code.
+""",
+    "errors.md": """# Error handling
+
+## What an error code means
+Every error code the platform logs means one thing: look the code up in the runbook to see what
+failed and what to do about it.
+
+## Error codes in the logs
+Error codes appear in the service log with a timestamp, the component and a short message.
+""",
+    "runbook.md": """# Runbook
+
+## Reading the runbook
+Each entry names a symptom, what it means and the fix, in the order an operator checks them.
+
+## Escalation
+If a fix does not work within 30 minutes, page the on-call engineer.
+""",
+}
+
+
+def _corpus(kb, root: Path, files: dict[str, str]) -> None:
+    (root / "notes").mkdir(parents=True)
+    for name, text in files.items():
+        (root / "notes" / name).write_text(text)
+    report = kb.ingest([root], root=root)
+    assert report.count("failed") == 0
+
+
+def _units(kb, query: str, top_k: int = 6) -> list[str]:
+    return [h.unit_id for h in kb.search(query, mode="hybrid", top_k=top_k).hits]
+
+
+def test_a_documents_matching_sections_outrank_weak_matches_elsewhere(kb, tmp_path):
+    _corpus(kb, tmp_path / "corpus", MARGIN)
+    units = _units(kb, "what happens after a margin call")
+    assert units[0] == "notes/margin-calls.md#What triggers a margin call"
+    rank = {u: n for n, u in enumerate(units)}
+    for section in ("Deadline to respond", "Forced liquidation"):
+        unit = f"notes/margin-calls.md#{section}"
+        assert unit in rank, units  # the document's other sections make the first six
+        for weak in ("notes/futures.md#Variation margin", "notes/account-types.md#Retirement accounts"):
+            assert rank[unit] < rank.get(weak, 99), units
+
+
+def test_a_rare_identifier_is_not_outvoted_by_generic_sections(kb, tmp_path):
+    _corpus(kb, tmp_path / "corpus", GATEWAY)
+    units = _units(kb, "what does error ERR_4417 mean")
+    assert units[0] == "notes/gateway.md#Session expiry", units
+
+
+def _hit(cid: str, score: float, path: str = "a.md") -> SearchHit:
+    return SearchHit(chunk_id=cid, score=score, text="", doc_id=path, path=path, section=cid, section_path=cid,
+                     unit_id=f"{path}#{cid}", doc_type="note", collection="c")
+
+
+def test_convex_weighs_margins_where_rrf_counts_votes():
+    """Lexical finds `x` far ahead of the rest; semantic's scores are nearly flat. RRF lets `y`,
+    middling in both lists, win; the convex combination keeps `x` first."""
+    semantic = [_hit("y", 0.52), _hit("z", 0.51), _hit("w", 0.50), _hit("x", 0.49)]
+    lexical = [_hit("x", 0.9), _hit("y", 0.3)]  # normalised raw/(1+raw): raw 9 vs 0.43
+    assert rrf([Candidates("semantic", semantic), Candidates("lexical", lexical)])[0].chunk_id == "y"
+    semantic = [_hit("y", 0.52), _hit("z", 0.51), _hit("w", 0.50), _hit("x", 0.49)]
+    lexical = [_hit("x", 0.9), _hit("y", 0.3)]
+    fused = convex([Candidates("semantic", semantic), Candidates("lexical", lexical)], 0.5)
+    assert fused[0].chunk_id == "x" and 0 < fused[-1].score <= fused[0].score <= 1.0
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.2])
+def test_document_evidence_lifts_only_documents_with_several_matches(weight):
+    ranked = [_hit("a1", 0.9, "a.md"), _hit("b1", 0.5, "b.md"), _hit("a2", 0.45, "a.md"), _hit("a3", 0.44, "a.md")]
+    order = [h.chunk_id for h in document_evidence(ranked, 3, weight)]
+    assert order == (["a1", "b1", "a2", "a3"] if weight == 0 else ["a1", "a2", "a3", "b1"])
