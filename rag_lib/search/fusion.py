@@ -109,12 +109,13 @@ def document_evidence(ranked: list[SearchHit], units: int, weight: float) -> lis
     once gains little."""
     if weight <= 0 or units <= 0 or not ranked:
         return ranked
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     doc_units: dict[tuple[str, str], list[float]] = {}
     for hit in ranked:
-        if hit.unit_id not in seen:  # a unit's best chunk speaks for it
-            seen.add(hit.unit_id)
-            doc_units.setdefault((hit.collection, hit.path), []).append(hit.score)
+        doc_units.setdefault((hit.collection, hit.path), [])
+        if (hit.collection, hit.unit_id) not in seen:  # a unit's best chunk speaks for it
+            seen.add((hit.collection, hit.unit_id))
+            doc_units[(hit.collection, hit.path)].append(hit.score)
     evidence = {doc: sum(sorted(scores, reverse=True)[:units]) for doc, scores in doc_units.items()}
     top = max(evidence.values()) or 1.0
     for hit in ranked:
