@@ -42,7 +42,7 @@ class SearchOptions:
     link_threshold: float = 0.2
     link_margin: float = 0.1
     link_max: int = 1
-    link_boost: float = 1.0
+    link_boost: float = 0.5
     document_weight: float = 0.2
     document_units: int = 3
     fusion: str = "convex"
