@@ -76,6 +76,7 @@ def _typed(report, types) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--collection", required=True)
+    parser.add_argument("--corpus", help="ingest this folder into the collection first (a small run)")
     parser.add_argument("--set", action="append", default=[], help="a BEIR folder (queries.jsonl, qrels.tsv)")
     parser.add_argument("--queries")
     parser.add_argument("--qrels")
@@ -87,6 +88,8 @@ def main() -> None:
     if args.queries:
         sets.append((Path(args.qrels).stem, Path(args.queries), Path(args.qrels)))
     with KnowledgeBase(Settings()) as kb:
+        if args.corpus:
+            kb.ingest([args.corpus], args.collection, root=args.corpus)
         results = {name: run(kb, args.collection, q, r, args.unit, args.k1, args.b) for name, q, r in sets}
     print(json.dumps({"benchmark": "lexical_reference", "collection": args.collection, "k1": args.k1, "b": args.b,
                       "ndcg@10": results}))

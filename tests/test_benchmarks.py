@@ -43,6 +43,17 @@ def test_help_answers_without_starting_the_run(script: str, tmp_path: Path):
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
+def _tiny_eval_set(tmp: Path) -> list[str]:
+    """Two questions about FILES' sample trade, as --queries/--qrels arguments."""
+    (tmp / "queries.jsonl").write_text(
+        '{"_id": "q1", "text": "NVDA trade exit price", "metadata": {"type": "factual"}}\n'
+        '{"_id": "q2", "text": "lessons from the NVDA earnings trade", "metadata": {"type": "factual"}}\n')
+    (tmp / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                   "q1\ttradegent/fixtures/sample_trade.yaml#execution\t2\n"
+                                   "q2\ttradegent/fixtures/sample_trade.yaml#review\t2\n")
+    return ["--queries", str(tmp / "queries.jsonl"), "--qrels", str(tmp / "qrels.tsv")]
+
+
 # Per script: the arguments of a run of a few seconds (given the small corpus copy `corpus`, a
 # scratch folder `tmp`), and figures its JSON line must hold.
 SMALL = {
@@ -60,6 +71,8 @@ SMALL = {
                                              "--work", str(tmp / "bench")],
                         {"runs", "graph", "per_query"}),
     "ingest.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--copies", "1"], set()),
+    "lexical_reference.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--collection", "small",
+                                                  *_tiny_eval_set(tmp)], {"ndcg@10"}),
     "local_batch_size.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "8", "--sizes", "8",
                                                  "--runtimes", "onnx", "--rounds", "1"], set()),
     "parallel.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--runs", "1", "--local-files", "2",
@@ -83,7 +96,7 @@ def test_every_benchmark_has_a_small_run():
 def test_small_run_prints_one_json_line_of_figures(script: str, corpus_copy, pg_server: str, tmp_path: Path):
     make_args, figures = SMALL[script]
     corpus = corpus_copy(*FILES)
-    env = {"RAG_DATABASE_URL": create_database(pg_server)} if script == "api.py" else {}
+    env = {"RAG_DATABASE_URL": create_database(pg_server)} if script in ("api.py", "lexical_reference.py") else {}
     try:
         done = run(script, *make_args(corpus, tmp_path), cwd=tmp_path, env=env)
     finally:
