@@ -77,7 +77,8 @@ SMALL = {
                                                  "--runtimes", "onnx", "--rounds", "1"], set()),
     "parallel.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--runs", "1", "--local-files", "2",
                                          "--latency", "0"], {"stub", "local"}),
-    "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "10", "--queries", "3", "--types", "vector",
+    # scale.py samples 2,000 chunks for its recall figures and picks among 20 nearby anchors
+    "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "40", "--queries", "3", "--types", "vector",
                                       "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy")],
                  {"load", "chunks"}),
     "search.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "400", "--queries", "3",

@@ -61,9 +61,13 @@ def test_selective_filters_are_ranked_exactly(corpus_kb):
 
 def test_top_k_and_min_similarity(corpus_kb):
     assert len(corpus_kb.search("market regime", top_k=3).hits) == 3
-    strict = corpus_kb.search("market regime", top_k=50, min_similarity=0.5).hits
-    assert strict and all(h.score >= 0.5 for h in strict)  # some pass the threshold, none below it
-    assert len(strict) < 50
+    loose = corpus_kb.search("market regime", mode="semantic", top_k=50).hits
+    assert len(loose) == 50
+    cut = sorted((h.similarity for h in loose), reverse=True)[9]  # the 10th best similarity
+    strict = corpus_kb.search("market regime", mode="semantic", top_k=50, min_similarity=cut).hits
+    # the best ones pass the threshold, nothing below it does (a fixed 0.5 let an empty list pass)
+    assert strict and all(h.similarity >= cut for h in strict)
+    assert len(strict) < len(loose)
 
 
 def test_other_collections_are_not_searched(corpus_kb):
