@@ -115,6 +115,29 @@ def corpus_template(pg_server: str, provider: LocalProvider, tmp_path_factory) -
     return name
 
 
+@pytest.fixture(scope="session")
+def cached_template(pg_server: str, migrated_template: str, corpus_template: str) -> str:
+    """Name of a template database holding the migrations and the shared corpus's embedding cache
+    (copied from `corpus_template`), and nothing else."""
+    name = "cached_template"
+    url = create_database(pg_server, name, template=migrated_template)
+    source = pg_server.replace("/postgres?", f"/{corpus_template}?", 1)
+    with psycopg.connect(source) as src, psycopg.connect(url) as dst:
+        with src.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
+                dst.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
+            for block in out:
+                into.write(block)
+    return name
+
+
+@pytest.fixture
+def cached_database_url(pg_server: str, cached_template: str) -> str:
+    """A fresh database with no documents whose embedding cache already holds every shared-corpus
+    vector: ingesting copies of shared-corpus files calls no model. Not for tests that assert what a
+    first ingest embeds or how the cache fills (they take `database_url`)."""
+    return create_database(pg_server, template=cached_template)
+
+
 @pytest.fixture
 def corpus_db_url(pg_server: str, corpus_template: str) -> str:
     """A fresh database that already holds the whole shared corpus (copied from the template)."""

@@ -22,6 +22,12 @@ SCANNER = f"{K}/scanners/daily/premarket-gap.yaml"
 MOMENTUM_SCANNER = f"{K}/scanners/daily/earnings-momentum.yaml"
 
 
+@pytest.fixture
+def database_url(cached_database_url: str) -> str:
+    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
+    return cached_database_url
+
+
 def _doc(root: Path, rel: str):
     (doc,) = load_file(root / rel, root, "default", 10_000_000)
     return doc

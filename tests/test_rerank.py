@@ -14,6 +14,12 @@ TEXTS = ["nothing relevant here", "NVDA earnings beat", "NVDA guidance and earni
 QUERY = "NVDA earnings risks"
 
 
+@pytest.fixture
+def database_url(cached_database_url: str) -> str:
+    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
+    return cached_database_url
+
+
 @pytest.mark.parametrize("shape", ["tei", "cohere"])
 def test_http_reranker_scores_in_input_order(shape):
     with RerankStub(shape=shape) as stub:
