@@ -256,6 +256,7 @@ def test_concurrent_single_queries_get_their_own_vectors(provider):
     assert np.abs(np.vstack(got) - expected).max() < 1e-5
 
 
+@pytest.mark.slow  # exports the model to ONNX again (about a minute on a busy machine)
 def test_onnx_export_is_made_once_and_reused(provider, tmp_path):
     first = load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model)
     made = first.path.stat().st_mtime_ns
@@ -289,6 +290,7 @@ def test_a_search_process_does_not_import_torch(provider, tmp_path):
     assert (runtime, torch_loaded) == ("onnx", "False")
 
 
+@pytest.mark.slow  # exports the model to ONNX again (about a minute on a busy machine)
 def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
     path = load_onnx_encoder(provider.model_path, tmp_path, lambda: provider._model).path
     path.write_bytes(b"not an onnx model")  # a torn download or a full disk
@@ -298,6 +300,7 @@ def test_a_damaged_onnx_export_is_made_again(provider, tmp_path, caplog):
     assert np.abs(encoder.encode("stop loss") - provider.embed(["stop loss", "x"])[:1]).max() < 1e-5
 
 
+@pytest.mark.slow  # exports the model to ONNX again (about a minute on a busy machine)
 def test_an_onnx_export_that_disagrees_with_torch_is_refused(provider, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(onnx_encoder, "MAX_ABS_DIFF", -1.0)  # nothing can agree: as if the export were wrong
     with pytest.raises(ConfigError, match="differ from the torch model"):
@@ -322,6 +325,7 @@ def test_query_runtime_setting(tmp_path):
         Settings(home=tmp_path, embedding={"batch_runtime": "tensorrt"})
 
 
+@pytest.mark.slow  # long texts on torch and at four ONNX batch sizes (about a minute on a busy machine)
 def test_onnx_batches_make_the_torch_models_vectors(provider):
     # ingest batches run on ONNX Runtime by default: every vector must be the one torch makes, in
     # any batch (padding to the batch's longest text is masked), past the 256-token limit, any script
