@@ -160,6 +160,7 @@ def grpc_args(values: dict[str, Any]) -> dict[str, str]:
     return dict(zip(args[::2], args[1::2]))
 
 
+@pytest.mark.slow  # a Dagster instance and dagster_k8s's launcher (30 s on a busy machine)
 def test_run_pod_job_is_what_dagster_k8s_submits_for_our_ingest_job(kube_api):
     """The K8sRunLauncher configured as the chart configures it from our values launches a run of
     `ingest_files`; the Job it POSTs reads back into the kubernetes client's V1Job unchanged and
