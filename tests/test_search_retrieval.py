@@ -190,7 +190,11 @@ def test_query_expansion_through_local_chat_server(corpus_kb):
         s = corpus_kb.settings.search
         s.expansion_model, s.expansion_base_url = "stub-chat", f"http://127.0.0.1:{server.server_port}/v1"
         corpus_kb.__dict__.pop("expander", None)
-        res = corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5)
+        asked = len(_ChatStub.requests)
+        assert corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5).hits == []  # expansion only when asked
+        assert len(_ChatStub.requests) == asked
+        res = corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5, expand=True)
+        assert len(_ChatStub.requests) == asked + 1
         assert res.hits and "rvol" in res.hits[0].text.lower()
         sent = _ChatStub.requests[-1]
         assert sent["model"] == "stub-chat" and sent["messages"][-1]["content"] == "qqqzzzxx"
