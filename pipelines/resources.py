@@ -10,14 +10,14 @@ from typing import Any
 from dagster import AssetKey, ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
+from pipelines.partitions import PartitionMap
+from pipelines.stage_runner import StageRunner
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.log import get_logger
 from rag_lib.quality import preload_great_expectations
 from rag_lib.shutdown import skip_final_collections
-
-from pipelines.stage_runner import StageRunner
 
 log = get_logger(__name__)
 
@@ -73,11 +73,9 @@ class RagResource(ConfigurableResource):
             self._kb = KnowledgeBase(settings, provider=provider_for(settings))
         return self._kb
 
-    def partition_map(self) -> "PartitionMap":
+    def partition_map(self) -> PartitionMap:
         """Partition keys ↔ files for the registered corpus roots (the registry, merged with
         rag.yaml's pipeline.roots): read per run/tick, so UI-launched runs need no run config."""
-        from pipelines.partitions import PartitionMap
-
         return PartitionMap(self.kb().roots())
 
     def runner(self) -> StageRunner:

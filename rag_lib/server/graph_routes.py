@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.server.logs import request_id_var

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from rag_lib.errors import RagError
 from rag_lib.server.graph_routes import _safe
 
 Collection = Annotated[str | None, Field(max_length=200, description="Collection name (default: the configured one).")]

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
-import os
 import re
-import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -27,7 +25,7 @@ from rag_lib.log import get_logger
 from rag_lib.models import SearchHit
 from rag_lib.server import uploads
 from rag_lib.server.errors import DocumentConflictError, scrub_paths
-from rag_lib.server.security import confine, safe_relative
+from rag_lib.server.security import safe_relative
 
 log = get_logger(__name__)
 
