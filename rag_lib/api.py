@@ -164,9 +164,12 @@ class KnowledgeBase:
 
     def rebuild_profiles(self, collection: str | None = None) -> Any:
         """Rebuild the collection's ticker profiles (entity linking) from its documents and graph;
-        only profiles whose text or documents changed are embedded again. A `ProfileReport`."""
-        from rag_lib.graph.profiles import build_profiles
+        only profiles whose text or documents changed are embedded again. A `ProfileReport`; with
+        `search.entity_linking` off nothing is built (no embedding calls for an unused feature)."""
+        from rag_lib.graph.profiles import ProfileReport, build_profiles
 
+        if not self.settings.search.entity_linking:
+            return ProfileReport(self._collection(collection), None)
         return build_profiles(self.store, self.provider, self._collection(collection))
 
     def ticker_profiles(self, collection: str | None = None) -> list[dict[str, Any]]:

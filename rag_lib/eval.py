@@ -292,7 +292,8 @@ def _sentences(text: str) -> list[str]:
 
 
 def _numbered(items: Sequence[str], prefix: str = "") -> str:
-    return "\n".join(f"{prefix}{i}: {t}" for i, t in enumerate(items, 1))
+    # one line per item: a context's own line breaks (and lines like "2: ...") would blur where it ends
+    return "\n".join(f"{prefix}{i}: {' '.join(t.split())}" for i, t in enumerate(items, 1))
 
 
 class ChatJudge:

@@ -28,7 +28,9 @@ def remote_settings(settings: Settings, stub: OpenAIStub, **embedding) -> Settin
                batch_size=16, backoff_base=0.01, max_retries=2, timeout=2.0, prices={MODEL: PRICE})
     cfg.update(embedding)
     merged = EmbeddingSettings.model_validate({**settings.embedding.model_dump(), **cfg})
-    return settings.model_copy(update={"embedding": merged})
+    # these tests count the chunks' embedding requests: ticker profiles (entity linking) would add theirs
+    search = settings.search.model_copy(update={"entity_linking": False})
+    return settings.model_copy(update={"embedding": merged, "search": search})
 
 
 def open_kb(s: Settings) -> KnowledgeBase:
