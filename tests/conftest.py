@@ -15,12 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from testkit import create_database  # noqa: E402
+
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
 from rag_lib.store import apply_migrations  # noqa: E402
-from testkit import create_database  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_CORPUS = REPO.parent / "shared" / "corpus"
@@ -178,3 +179,22 @@ def rag(monkeypatch, database_url, provider, tmp_path, capsys):
 
     yield run
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def pg_instance(pg_server, database_url, tmp_path, monkeypatch):
+    """A Postgres-backed Dagster instance (its own database on the session's server)."""
+    import uuid
+
+    import psycopg
+
+    from pipelines.instance import get_instance, sqlalchemy_url
+
+    name = "dagster_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
+    instance = get_instance(Settings(database_url=database_url, home=tmp_path / ".rag"),
+                            home=tmp_path / "dagster_home")
+    yield instance
+    instance.dispose()

@@ -7,10 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
-import uuid
 import warnings
-
-import psycopg
 
 import pytest
 from dagster import (
@@ -20,17 +17,23 @@ from dagster import (
     SkipReason,
     build_run_status_sensor_context,
     build_schedule_context,
-    build_sensor_context,
 )
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
+from testkit import sensor_tick  # noqa: E402
+
 from pipelines.definitions import defs  # noqa: E402
-from pipelines.instance import get_instance, sqlalchemy_url  # noqa: E402
-from pipelines.partitions import CORPUS_FILES, PartitionMap, decode_key, encode_key, plan_ranges  # noqa: E402
+from pipelines.partitions import (  # noqa: E402
+    CORPUS_FILES,
+    PartitionMap,
+    decode_key,
+    encode_key,
+    plan_ranges,
+)
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
-from pipelines.sensors import corpus_sensor, record_run_failures  # noqa: E402
+from pipelines.sensors import record_run_failures  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
@@ -38,19 +41,6 @@ from rag_lib.models import CorpusRoot  # noqa: E402
 
 RELS = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_research.yaml"]
 FILES = [f"corpus/{rel}" for rel in RELS]  # partition keys: <root name>/<path under the root>
-
-
-@pytest.fixture
-def pg_instance(pg_server, database_url, tmp_path, monkeypatch):
-    """A Postgres-backed Dagster instance (its own database on the session's server)."""
-    name = "dagster_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
-    instance = get_instance(Settings(database_url=database_url, home=tmp_path / ".rag"),
-                            home=tmp_path / "dagster_home")
-    yield instance
-    instance.dispose()
 
 
 @pytest.fixture
@@ -65,17 +55,6 @@ def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
     kb.close()
 
 
-def tick(instance, rag, cursor):
-    """Evaluate the sensor and apply its partition requests as the daemon would."""
-    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
-        result = corpus_sensor(context)
-    for req in result.dynamic_partitions_requests or []:
-        if isinstance(req, AddDynamicPartitionsRequest):
-            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        else:
-            for key in req.partition_keys:
-                instance.delete_dynamic_partition(req.partitions_def_name, key)
-    return result
 
 
 def launch(instance, rag, run_request):
@@ -114,7 +93,7 @@ def test_keys_name_their_root(tmp_path):
 def test_sensor_new_changed_deleted(env):
     root, rag, kb, instance = env
     # New files: partitions added and one run over all of them.
-    first = tick(instance, rag, None)
+    first = sensor_tick(instance, rag, None)
     (add,) = first.dynamic_partitions_requests
     assert isinstance(add, AddDynamicPartitionsRequest) and sorted(add.partition_keys) == sorted(FILES)
     (run,) = first.run_requests
@@ -125,17 +104,17 @@ def test_sensor_new_changed_deleted(env):
 
     # A tick without a cursor (`rag dev` started after `rag materialize`) finds every file current
     # and materialized: no run.
-    assert not tick(instance, rag, None).run_requests
+    assert not sensor_tick(instance, rag, None).run_requests
 
     # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
     os.utime(root / RELS[1], ns=(1, 1))
-    quiet = tick(instance, rag, first.cursor)
+    quiet = sensor_tick(instance, rag, first.cursor)
     assert not quiet.run_requests and quiet.skip_reason is not None
 
     # A changed file: one run for that file only, no new partitions.
     with open(root / RELS[0], "a") as fh:
         fh.write("\nreviewer_note: tightened the stop after review\n")
-    changed = tick(instance, rag, quiet.cursor)
+    changed = sensor_tick(instance, rag, quiet.cursor)
     assert not changed.dynamic_partitions_requests
     (run,) = changed.run_requests
     assert run.tags["dagster/asset_partition_range_start"] == run.tags["dagster/asset_partition_range_end"] == FILES[0]
@@ -144,7 +123,7 @@ def test_sensor_new_changed_deleted(env):
 
     # A deleted file: its rows go first, then its partition.
     (root / RELS[1]).unlink()
-    deleted = tick(instance, rag, changed.cursor)
+    deleted = sensor_tick(instance, rag, changed.cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
     assert not deleted.run_requests
@@ -157,10 +136,10 @@ def test_sensor_new_changed_deleted(env):
 @pytest.mark.slow
 def test_unregistered_root_drops_partitions_keeps_documents(env):
     root, rag, kb, instance = env
-    first = tick(instance, rag, None)
+    first = sensor_tick(instance, rag, None)
     assert launch(instance, rag, first.run_requests[0]).success
     kb.remove_root(root)  # the last root: its partitions still go, its documents stay
-    after = tick(instance, rag, first.cursor)
+    after = sensor_tick(instance, rag, first.cursor)
     (delete,) = after.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
     assert not after.run_requests and instance.get_dynamic_partitions(CORPUS_FILES) == []
@@ -177,7 +156,7 @@ def test_many_new_files_become_one_run(env, tmp_path):
     (root / "bulk").mkdir()
     for i in range(25):
         shutil.copy(src, root / f"bulk/copy_{i:02d}.yaml")
-    result = tick(instance, rag, None)
+    result = sensor_tick(instance, rag, None)
     assert len(result.dynamic_partitions_requests[0].partition_keys) == 27
     assert len(result.run_requests) == 1
 
@@ -185,7 +164,7 @@ def test_many_new_files_become_one_run(env, tmp_path):
 @pytest.mark.slow
 def test_run_failure_sensor_records_failure(env):
     root, rag, kb, instance = env
-    tick(instance, rag, None)
+    sensor_tick(instance, rag, None)
     (root / RELS[0]).unlink()  # the partition still exists; its run fails (file not found)
     job = defs.resolve_job_def("ingest_files")
     config = {"database_url": rag.database_url, "home": rag.home}

@@ -100,3 +100,20 @@ def start_server(args: Sequence[str], env: dict[str, str], log_path: Path, *, ho
             server.stop(timeout=5)
             raise RuntimeError(f"`rag {' '.join(args)}` did not start: {server.log_tail()}")
         time.sleep(0.3)
+
+
+def sensor_tick(instance, rag, cursor):
+    """Evaluate the corpus sensor and apply its partition requests as the daemon would."""
+    from dagster import AddDynamicPartitionsRequest, build_sensor_context
+
+    from pipelines.sensors import corpus_sensor
+
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
+        result = corpus_sensor(context)
+    for req in result.dynamic_partitions_requests or []:
+        if isinstance(req, AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        else:
+            for key in req.partition_keys:
+                instance.delete_dynamic_partition(req.partitions_def_name, key)
+    return result

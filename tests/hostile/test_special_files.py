@@ -21,10 +21,10 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from testkit import child_env, create_database, sensor_tick, start_server
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
-from testkit import child_env, create_database, start_server
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
@@ -221,35 +221,6 @@ def test_http_embed_of_an_oversized_file_costs_the_server_no_memory(pg_server, t
 
 # ---- Dagster: the corpus sensor, the stage runs, the nightly reconcile, `rag materialize` ----------
 
-@pytest.fixture
-def pg_instance(pg_server, database_url, tmp_path, monkeypatch):
-    from pipelines.instance import get_instance, sqlalchemy_url
-
-    name = "dagster_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    monkeypatch.setenv("DAGSTER_PG_URL", sqlalchemy_url(pg_server, name))
-    instance = get_instance(Settings(database_url=database_url, home=tmp_path / ".rag"),
-                            home=tmp_path / "dagster_home")
-    yield instance
-    instance.dispose()
-
-
-def tick(instance, rag, cursor):
-    """Evaluate the corpus sensor and apply its partition requests as the daemon would."""
-    from dagster import AddDynamicPartitionsRequest, build_sensor_context
-
-    from pipelines.sensors import corpus_sensor
-
-    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
-        result = corpus_sensor(context)
-    for req in result.dynamic_partitions_requests or []:
-        if isinstance(req, AddDynamicPartitionsRequest):
-            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        else:
-            for key in req.partition_keys:
-                instance.delete_dynamic_partition(req.partitions_def_name, key)
-    return result
 
 
 RECONCILE = textwrap.dedent("""
@@ -287,7 +258,7 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
     rag = RagResource(database_url=database_url, home=str(home))
     with KnowledgeBase(settings, provider=provider) as kb:
         kb.add_root(root)
-        first = tick(pg_instance, rag, None)  # a FIFO blocked this tick forever; /dev/zero read forever
+        first = sensor_tick(pg_instance, rag, None)  # a FIFO blocked this tick forever; /dev/zero read forever
         keys = set(pg_instance.get_dynamic_partitions(CORPUS_FILES))
         assert {f"corpus/{rel}" for rel in [*EXPECTED, "good.md", "became.md"]} == keys  # no key for the long path
         assert first.run_requests
@@ -308,7 +279,7 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
         # change without reading it (the reviewer's `rag materialize` hashed 22.5 GB here)
         (root / "became.md").unlink()
         os.symlink("/dev/zero", root / "became.md")
-        second = tick(pg_instance, rag, first.cursor)
+        second = sensor_tick(pg_instance, rag, first.cursor)
         assert second.run_requests, "a file that became a link is a change"
     done = subprocess.run([sys.executable, "-c", RECONCILE, database_url, str(home)], capture_output=True, text=True,
                           timeout=300, env={**child_env(database_url, home), "PYTHONPATH": os.pathsep.join(sys.path)})
