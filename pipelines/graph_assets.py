@@ -130,17 +130,13 @@ def rebuild_profiles(rag: RagResource, outcomes: list[StageOutcome]) -> dict[str
     """The ticker profiles (entity linking) of the collections whose graph changed in this run, or
     whose profiles are missing: one rebuild per run, only changed profiles embedded again."""
     kb = rag.kb()
-    space = (kb.store.active_space() or {}).get("space")
     pmap = rag.partition_map()
-    collections, missing = set(), {}
+    changed: dict[str, bool] = {}
     for o in outcomes:
         if o.status in ("ok", "unchanged"):
             collection = pmap.target(o.key).collection
-            if collection not in missing:
-                missing[collection] = bool(space) and not kb.store.ticker_profile_hashes(collection, space)
-            if o.status == "ok" or missing[collection]:
-                collections.add(collection)
-    reports = [kb.rebuild_profiles(c).to_dict() for c in sorted(collections)]
+            changed[collection] = changed.get(collection, False) or o.status == "ok"
+    reports = [r for c in sorted(changed) if (r := kb.rebuild_profiles(c, changed=changed[c])) is not None]
     if not reports:
         return {"profiles_rebuilt": 0}
     return {"profiles": sum(r["profiles"] for r in reports),

@@ -155,22 +155,26 @@ class KnowledgeBase:
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
                 parsed=parsed, max_request_chunks=max_request_chunks,
             )
-            space = (self.store.active_space() or {}).get("space", "")
-            if report.count("new") or report.count("changed") or report.pruned or \
-                    not self.store.ticker_profile_hashes(report.collection, space):
-                report.profiles = self.rebuild_profiles(report.collection).to_dict()
+            changed = bool(report.count("new") or report.count("changed") or report.pruned)
+            report.profiles = self.rebuild_profiles(report.collection, changed=changed) or {}
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report
 
-    def rebuild_profiles(self, collection: str | None = None) -> Any:
-        """Rebuild the collection's ticker profiles (entity linking) from its documents and graph;
-        only profiles whose text or documents changed are embedded again. A `ProfileReport`; with
-        `search.entity_linking` off nothing is built (no embedding calls for an unused feature)."""
-        from rag_lib.graph.profiles import ProfileReport, build_profiles
+    def rebuild_profiles(self, collection: str | None = None, *, changed: bool = True) -> dict[str, Any] | None:
+        """Rebuild the collection's ticker profiles (entity linking) from its documents and graph when
+        its documents `changed` or it has none in the active space; only profiles whose text or
+        documents changed are embedded again. The `ProfileReport` as a dict, or None when nothing was
+        to do; with `search.entity_linking` off nothing is built (no embedding calls for an unused feature)."""
+        from rag_lib.graph.profiles import build_profiles
 
         if not self.settings.search.entity_linking:
-            return ProfileReport(self._collection(collection), None)
-        return build_profiles(self.store, self.provider, self._collection(collection))
+            return None
+        collection = self._collection(collection)
+        if not changed:
+            space = (self.store.active_space() or {}).get("space")
+            if not space or self.store.ticker_profile_hashes(collection, space):
+                return None
+        return build_profiles(self.store, self.provider, collection).to_dict()
 
     def ticker_profiles(self, collection: str | None = None) -> list[dict[str, Any]]:
         """The stored ticker profiles (ticker, space, text, sources, updated_at)."""
