@@ -223,8 +223,8 @@ def search(
             and len({h.unit_id for c in lists for h in c.hits}) < top_k:
         depth = min(1000, depth * 2)
         lists = gather(depth)
-    if space is not None:
-        if vectors is None:  # lexical mode with a threshold
+    if min_similarity > 0:  # a threshold holds for every candidate, whichever list found it
+        if vectors is None:  # lexical mode
             t0 = time.perf_counter()
             vectors = provider.embed([query])
             timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
@@ -272,6 +272,11 @@ def search(
     hits = ranked[:top_k]
     if plan.kind == "trend":
         hits = _by_date(hits)
+    if min_similarity <= 0 and vectors is not None:
+        # no threshold: only the hits returned need their cosine, not every candidate
+        t_s = time.perf_counter()
+        hits = _with_similarity(store, space["space"], vectors[0], [Candidates("result", hits, 1.0)], 0.0)[0].hits
+        timings["similarity"] = round((time.perf_counter() - t_s) * 1000, 2)
     for hit in hits:
         hit.excerpt = excerpt(hit.text, query)
     timings["search"] = round(timings.get("semantic", 0) + timings.get("lexical", 0), 2)  # database time
