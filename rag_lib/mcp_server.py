@@ -360,11 +360,11 @@ class _KeyGate:
 def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: str | None = None,
             port: int | None = None, read_only: bool = False) -> None:
     """Serve the tools over stdio (logs to stderr; stdout is the protocol) or streamable HTTP."""
-    from rag_lib.server.logs import setup_json_logging
+    from rag_lib.log import setup_server_logging
 
     settings = settings or get_settings()
     keys = KeyRing.from_env(settings)
-    setup_json_logging("WARNING")
+    setup_server_logging("WARNING")
 
     def factory() -> KnowledgeBase:
         base = KnowledgeBase(settings)

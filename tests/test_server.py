@@ -16,7 +16,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import ServerSettings, Settings
 from rag_lib.errors import ConfigError
 from rag_lib.server import create_app
-from rag_lib.server.logs import JsonFormatter
+from rag_lib.log import JsonFormatter
 from rag_lib.server.security import KeyRing, check_bind
 from conftest import SHARED_CORPUS
 

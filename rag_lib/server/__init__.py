@@ -13,14 +13,14 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
     non-loopback address when no API key is configured."""
     import uvicorn
 
-    from rag_lib.server.logs import setup_json_logging
+    from rag_lib.log import setup_server_logging
 
     settings = settings or get_settings()
     host = host or settings.server.host
     port = port if port is not None else settings.server.port
     keys = KeyRing.from_env(settings)
     check_bind(host, keys)
-    setup_json_logging(log_level)
+    setup_server_logging(log_level)
     app = create_app(settings, keys=keys, bind=(host, port))
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, log_level=log_level.lower(),
                 server_header=False, **proxy_options(settings))

@@ -31,11 +31,11 @@ from rag_lib.errors import (
     RagError,
     ValidationError,
 )
+from rag_lib.log import request_id_var
 from rag_lib.server import schemas as s
 from rag_lib.server import service
 from rag_lib.server.errors import RequestGuard, client_message, send_error
 from rag_lib.server.graph_routes import graph_router
-from rag_lib.server.logs import request_id_var
 from rag_lib.server.security import (
     AuthError,
     ForbiddenError,

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
 
 from rag_lib.errors import RagError, ValidationError
-from rag_lib.server.logs import request_id_var
+from rag_lib.log import request_id_var
 from rag_lib.server.security import HostNotAllowedError, HostPolicy, OriginNotAllowedError
 
 log = logging.getLogger("rag_lib.server")

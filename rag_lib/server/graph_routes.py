@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import Field
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.server.logs import request_id_var
+from rag_lib.log import request_id_var
 from rag_lib.server.schemas import CollectionName, Request
 
 
