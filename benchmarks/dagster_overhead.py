@@ -166,7 +166,7 @@ class Side:
             return rag_command([command, str(corpus), *(["--force"] if force else [])], self.url, self.home,
                                self.dagster_url)
         if self.dagster_url:
-            from pipelines.runner import materialize_corpus
+            from pipelines.launch import materialize_corpus
 
             with self.instance() as instance:
                 t = time.perf_counter()

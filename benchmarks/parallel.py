@@ -1,4 +1,4 @@
-"""Parallel runs: `rag materialize --parallel N` (pipelines.runner.materialize_corpus) with 1, 2 and
+"""Parallel runs: `rag materialize --parallel N` (pipelines.launch.materialize_corpus) with 1, 2 and
 4 runs at once, each on a fresh database and a cold embedding cache, (a) against the OpenAI-compatible
 stub (tests/openai_stub.py, its own process) at 50 ms per request, and (b) with the local model
 (CPU-bound: on 2 cores, more runs mostly share the same cores). Prints ONE JSON line.
@@ -38,7 +38,7 @@ STUB_ENV = {"RAG_EMBEDDING__PROVIDER": "openai_compatible", "RAG_EMBEDDING__MODE
 def materialize(admin: str, tag: str, corpus: Path, home: Path, parallel: int) -> dict:
     """One `rag materialize --parallel N` on fresh databases (library and Dagster)."""
     from pipelines.instance import get_instance, sqlalchemy_url
-    from pipelines.runner import materialize_corpus
+    from pipelines.launch import materialize_corpus
 
     url = create_database(admin, f"par_{tag}")
     os.environ["DAGSTER_PG_URL"] = sqlalchemy_url(admin, f"par_{tag}_dagster")

@@ -3,7 +3,7 @@
 Modules: partitions (one partition per registered corpus file, the partition sync, run ranges),
 resources (RagResource: settings, database, stage runner, partition map), assets (raw_documents → flattened_sections → chunks → embeddings →
 vector_table → hnsw_index), checks, jobs, sensors (corpus watcher, run failures), schedules
-(nightly reconcile, re-embed, index maintenance), instance (Postgres-backed DAGSTER_HOME), runner
+(nightly reconcile, re-embed, index maintenance), instance (Postgres-backed DAGSTER_HOME), launch
 (`rag materialize`: runs of the code location's job), cli (`rag materialize`/`rag dev`, plugged into
 `rag` through the `rag.commands` entry point), definitions (`defs`, loaded by workspace.yaml).
 """

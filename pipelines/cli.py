@@ -97,7 +97,7 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
          as_json: bool, parallel: Optional[int] = None) -> None:
     from pipelines.instance import get_instance
-    from pipelines.runner import materialize_corpus
+    from pipelines.launch import materialize_corpus
 
     settings = get_settings()
     roots = _roots(paths, collection)

@@ -225,7 +225,7 @@ def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider
     from dagster_postgres import PostgresRunStorage
 
     from pipelines.instance import get_instance, sqlalchemy_url
-    from pipelines.runner import materialize_corpus
+    from pipelines.launch import materialize_corpus
 
     name = "dagster_" + uuid.uuid4().hex[:8]
     with psycopg.connect(pg_server, autocommit=True) as conn:

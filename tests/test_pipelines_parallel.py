@@ -12,7 +12,7 @@ import pytest
 from pipelines.instance import get_instance, sqlalchemy_url
 from pipelines.partitions import plan_ranges
 from pipelines.resources import preload_provider
-from pipelines.runner import (launch_runs, location_workspace, materialize_corpus, poll_delays, register_partitions,
+from pipelines.launch import (launch_runs, location_workspace, materialize_corpus, poll_delays, register_partitions,
                               wait_for_run)
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
