@@ -345,7 +345,7 @@ class KnowledgeBase:
         `section` matches a section exactly; `section_contains` any section path containing the text,
         case-insensitively (the seeds' `ILIKE '%risk%'`). Every search is recorded in the metrics."""
         from rag_lib.metrics import search_metric
-        from rag_lib.search.engine import SearchOptions
+        from rag_lib.search.retrieval import SearchOptions
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
@@ -729,7 +729,7 @@ class KnowledgeBase:
 
     def classify_query(self, query: str, collection: str | None = None) -> Any:
         """The rule-based `QueryPlan` of a query (kind, tickers known to the collection, doc types)."""
-        from rag_lib.search.engine import plan_query
+        from rag_lib.search.retrieval import plan_query
 
         if not query or not query.strip():
             raise ValidationError("query is empty")

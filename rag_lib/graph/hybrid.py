@@ -12,7 +12,7 @@ from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.models import SearchHit
 from rag_lib.search.context import ContextResult, assemble
-from rag_lib.search.engine import SearchOptions, link_query, plan_query
+from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
 
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
 LEARNING_TYPES = ("learning", "post-trade-review")

@@ -3,6 +3,6 @@ by unit, similar documents and context assembly. `search()` dispatches on mode."
 
 from __future__ import annotations
 
-from rag_lib.search.engine import MODES, SearchOptions, plan_query, search
+from rag_lib.search.retrieval import MODES, SearchOptions, plan_query, search
 
 __all__ = ["MODES", "SearchOptions", "plan_query", "search"]
