@@ -19,7 +19,7 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
 from rag_lib.models import CorpusRoot
-from rag_lib.watch import FileTarget
+from rag_lib.corpus_scan import FileTarget
 
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, plan_ranges, range_tags, record_refused,

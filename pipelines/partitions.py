@@ -23,7 +23,7 @@ from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest,
 from rag_lib.corpus_files import FileRefused, ReadLimits, check_rel_path
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
-from rag_lib.watch import FileTarget, walk_files
+from rag_lib.corpus_scan import FileTarget, walk_files
 
 CORPUS_FILES = "corpus_files"
 corpus_files = DynamicPartitionsDefinition(name=CORPUS_FILES)

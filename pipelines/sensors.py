@@ -13,7 +13,7 @@ from dagster import (
 
 from rag_lib.config import get_settings
 from rag_lib.corpus_files import ReadLimits
-from rag_lib.watch import decode_state, encode_state, scan
+from rag_lib.corpus_scan import decode_state, encode_state, scan
 
 from pipelines.jobs import ingest_job
 from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
