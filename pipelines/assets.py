@@ -30,7 +30,7 @@ from rag_lib.versions import stage_versions
 
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
-from pipelines.stage_runner import StageOutcome, StageRunner
+from rag_lib.ingest.state import StageOutcome, StageRunner
 
 # `backfill_policy` is marked beta; we rely on it deliberately (single-run backfills).
 warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)

@@ -25,7 +25,7 @@ from rag_lib.graph.extract import GRAPH_VERSION
 from pipelines.assets import GROUP, partition_keys_read_once, raw_documents, vector_table
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
-from pipelines.stage_runner import RAW, VECTORS, StageOutcome
+from rag_lib.ingest.state import RAW, VECTORS, StageOutcome
 
 GRAPH = "knowledge_graph"
 SAMPLE_TRIPLES = 5

@@ -22,9 +22,9 @@ from rag_lib.models import CorpusRoot
 from rag_lib.corpus_scan import FileTarget
 
 from pipelines.jobs import INGEST_JOB
-from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, plan_ranges, range_tags, record_refused,
-                                  sync_partitions)
-from pipelines.stage_runner import StageRunner, keys_needing_runs
+from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, keys_needing_runs, plan_ranges, range_tags,
+                                  record_refused, sync_partitions)
+from pipelines.resources import stage_runner
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -87,7 +87,7 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
             refused.append(skip)
     # forgetting a gone file needs the database only (the runner loads the model on first stage)
     sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
-                           lambda target: StageRunner(kb, force=force).forget(target))
+                           lambda target: stage_runner(kb, force).forget(target))
     sync.apply(instance)
     targets = [pmap.target(k) for k in files if pmap.root_of(k).name in chosen]
     return targets, sync.ordered, sync.removed

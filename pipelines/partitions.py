@@ -202,3 +202,17 @@ def range_tags(start: str, end: str) -> dict[str, str]:
 
 def run_key(prefix: str, items: list[str]) -> str:
     return f"{prefix}-" + hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
+
+
+def keys_needing_runs(instance, kb, targets: list[FileTarget]) -> list[str]:
+    """The files a run would change: missing, failed or stale for the library (as the nightly
+    reconcile plans), or never materialized on this Dagster instance (e.g. a new one)."""
+    from dagster import AssetKey
+
+    from rag_lib.ingest.state import plan_reconcile
+
+    if not targets:
+        return []
+    plan = plan_reconcile(kb.store, kb.settings, targets, kb.settings.pipeline_fingerprint())
+    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
+    return sorted(set(plan.keys) | ({t.key for t in targets} - materialized))

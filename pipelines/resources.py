@@ -11,7 +11,7 @@ from dagster import AssetKey, ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
 from pipelines.partitions import PartitionMap
-from pipelines.stage_runner import StageRunner
+from rag_lib.ingest.state import StageRunner
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
@@ -39,6 +39,11 @@ def provider_for(settings: Settings) -> EmbeddingProvider:
     if key not in _PROVIDERS:
         _PROVIDERS[key] = get_provider(settings)
     return _PROVIDERS[key]
+
+
+def stage_runner(kb: KnowledgeBase, force: bool = False) -> StageRunner:
+    """The library's per-file stage runner over this knowledge base's store and ingest engine."""
+    return StageRunner(kb.settings, kb.store, lambda: kb.engine, force=force, recording=kb.recording_metrics)
 
 
 class RagResource(ConfigurableResource):
@@ -79,7 +84,7 @@ class RagResource(ConfigurableResource):
         return PartitionMap(self.kb().roots())
 
     def runner(self) -> StageRunner:
-        return StageRunner(self.kb(), force=self.force)
+        return stage_runner(self.kb(), self.force)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         from pipelines.instance import tune_event_writes

@@ -8,7 +8,7 @@ from rag_lib.config import get_settings
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
 from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
 from pipelines.resources import RagResource
-from pipelines.stage_runner import plan_reconcile
+from rag_lib.ingest.state import plan_reconcile
 
 CRONS = get_settings().pipeline.schedules
 
@@ -27,7 +27,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
-    plan = plan_reconcile(rag.kb(), on_disk, rag.kb().settings.pipeline_fingerprint())
+    plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current")

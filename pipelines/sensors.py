@@ -16,9 +16,16 @@ from rag_lib.corpus_files import ReadLimits
 from rag_lib.corpus_scan import decode_state, encode_state, scan
 
 from pipelines.jobs import ingest_job
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
+from pipelines.partitions import (
+    CORPUS_FILES,
+    keys_needing_runs,
+    plan_ranges,
+    range_tags,
+    record_refused,
+    run_key,
+    sync_partitions,
+)
 from pipelines.resources import RagResource
-from pipelines.stage_runner import keys_needing_runs
 
 
 @sensor(job=ingest_job, minimum_interval_seconds=get_settings().pipeline.sensor_interval_seconds,

@@ -21,7 +21,7 @@ from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
 from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult
-from rag_lib.engine import Engine
+from rag_lib.ingest.stages import Engine
 from rag_lib.store import Store
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
-from rag_lib.engine import check_vectors
+from rag_lib.ingest.stages import check_vectors
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, NotFoundError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.store import Store

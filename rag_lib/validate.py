@@ -9,9 +9,9 @@ from rag_lib.chunking import Chunker
 from rag_lib.config import Settings
 from rag_lib.corpus_files import read_text
 from rag_lib.documents import load_file
-from rag_lib.engine import error_text
+from rag_lib.ingest.stages import error_text
 from rag_lib.flatten import flatten, load_mapping
-from rag_lib.ingest import collect_files
+from rag_lib.ingest.run import collect_files
 from rag_lib.log import get_logger
 from rag_lib.models import Skipped
 from rag_lib.tokens import get_tokenizer

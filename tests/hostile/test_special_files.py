@@ -228,7 +228,7 @@ RECONCILE = textwrap.dedent("""
     from rag_lib.api import KnowledgeBase
     from rag_lib.config import Settings
     from pipelines.partitions import PartitionMap
-    from pipelines.stage_runner import plan_reconcile
+    from rag_lib.ingest.state import plan_reconcile
 
     kb = KnowledgeBase(Settings(database_url=sys.argv[1], home=sys.argv[2]))
     pmap = PartitionMap(kb.roots())
@@ -236,7 +236,7 @@ RECONCILE = textwrap.dedent("""
     vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
     limit = vm + 512 * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # this child only
-    plan = plan_reconcile(kb, targets, kb.settings.pipeline_fingerprint())
+    plan = plan_reconcile(kb.store, kb.settings, targets, kb.settings.pipeline_fingerprint())
     print(json.dumps({"stale": plan.stale, "missing": plan.missing, "failed": plan.failed}))
 """)
 
@@ -248,7 +248,7 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
                                                                    tmp_path: Path):
     from pipelines.partitions import CORPUS_FILES, PartitionMap
     from pipelines.resources import RagResource, preload_provider
-    from pipelines.stage_runner import StageRunner
+    from pipelines.resources import stage_runner
 
     root = make_root(tmp_path)
     (root / "became.md").write_text(GOOD.replace("Copper", "Uranium"))
@@ -267,7 +267,7 @@ def test_corpus_sensor_stage_runs_and_reconcile_skip_special_files(pg_instance, 
 
         pmap = PartitionMap(kb.roots())
         targets = [pmap.target(k) for k in sorted(keys)]
-        outcomes = {o.key: o for o in StageRunner(kb).raw_documents(targets)}
+        outcomes = {o.key: o for o in stage_runner(kb).raw_documents(targets)}
         assert outcomes["corpus/good.md"].status == "ok"
         for rel, reason in EXPECTED.items():
             o = outcomes[f"corpus/{rel}"]

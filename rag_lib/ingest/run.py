@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rag_lib.documents import iter_corpus_files
-from rag_lib.engine import EMBED_BATCH_CHUNKS, Engine, Loaded, Prepared, error_text
+from rag_lib.ingest.stages import EMBED_BATCH_CHUNKS, Engine, Loaded, Prepared, error_text
 from rag_lib.errors import LimitExceededError, RagError, TooManyChunksError, ValidationError
 from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger

@@ -1,6 +1,7 @@
-"""The ingest engine's stages as the Dagster assets run them: each stage takes the run's files,
-reads the previous stages' stored outputs (one query per stage per run), calls the library's stage
-function (`rag_lib.engine.Engine`), and stores its own output with the metadata shown for it.
+"""The per-file state machine of the ingest engine: each stage takes the run's files, reads the
+previous stages' stored outputs (one query per stage per run), calls the stage function
+(`rag_lib.ingest.stages`), and stores its own output with the metadata shown for it. The Dagster
+assets (pipelines/assets.py) run one stage per asset.
 
 A bad file is an outcome (`skipped`), never an exception; any error in one file is a `failed`
 outcome of that file only, and later stages report `upstream_failed` for it. A file whose stored
@@ -11,36 +12,27 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from rag_lib.api import KnowledgeBase
-from rag_lib.engine import Engine, FileVectors, Prepared, error_text, file_hash
+from rag_lib.config import Settings
 from rag_lib.errors import TooManyChunksError
+from rag_lib.ingest.stages import Engine, FileVectors, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
+from rag_lib.store import Store
+from rag_lib.watch import FileTarget
 
 log = get_logger(__name__)
 
 RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS = "raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"
 STAGES = (RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS)
 PREVIEW_CHUNKS = 5
-
-
-class FileTarget(Protocol):
-    """One partition: what `partition_map().target(key)` returns."""
-
-    key: str
-    collection: str
-    root: Path
-    rel: str
-
-    @property
-    def path(self) -> Path: ...
 
 
 @dataclass
@@ -74,17 +66,21 @@ def _ident(t: FileTarget) -> tuple[str, str]:
 
 
 class StageRunner:
-    """Runs the stages over many files with one knowledge base; `force` redoes current files too."""
+    """Runs the stages over many files with one store and engine; `force` redoes current files too."""
 
-    def __init__(self, kb: KnowledgeBase, force: bool = False):
-        self.kb = kb
+    def __init__(self, settings: Settings, store: Store, engine: Callable[[], Engine], force: bool = False,
+                 recording: Callable[[], AbstractContextManager] = nullcontext):
+        self.settings = settings
+        self.store = store
+        self._make_engine = engine
+        self.recording = recording  # a context in which embedding calls are recorded in the metrics
         self.force = force
         self.embed_totals: dict[str, int] = {}
 
     @cached_property
     def engine(self) -> Engine:
         """The library's stage functions (loads the model: only when a stage runs, not to forget a file)."""
-        return self.kb.engine
+        return self._make_engine()
 
     # ---- shared rules ------------------------------------------------------------------
 
@@ -138,7 +134,7 @@ class StageRunner:
         """The common loop of the stages after raw_documents: batched reads, per-file isolation,
         unchanged files re-emit their stored metadata, one batched write. `work(t, raw, rows)` returns
         (metadata, payload data), or None when the stage finishes that file itself (status `pending`)."""
-        rows = self.kb.load_stage_outputs((RAW, *needs, stage), [_ident(t) for t in targets])
+        rows = self.store.load_stage_outputs((RAW, *needs, stage), [_ident(t) for t in targets])
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
@@ -161,21 +157,21 @@ class StageRunner:
                 saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
                 outcomes.append(StageOutcome(t.key, "ok", meta))
             except TooManyChunksError as exc:  # bad input, not a failure: skipped with the reason
-                self.kb.record_skip(Skipped(c, exc.path, exc.reason, str(exc), rows[(c, p, RAW)]["file_hash"]))
+                self.store.record_skip(Skipped(c, exc.path, exc.reason, str(exc), rows[(c, p, RAW)]["file_hash"]))
                 skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
                 saves.append((c, p, stage, self._payload(stage, "skipped", rows[(c, p, RAW)]["file_hash"], skip, **skip),
                               rows[(c, p, RAW)]["file_hash"]))
                 outcomes.append(StageOutcome(t.key, "skipped", skip))
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 outcomes.append(self._failed(t, stage, exc, saves))
-        self.kb.save_stage_outputs(saves)
+        self.store.save_stage_outputs(saves)
         return outcomes
 
     # ---- stages ------------------------------------------------------------------------
 
     def raw_documents(self, targets: list[FileTarget]) -> list[StageOutcome]:
         """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again."""
-        rows = self.kb.load_stage_outputs((RAW,), [_ident(t) for t in targets])
+        rows = self.store.load_stage_outputs((RAW,), [_ident(t) for t in targets])
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
@@ -184,13 +180,13 @@ class StageRunner:
                 if not os.path.lexists(t.path):  # a FIFO or a link is there: loading records why it is skipped
                     raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
                 mine = rows.get((c, p, RAW))
-                if mine is not None and self._is_current(RAW, mine, file_hash(t.path, t.root, self.kb.settings)):
+                if mine is not None and self._is_current(RAW, mine, file_hash(t.path, t.root, self.settings)):
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
                 loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
                 for skip in loaded.skips:
-                    self.kb.record_skip(skip)
+                    self.store.record_skip(skip)
                 docs, skips = loaded.documents, loaded.skips
                 status = "ok" if docs else "skipped"
                 reason = skips[0].reason if skips and not docs else None
@@ -210,7 +206,7 @@ class StageRunner:
                 outcomes.append(StageOutcome(t.key, status, meta))
             except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError, MemoryError too)
                 outcomes.append(self._failed(t, RAW, exc, saves))
-        self.kb.save_stage_outputs(saves)
+        self.store.save_stage_outputs(saves)
         return outcomes
 
     def flattened_sections(self, targets: list[FileTarget]) -> list[StageOutcome]:
@@ -262,7 +258,7 @@ class StageRunner:
 
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
         try:
-            with self.kb.recording_metrics():
+            with self.recording():
                 result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
             result = FileVectors(errors={key: exc for key in pending})
@@ -280,13 +276,13 @@ class StageRunner:
                                         vectors=len(cs)), digest))
             done[key] = StageOutcome(t.key, "ok", m)
         try:
-            self.kb.save_staged_vectors(staged, cfg.model, cfg.dimensions)
+            self.store.save_staged_vectors(staged, cfg.model, cfg.dimensions)
         except Exception as exc:  # noqa: BLE001 - staging is one transaction: all of its files failed
             saves = [s for s in saves if s[3]["status"] == "failed"]
             for key, (t, _, _) in pending.items():
                 if key not in result.errors:
                     done[key] = self._failed(t, EMBEDDINGS, exc, saves)
-        self.kb.save_stage_outputs(saves)
+        self.store.save_stage_outputs(saves)
         return [done.get(o.key, o) for o in outcomes]
 
     def vector_table(self, targets: list[FileTarget]) -> list[StageOutcome]:
@@ -298,7 +294,7 @@ class StageRunner:
 
         def published_current(t: FileTarget, raw: dict) -> bool:
             if t.collection not in states:
-                states[t.collection] = self.kb.document_states(t.collection)
+                states[t.collection] = self.store.document_states(t.collection)
             return all(self.engine.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"])
 
         def collect(t: FileTarget, raw: dict, rows: dict) -> None:
@@ -308,7 +304,7 @@ class StageRunner:
         outcomes = self._run(VECTORS, targets, (SECTIONS, CHUNKS, EMBEDDINGS), collect, still_current=published_current)
         if not pending:
             return outcomes
-        staged = self.kb.load_staged_vectors([_ident(t) for t, _, _ in pending.values()])  # one query
+        staged = self.store.load_staged_vectors([_ident(t) for t, _, _ in pending.values()])  # one query
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
@@ -319,7 +315,7 @@ class StageRunner:
                 done[key] = StageOutcome(t.key, "ok", meta)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary
                 done[key] = self._failed(t, VECTORS, exc, saves)
-        self.kb.save_stage_outputs(saves)
+        self.store.save_stage_outputs(saves)
         return [done.get(o.key, o) for o in outcomes]
 
     def _publish_file(self, t: FileTarget, raw: dict, stored: dict, staged: dict[str, np.ndarray]) -> tuple[dict, list[str]]:
@@ -343,15 +339,16 @@ class StageRunner:
             count += len(chunks)
         gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published)
         if gone:
-            self.kb.remove_documents(t.collection, sorted(gone))
+            for ref in sorted(gone):
+                self.store.delete_document(t.collection, ref)
         return {"documents": len(published), "rows": count, "space": self.engine.provider.space}, published
 
     # ---- housekeeping ------------------------------------------------------------------
 
     def forget(self, t: FileTarget) -> list[str]:
         """Delete a (deleted) file's documents and stage rows."""
-        raw = self.kb.load_stage_outputs((RAW,), [_ident(t)]).get((t.collection, t.rel, RAW)) or {}
-        return self.kb.forget_file(t.collection, t.rel, [d["path"] for d in raw.get("documents", [])])
+        raw = self.store.load_stage_outputs((RAW,), [_ident(t)]).get((t.collection, t.rel, RAW)) or {}
+        return self.store.forget_file(t.collection, t.rel, [d["path"] for d in raw.get("documents", [])])
 
 
 
@@ -368,11 +365,11 @@ class ReconcilePlan:
         return sorted(set(self.missing) | set(self.failed) | set(self.stale))
 
 
-def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: str) -> ReconcilePlan:
-    """Compare the files on disk with the stored stage outputs (`kb`: anything with `stage_index`)."""
-    raw = kb.stage_index(RAW)
-    published = kb.stage_index(VECTORS)
-    broken = {k for stage in STAGES for k, (_, status, _) in kb.stage_index(stage).items()
+def plan_reconcile(store: Store, settings: Settings, targets: list[FileTarget], fingerprint: str) -> ReconcilePlan:
+    """Compare the files on disk with the stored stage outputs."""
+    raw = store.stage_index(RAW)
+    published = store.stage_index(VECTORS)
+    broken = {k for stage in STAGES for k, (_, status, _) in store.stage_index(stage).items()
               if status in ("failed", "upstream_failed")}
     plan = ReconcilePlan()
     for t in targets:
@@ -384,7 +381,7 @@ def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: st
             plan.missing.append(t.key)
             continue
         digest, status, _ = raw[ident]
-        if digest != file_hash(t.path, t.root, kb.settings):
+        if digest != file_hash(t.path, t.root, settings):
             plan.stale.append(t.key)
         elif status == "skipped":
             continue
@@ -393,15 +390,3 @@ def plan_reconcile(kb: KnowledgeBase, targets: list[FileTarget], fingerprint: st
         elif published[ident][2] != fingerprint:
             plan.stale.append(t.key)
     return plan
-
-
-def keys_needing_runs(instance, kb: KnowledgeBase, targets: list[FileTarget]) -> list[str]:
-    """The files a run would change: missing, failed or stale for the library (as the nightly
-    reconcile plans), or never materialized on this Dagster instance (e.g. a new one)."""
-    from dagster import AssetKey
-
-    if not targets:
-        return []
-    plan = plan_reconcile(kb, targets, kb.settings.pipeline_fingerprint())
-    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
-    return sorted(set(plan.keys) | ({t.key for t in targets} - materialized))
