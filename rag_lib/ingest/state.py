@@ -26,7 +26,7 @@ from rag_lib.ingest.stages import Engine, FileVectors, Prepared, error_text, fil
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
-from rag_lib.watch import FileTarget
+from rag_lib.corpus_scan import FileTarget
 
 log = get_logger(__name__)
 
