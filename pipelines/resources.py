@@ -58,6 +58,7 @@ class RagResource(ConfigurableResource):
 
     _kb: KnowledgeBase | None = PrivateAttr(default=None)
     _preparing: threading.Thread | None = PrivateAttr(default=None)
+    _runner: StageRunner | None = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
         if self.config_file:
@@ -84,7 +85,11 @@ class RagResource(ConfigurableResource):
         return PartitionMap(self.kb().roots())
 
     def runner(self) -> StageRunner:
-        return stage_runner(self.kb(), self.force)
+        """The run's stage runner: one per run, so a file parsed by raw_documents is not parsed again
+        by flattened_sections, and an output stored by one step is not read back by the next."""
+        if self._runner is None:
+            self._runner = stage_runner(self.kb(), self.force)
+        return self._runner
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         from pipelines.instance import tune_event_writes
@@ -124,6 +129,7 @@ class RagResource(ConfigurableResource):
         if self._preparing is not None:  # never close the knowledge base under a loading model
             self._preparing.join()
             self._preparing = None
+        self._runner = None
         if self._kb is not None:
             self._kb.close()
             self._kb = None

@@ -824,7 +824,7 @@ class KnowledgeBase:
     def build_hnsw_index(self) -> dict[str, Any]:
         """Build the active provider space's HNSW index if missing; its state plus `created_now`."""
         space = self.provider.space
-        built = self.store.ensure_hnsw_index(space, self.settings.embedding.dimensions)
+        built = self.engine.ensure_index()
         return {**self.store.hnsw_index_state(space), "space": space, "created_now": built["created"]}
 
     def maintain_indexes(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Incremental ingest of corpus roots, in memory: new and changed files are processed, unchanged
-ones are left alone, bad input is recorded and skipped, an unexpected error in one file is that
+"""Incremental ingest of corpus roots (`rag ingest`), in one process through the same per-file
+stages the Dagster assets run: new and changed files are processed, unchanged ones are left alone, bad input is recorded and skipped, an unexpected error in one file is that
 file's failure (the run goes on), and `prune` removes documents whose files are gone."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rag_lib.documents import iter_corpus_files
-from rag_lib.ingest.stages import EMBED_BATCH_CHUNKS, Engine, Loaded, Prepared, error_text
-from rag_lib.errors import LimitExceededError, RagError, TooManyChunksError, ValidationError
+from rag_lib.corpus_scan import FileTarget
+from rag_lib.ingest.stages import Engine, Loaded
+from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, SECTIONS, STAGES, VECTORS, StageOutcome, StageRunner
+from rag_lib.errors import LimitExceededError, ValidationError
 from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger
-from rag_lib.models import FileOutcome, IngestReport, ParsedFile, Skipped, SourceFile
+from rag_lib.models import FileOutcome, IngestReport, ParsedFile, SourceFile
 
 log = get_logger(__name__)
 
@@ -46,8 +48,9 @@ def source_files(paths: Iterable[Path], collection: str, root: Path | None = Non
             for base, file in collect_files(paths, root)]
 
 
-def _reason(stage: str, exc: BaseException) -> str:
-    return exc.code if isinstance(exc, RagError) else f"{stage}_failed"
+FILES_PER_ROUND = 64  # files taken through all stages together: large embedding batches, steady progress
+# what each stage is called in an ingest report's failure reasons and rag_failures sources
+STEP = {RAW: "load", SECTIONS: "prepare", CHUNKS: "prepare", EMBEDDINGS: "embed", VECTORS: "publish"}
 
 
 def ingest(
@@ -62,7 +65,9 @@ def ingest(
     parsed: Mapping[str, ParsedFile] | None = None,
     max_request_chunks: int | None = None,
 ) -> IngestReport:
-    """Bring the collection in step with the files under `paths`; see module docstring.
+    """Bring the collection in step with the files under `paths`; see module docstring. The files
+    go through the per-file stage runner (`rag_lib.ingest.state`), the one the Dagster assets run,
+    all stages in one process, `FILES_PER_ROUND` files at a time.
 
     `parsed` (by path relative to the root): files loaded and flattened already (the server's parse
     sandbox), not parsed again. `max_request_chunks` (a server request): every document is prepared
@@ -74,82 +79,85 @@ def ingest(
     store = engine.store
     engine.ensure_space()
     report = IngestReport(collection=collection)
-    states = store.document_states(collection)
-    seen: set[str] = set()
-    batch: list[tuple[Prepared, str]] = []
-
-    def fail(path: str, stage: str, exc: BaseException) -> None:
-        log.error("%s failed for %s: %s", stage, path, error_text(exc), exc_info=exc)
-        store.record_failure(f"ingest:{stage}", f"{path}: {error_text(exc)}", run_id=engine.run_id, partition=path)
-        report.outcomes.append(FileOutcome(path, "failed", reason=_reason(stage, exc), detail=error_text(exc)))
-
-    def flush() -> None:
-        if not batch:
-            return
-        result = engine.embed_files([(i, prepared.chunks) for i, (prepared, _) in enumerate(batch)])
-        report.cache_hits += result.cache_hits
-        report.embedded += result.embedded
-        for i, (prepared, status) in enumerate(batch):
-            if i in result.errors:
-                fail(prepared.doc.path, "embed", result.errors[i])
-                continue
-            try:
-                engine.publish(prepared, result.vectors[i])
-                report.outcomes.append(FileOutcome(prepared.doc.path, status, chunks=len(prepared.chunks)))
-            except Exception as exc:  # noqa: BLE001 - the per-file boundary
-                fail(prepared.doc.path, "publish", exc)
-        batch.clear()
-
-    def too_many(doc, exc: TooManyChunksError) -> None:
-        skip = Skipped(collection, doc.path, exc.reason, str(exc), doc.content_hash)
-        store.record_skip(skip)
-        report.outcomes.append(FileOutcome(doc.path, "skipped", reason=skip.reason, detail=skip.detail))
-
-    strict = max_request_chunks is not None
     files = source_files(paths, collection, root)
-    for done, source in enumerate(files, 1):
+    runner = StageRunner(engine.settings, store, lambda: engine, force=force, outage_raises=True)
+    for source in files:
         early = (parsed or {}).get(source.rel)
-        try:
-            loaded = (Loaded(source, early.documents, early.skips, early.file_hash) if early
-                      else engine.load(source))
-        except Exception as exc:  # noqa: BLE001 - any error in one file is that file's failure
-            seen.add(source.rel)  # a failed file keeps its last good version (prune leaves it)
-            fail(source.rel, "load", exc)
-            loaded = None
-        for skip in loaded.skips if loaded else []:
-            seen.add(skip.path)
-            store.record_skip(skip)
-            report.outcomes.append(FileOutcome(skip.path, "skipped", reason=skip.reason, detail=skip.detail))
-        for doc in loaded.documents if loaded else []:
-            seen.add(doc.path)
+        if early:
+            runner.preset(Loaded(source, early.documents, early.skips, early.file_hash), early.sections)
+    if max_request_chunks is not None:
+        _refuse_over_limits(engine, runner, files, collection, force, max_request_chunks)
+    seen: set[str] = set()
+    for start in range(0, len(files), FILES_PER_ROUND):
+        batch = files[start: start + FILES_PER_ROUND]
+        targets = [FileTarget(s.collection, s.root, s.rel, s.rel) for s in batch]
+        outcomes = runner.run_all(targets)
+        rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in targets])
+        for t in targets:
+            seen.update(_report_file(engine, report, t, outcomes[t.key], rows))
+        if progress:
+            for done, source in enumerate(batch, start + 1):
+                progress(str(source.path), done, len(files))
+    report.cache_hits, report.embedded = runner.embed_totals["cache_hits"], runner.embed_totals["embedded"]
+    # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
+    if report.chunks:
+        engine.ensure_index()
+    if prune:
+        report.pruned = store.delete_collection_documents_except(collection, seen)
+        on_disk = {s.rel for s in files}
+        for (c, rel) in store.stage_index(RAW):
+            if c == collection and rel not in on_disk:
+                store.forget_file(c, rel, [])  # its stage rows: a file put back later starts afresh
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _refuse_over_limits(engine: Engine, runner: StageRunner, files: list[SourceFile], collection: str,
+                        force: bool, max_request_chunks: int) -> None:
+    """A server request: prepare every document that would be embedded (no database, nothing
+    written) and raise over the per-document or per-request chunk limit; the runner keeps what was
+    parsed so the stages do not parse it again."""
+    states = engine.store.document_states(collection)
+    total = 0
+    for source in files:
+        loaded = runner.loaded(source) or engine.load(source)
+        runner.preset(loaded)
+        for doc in loaded.documents:
             if not force and engine.is_current(doc, states):
-                report.outcomes.append(FileOutcome(doc.path, "unchanged"))
                 continue
-            try:
-                prepared = engine.prepare(doc, early.sections.get(doc.path) if early else None)
-            except TooManyChunksError as exc:
-                if strict:
-                    raise
-                too_many(doc, exc)
-                continue
-            except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError included)
-                fail(doc.path, "prepare", exc)
-                continue
-            batch.append((prepared, "changed" if doc.path in states else "new"))
-            total = sum(len(p.chunks) for p, _ in batch)
-            if strict and total > max_request_chunks:
+            total += len(engine.prepare(doc, runner.sections(collection, doc.path)).chunks)  # TooManyChunksError
+            if total > max_request_chunks:
                 raise LimitExceededError(
                     f"this request has at least {total} chunks, over limits.max_chunks_per_request={max_request_chunks} "
                     "(RAG_LIMITS__MAX_CHUNKS_PER_REQUEST); send fewer documents per request or raise the setting")
-            if not strict and total >= EMBED_BATCH_CHUNKS:
-                flush()
-        if progress:
-            progress(str(source.path), done, len(files))
-    flush()
-    # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
-    if report.chunks:
-        store.ensure_hnsw_index(engine.provider.space, engine.settings.embedding.dimensions)
-    if prune:
-        report.pruned = store.delete_collection_documents_except(collection, seen)
-    report.seconds = time.perf_counter() - started
-    return report
+
+
+def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: dict[str, StageOutcome],
+                 rows: dict) -> set[str]:
+    """One file's outcomes in the report (per document, JSONL records each), its failure recorded;
+    returns the document paths a prune must keep."""
+    raw = rows.get((t.collection, t.rel, RAW)) or {}
+    documents = [d["path"] for d in raw.get("documents", [])]
+    for s in raw.get("skipped", []):
+        report.outcomes.append(FileOutcome(s["path"], "skipped", reason=s["reason"], detail=s["detail"]))
+    keep = {t.rel, *documents, *(s["path"] for s in raw.get("skipped", []))}
+    failed = next((stages[st] for st in STAGES if st in stages and stages[st].status == "failed"), None)
+    if failed is not None:  # the file keeps its last good version (prune leaves it)
+        stage = next(st for st in STAGES if stages.get(st) is failed)
+        engine.store.record_failure(f"ingest:{STEP[stage]}", f"{t.rel}: {failed.error}", run_id=engine.run_id,
+                                    partition=t.rel)
+        for path in documents or [t.rel]:
+            report.outcomes.append(FileOutcome(path, "failed", reason=failed.reason or f"{STEP[stage]}_failed",
+                                               detail=failed.error))
+        return keep
+    chunk_skips = (rows.get((t.collection, t.rel, CHUNKS)) or {}).get("skipped", [])
+    for s in chunk_skips:
+        report.outcomes.append(FileOutcome(s["path"], "skipped", reason=s["reason"], detail=s["detail"]))
+    skipped = {s["path"] for s in chunk_skips}
+    published = stages.get(VECTORS)
+    for path in documents:
+        if path in skipped:
+            continue
+        status, chunks = published.documents.get(path, ("unchanged", 0)) if published else ("unchanged", 0)
+        report.outcomes.append(FileOutcome(path, status, chunks=chunks))
+    return keep

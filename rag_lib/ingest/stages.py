@@ -246,6 +246,11 @@ class Engine:
         cfg = self.settings.embedding
         self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
 
+    def ensure_index(self) -> dict:
+        """The one place the HNSW index is built: the provider space's index if missing (bulk loads
+        build it after loading; later publishes insert into it). The store's build record."""
+        return self.store.ensure_hnsw_index(self.provider.space, self.settings.embedding.dimensions)
+
     def is_current(self, doc: Document, states: dict[str, tuple[str, str]]) -> bool:
         """True when the stored version has the same content and was made with the same settings."""
         return states.get(doc.path) == (doc.content_hash, self.fingerprint)

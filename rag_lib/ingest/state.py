@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from rag_lib.config import Settings
-from rag_lib.errors import TooManyChunksError
-from rag_lib.ingest.stages import Engine, FileVectors, Prepared, error_text, file_hash
+from rag_lib.errors import RagError, TooManyChunksError
+from rag_lib.ingest.stages import Engine, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
@@ -37,12 +37,15 @@ PREVIEW_CHUNKS = 5
 
 @dataclass
 class StageOutcome:
-    """What one stage did to one file."""
+    """What one stage did to one file. `documents` (vector_table): each document path's status in
+    this run, new | changed | unchanged, with its chunk count."""
 
     key: str
     status: str  # ok | unchanged | skipped | failed | upstream_failed
     metadata: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    reason: str | None = None  # failed: the error's code (RagError.code, else `<stage>_failed`)
+    documents: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -65,22 +68,75 @@ def _ident(t: FileTarget) -> tuple[str, str]:
     return t.collection, t.rel
 
 
+_MISSING = object()  # a stage row looked up and not found (so not looked up again)
+
+
 class StageRunner:
-    """Runs the stages over many files with one store and engine; `force` redoes current files too."""
+    """Runs the stages over many files with one store and engine; `force` redoes current files too.
+
+    One runner serves one run: what a stage parsed, wrote or read is kept for the later stages of
+    the same run (a file is read and parsed once per run, a stored output read at most once)."""
 
     def __init__(self, settings: Settings, store: Store, engine: Callable[[], Engine], force: bool = False,
-                 recording: Callable[[], AbstractContextManager] = nullcontext):
+                 recording: Callable[[], AbstractContextManager] = nullcontext, outage_raises: bool = False):
         self.settings = settings
         self.store = store
         self._make_engine = engine
         self.recording = recording  # a context in which embedding calls are recorded in the metrics
         self.force = force
-        self.embed_totals: dict[str, int] = {}
+        # `rag ingest`: a provider failing for every file (an outage, not a bad file) raises
+        self.outage_raises = outage_raises
+        self.embed_totals: dict[str, int] = {"cache_hits": 0, "embedded": 0}
+        self._rows: dict[tuple[str, str, str], Any] = {}
+        self._loaded: dict[tuple[str, str], Loaded] = {}
+        self._sections: dict[tuple[str, str], list[Section]] = {}
+        self._vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 
     @cached_property
     def engine(self) -> Engine:
         """The library's stage functions (loads the model: only when a stage runs, not to forget a file)."""
         return self._make_engine()
+
+    def preset(self, loaded: Loaded, sections: dict[str, list[Section]] | None = None) -> None:
+        """A file loaded (and flattened) already, e.g. by the server's parse sandbox: not parsed again."""
+        self._loaded[(loaded.source.collection, loaded.source.rel)] = loaded
+        for path, secs in (sections or {}).items():
+            self._sections[(loaded.source.collection, path)] = secs
+
+    def loaded(self, source: SourceFile) -> Loaded | None:
+        """The file as this run parsed it already (None: not yet)."""
+        return self._loaded.get((source.collection, source.rel))
+
+    def sections(self, collection: str, doc_path: str) -> list[Section] | None:
+        """A document's sections as given by `preset` (None: flatten it)."""
+        return self._sections.get((collection, doc_path))
+
+    # ---- stored outputs, read once per run ---------------------------------------------
+
+    def rows(self, stages: tuple[str, ...], idents: list[tuple[str, str]]) -> dict[tuple[str, str, str], Any]:
+        """(collection, path, stage) → stored output; one query for what this run has not seen yet."""
+        todo = [i for i in idents if any((*i, st) not in self._rows for st in stages)]
+        if todo:
+            found = self.store.load_stage_outputs(stages, todo)
+            for c, p in todo:
+                for st in stages:
+                    self._rows.setdefault((c, p, st), found.get((c, p, st), _MISSING))
+        out = {}
+        for c, p in idents:
+            for st in stages:
+                value = self._rows.get((c, p, st), _MISSING)
+                if value is not _MISSING:
+                    out[(c, p, st)] = value
+        return out
+
+    def _save(self, saves: list) -> None:
+        self.store.save_stage_outputs(saves)
+        for c, p, stage, payload, _ in saves:
+            self._rows[(c, p, stage)] = payload
+
+    def _skip(self, skip: Skipped) -> None:
+        """The one place a skipped input is recorded (with its reason)."""
+        self.store.record_skip(skip)
 
     # ---- shared rules ------------------------------------------------------------------
 
@@ -127,14 +183,15 @@ class StageRunner:
         log.error("%s failed for %s: %s", stage, t.key, error_text(exc), exc_info=exc)
         message = error_text(exc)
         saves.append((t.collection, t.rel, stage, self._payload(stage, "failed", None, error=message), None))
-        return StageOutcome(t.key, "failed", {"error": message}, error=message)
+        reason = exc.code if isinstance(exc, RagError) else f"{stage}_failed"
+        return StageOutcome(t.key, "failed", {"error": message}, error=message, reason=reason)
 
     def _run(self, stage: str, targets: list[FileTarget], needs: tuple[str, ...], work,
              still_current=None) -> list[StageOutcome]:
         """The common loop of the stages after raw_documents: batched reads, per-file isolation,
         unchanged files re-emit their stored metadata, one batched write. `work(t, raw, rows)` returns
         (metadata, payload data), or None when the stage finishes that file itself (status `pending`)."""
-        rows = self.store.load_stage_outputs((RAW, *needs, stage), [_ident(t) for t in targets])
+        rows = self.rows((RAW, *needs, stage), [_ident(t) for t in targets])
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
@@ -146,7 +203,7 @@ class StageRunner:
                     continue
                 raw = rows[(c, p, RAW)]
                 mine = rows.get((c, p, stage))
-                if self._is_current(stage, mine, raw["file_hash"]) and (still_current is None or still_current(t, raw)):
+                if self._is_current(stage, mine, raw["file_hash"]) and (still_current is None or still_current(t, raw, rows)):
                     outcomes.append(StageOutcome(t.key, "unchanged", mine["meta"]))
                     continue
                 done = work(t, raw, rows)
@@ -157,41 +214,56 @@ class StageRunner:
                 saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
                 outcomes.append(StageOutcome(t.key, "ok", meta))
             except TooManyChunksError as exc:  # bad input, not a failure: skipped with the reason
-                self.store.record_skip(Skipped(c, exc.path, exc.reason, str(exc), rows[(c, p, RAW)]["file_hash"]))
+                digest = rows[(c, p, RAW)]["file_hash"]
+                self._skip(Skipped(c, exc.path, exc.reason, str(exc), digest))
                 skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
-                saves.append((c, p, stage, self._payload(stage, "skipped", rows[(c, p, RAW)]["file_hash"], skip, **skip),
-                              rows[(c, p, RAW)]["file_hash"]))
+                saves.append((c, p, stage, self._payload(stage, "skipped", digest, skip, **skip,
+                                                         skipped=[_skip_entry(exc)]), digest))
                 outcomes.append(StageOutcome(t.key, "skipped", skip))
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 outcomes.append(self._failed(t, stage, exc, saves))
-        self.store.save_stage_outputs(saves)
+        self._save(saves)
         return outcomes
 
     # ---- stages ------------------------------------------------------------------------
 
+    def run_all(self, targets: list[FileTarget]) -> dict[str, dict[str, StageOutcome]]:
+        """Every stage in order over the files (what `rag ingest` does, as one Dagster run would):
+        key → stage → outcome."""
+        out: dict[str, dict[str, StageOutcome]] = {t.key: {} for t in targets}
+        for stage in STAGES:
+            for outcome in getattr(self, stage)(targets):
+                out[outcome.key][stage] = outcome
+        return out
+
     def raw_documents(self, targets: list[FileTarget]) -> list[StageOutcome]:
         """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again."""
-        rows = self.store.load_stage_outputs((RAW,), [_ident(t) for t in targets])
+        rows = self.rows((RAW,), [_ident(t) for t in targets])
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
             c, p = _ident(t)
             try:
-                if not os.path.lexists(t.path):  # a FIFO or a link is there: loading records why it is skipped
+                loaded = self._loaded.get((c, p))
+                if loaded is None and not os.path.lexists(t.path):  # a FIFO or a link is there: loading records why it is skipped
                     raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
                 mine = rows.get((c, p, RAW))
-                if mine is not None and self._is_current(RAW, mine, file_hash(t.path, t.root, self.settings)):
+                digest = loaded.file_hash if loaded else None
+                if mine is not None and self._is_current(RAW, mine, digest or file_hash(t.path, t.root, self.settings)):
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
-                loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+                if loaded is None:
+                    loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+                    self._loaded[(c, p)] = loaded
                 for skip in loaded.skips:
-                    self.store.record_skip(skip)
+                    self._skip(skip)
                 docs, skips = loaded.documents, loaded.skips
                 status = "ok" if docs else "skipped"
                 reason = skips[0].reason if skips and not docs else None
                 meta: dict[str, Any] = {"documents": len(docs), "skipped_records": len(skips),
-                                        "size_bytes": t.path.stat().st_size, "content_hash": loaded.file_hash[:16]}
+                                        "size_bytes": t.path.stat().st_size,
+                                        "content_hash": loaded.file_hash[:16]}
                 if docs:
                     d = docs[0]
                     meta.update(doc_type=d.doc_type, doc_id=d.doc_id, format=d.format, ticker=d.ticker or "",
@@ -206,17 +278,20 @@ class StageRunner:
                 outcomes.append(StageOutcome(t.key, status, meta))
             except Exception as exc:  # noqa: BLE001 - the per-file boundary (RecursionError, MemoryError too)
                 outcomes.append(self._failed(t, RAW, exc, saves))
-        self.store.save_stage_outputs(saves)
+        self._save(saves)
         return outcomes
 
     def flattened_sections(self, targets: list[FileTarget]) -> list[StageOutcome]:
         def work(t: FileTarget, raw: dict, rows: dict) -> tuple[dict, dict]:
-            loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+            loaded = self._loaded.get(_ident(t))
+            if loaded is None or loaded.file_hash != raw["file_hash"]:  # raw_documents ran in another run
+                loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
             if loaded.file_hash != raw["file_hash"]:
                 raise ValueError(f"{t.rel} changed after {RAW} was materialized; rematerialize from {RAW}")
             out, total, empty = [], 0, 0
             for doc in loaded.documents:
-                sections = self.engine.flatten(doc)
+                sections = self._sections.get((t.collection, doc.path))
+                sections = self.engine.flatten(doc) if sections is None else sections
                 total += len(sections)
                 empty += sum(1 for s in sections if s.is_empty)
                 out.append({"path": doc.path, "sections": [dataclasses.asdict(s) for s in sections]})
@@ -229,20 +304,32 @@ class StageRunner:
     def chunks(self, targets: list[FileTarget]) -> list[StageOutcome]:
         def work(t: FileTarget, raw: dict, rows: dict) -> tuple[dict, dict]:
             by_path = {d["path"]: d["sections"] for d in rows[(t.collection, t.rel, SECTIONS)]["documents"]}
-            out, counts, preview = [], [], []
+            out, counts, preview, skipped = [], [], [], []
             for meta in raw["documents"]:
                 doc = _doc_from_meta(meta)
                 sections = [Section(**s) for s in by_path.get(doc.path, [])]
-                chunks = self.engine.chunk(doc, sections)
+                try:
+                    chunks = self.engine.chunk(doc, sections)
+                except TooManyChunksError as exc:  # this document is skipped; the file's others go on
+                    skipped.append(exc)
+                    continue
                 counts.extend(c.token_count for c in chunks)
                 preview.extend(chunks[: max(0, PREVIEW_CHUNKS - len(preview))])
                 out.append({"path": doc.path, "section_tokens": {s.name: s.token_count for s in sections},
                             "chunks": [c.to_dict() for c in chunks]})
-            return ({"chunks": len(counts), "tokens": sum(counts), "max_tokens": max(counts, default=0),
-                     "token_counts": counts,
-                     "preview": [{"section_path": c.section_path, "tokens": c.token_count, "text": c.text[:80]}
-                                 for c in preview]},
-                    {"documents": out})
+            if skipped and not out:
+                for exc in skipped[1:]:
+                    self._skip(Skipped(t.collection, exc.path, exc.reason, str(exc), raw["file_hash"]))
+                raise skipped[0]  # the whole file is skipped (recorded by the stage loop)
+            for exc in skipped:
+                self._skip(Skipped(t.collection, exc.path, exc.reason, str(exc), raw["file_hash"]))
+            meta = {"chunks": len(counts), "tokens": sum(counts), "max_tokens": max(counts, default=0),
+                    "token_counts": counts,
+                    "preview": [{"section_path": c.section_path, "tokens": c.token_count, "text": c.text[:80]}
+                                for c in preview]}
+            if skipped:
+                meta["skipped_documents"] = len(skipped)
+            return meta, {"documents": out, "skipped": [_skip_entry(e) for e in skipped]}
 
         return self._run(CHUNKS, targets, (SECTIONS,), work)
 
@@ -261,8 +348,11 @@ class StageRunner:
             with self.recording():
                 result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
+            if self.outage_raises:
+                raise
             result = FileVectors(errors={key: exc for key in pending})
-        self.embed_totals = {"cache_hits": result.cache_hits, "embedded": result.embedded}
+        self.embed_totals["cache_hits"] += result.cache_hits
+        self.embed_totals["embedded"] += result.embedded
         meta = {"model": cfg.model, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
         staged, saves, done = [], [], {}
         for key, (t, digest, cs) in pending.items():
@@ -277,25 +367,28 @@ class StageRunner:
             done[key] = StageOutcome(t.key, "ok", m)
         try:
             self.store.save_staged_vectors(staged, cfg.model, cfg.dimensions)
+            for c, p, ids, vectors in staged:
+                self._vectors[(c, p)] = {cid: v for (cid, _), v in zip(ids, vectors)}
         except Exception as exc:  # noqa: BLE001 - staging is one transaction: all of its files failed
             saves = [s for s in saves if s[3]["status"] == "failed"]
             for key, (t, _, _) in pending.items():
                 if key not in result.errors:
                     done[key] = self._failed(t, EMBEDDINGS, exc, saves)
-        self.store.save_stage_outputs(saves)
+        self._save(saves)
         return [done.get(o.key, o) for o in outcomes]
 
     def vector_table(self, targets: list[FileTarget]) -> list[StageOutcome]:
-        """Publish each document (one transaction each) from the stored sections, chunks and staged
-        vectors; records that vanished from a multi-document file are deleted, not orphaned."""
+        """Publish each file's documents (one transaction each) from the stored sections, chunks and
+        staged vectors; a document live and current already is left alone (unless forced), and
+        records that vanished from a multi-document file are deleted, not orphaned."""
         self.engine.ensure_space()
-        states: dict[str, dict[str, tuple[str, str]]] = {}
+        states = {c: self.store.document_states(c) for c in sorted({t.collection for t in targets})}
         pending: dict[str, tuple[FileTarget, dict, dict]] = {}
 
-        def published_current(t: FileTarget, raw: dict) -> bool:
-            if t.collection not in states:
-                states[t.collection] = self.store.document_states(t.collection)
-            return all(self.engine.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"])
+        def published_current(t: FileTarget, raw: dict, rows: dict) -> bool:
+            kept = _skipped_paths(rows.get((t.collection, t.rel, CHUNKS)))
+            return all(self.engine.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"]
+                       if m["path"] not in kept)
 
         def collect(t: FileTarget, raw: dict, rows: dict) -> None:
             pending[t.key] = (t, raw, {st: rows.get((t.collection, t.rel, st)) for st in (SECTIONS, CHUNKS, VECTORS)})
@@ -304,28 +397,38 @@ class StageRunner:
         outcomes = self._run(VECTORS, targets, (SECTIONS, CHUNKS, EMBEDDINGS), collect, still_current=published_current)
         if not pending:
             return outcomes
-        staged = self.store.load_staged_vectors([_ident(t) for t, _, _ in pending.values()])  # one query
+        need = [_ident(t) for t, _, _ in pending.values() if _ident(t) not in self._vectors]
+        staged = {**self.store.load_staged_vectors(need), **self._vectors} if need else self._vectors
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
             try:
-                meta, published = self._publish_file(t, raw, stored, staged.get(_ident(t), {}))
+                meta, published, statuses = self._publish_file(t, raw, stored, staged.get(_ident(t), {}),
+                                                               states[t.collection])
                 saves.append((t.collection, t.rel, VECTORS,
                               self._payload(VECTORS, "ok", raw["file_hash"], meta, documents=published), raw["file_hash"]))
-                done[key] = StageOutcome(t.key, "ok", meta)
+                done[key] = StageOutcome(t.key, "ok", meta, documents=statuses)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary
                 done[key] = self._failed(t, VECTORS, exc, saves)
-        self.store.save_stage_outputs(saves)
+        self._save(saves)
         return [done.get(o.key, o) for o in outcomes]
 
-    def _publish_file(self, t: FileTarget, raw: dict, stored: dict, staged: dict[str, np.ndarray]) -> tuple[dict, list[str]]:
+    def _publish_file(self, t: FileTarget, raw: dict, stored: dict, staged: dict[str, np.ndarray],
+                      states: dict[str, tuple[str, str]]) -> tuple[dict, list[str], dict[str, tuple[str, int]]]:
         cfg = self.engine.settings.embedding
         sections_out = {d["path"]: d["sections"] for d in stored[SECTIONS]["documents"]}
         chunks_out = {d["path"]: d for d in stored[CHUNKS]["documents"]}
-        published, count = [], 0
+        kept = _skipped_paths(stored[CHUNKS])  # over the chunk limit: the live version (if any) stays
+        published, statuses, count = [], {}, 0
         for meta in raw["documents"]:
             doc = _doc_from_meta(meta)
+            if doc.path in kept:
+                continue
             entry = chunks_out[doc.path]
+            published.append(doc.path)
+            if not self.force and self.engine.is_current(doc, states):
+                statuses[doc.path] = ("unchanged", 0)  # e.g. the other records of a changed JSONL file
+                continue
             sections = [Section(**{**s, "token_count": entry["section_tokens"].get(s["name"], s["token_count"])})
                         for s in sections_out.get(doc.path, [])]
             chunks = [Chunk.from_dict(c) for c in entry["chunks"]]
@@ -335,13 +438,14 @@ class StageRunner:
             vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
             self.engine.publish(Prepared(doc, sections, chunks), vectors)
-            published.append(doc.path)
+            statuses[doc.path] = ("changed" if doc.path in states else "new", len(chunks))
             count += len(chunks)
-        gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published)
-        if gone:
-            for ref in sorted(gone):
-                self.store.delete_document(t.collection, ref)
-        return {"documents": len(published), "rows": count, "space": self.engine.provider.space}, published
+        gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published) - kept
+        gone |= {p for p in states if p.startswith(f"{t.rel}#")} - set(published) - kept  # JSONL records
+        for ref in sorted(gone):
+            self.store.delete_document(t.collection, ref)
+        return ({"documents": len(published), "rows": count, "space": self.engine.provider.space,
+                 "removed": len(gone)}, published, statuses)
 
     # ---- housekeeping ------------------------------------------------------------------
 
@@ -350,6 +454,14 @@ class StageRunner:
         raw = self.store.load_stage_outputs((RAW,), [_ident(t)]).get((t.collection, t.rel, RAW)) or {}
         return self.store.forget_file(t.collection, t.rel, [d["path"] for d in raw.get("documents", [])])
 
+
+def _skip_entry(exc: TooManyChunksError) -> dict[str, str]:
+    return {"path": exc.path, "reason": exc.reason, "detail": str(exc)}
+
+
+def _skipped_paths(chunks_row: dict | None) -> set[str]:
+    """Documents of a file that the chunks stage skipped (over the per-document chunk limit)."""
+    return {s["path"] for s in (chunks_row or {}).get("skipped", []) if s.get("path")}
 
 
 @dataclass
