@@ -741,38 +741,6 @@ class KnowledgeBase:
             raise ValidationError("query is empty")
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
-    def judge_answer(self, query: str, contexts: list[str], answer: str, reference: str | None = None) -> dict[str, Any]:
-        """RAGAS metrics of one given answer (seed 004's `evaluate_single`), judged by the configured chat
-        model: context precision, faithfulness of the answer to the contexts, and (with `reference`)
-        context recall."""
-        from rag_lib import eval as ev
-
-        if not contexts or not answer.strip():
-            raise ValidationError("give at least one context and a non-empty answer")
-        judge = ev.judge_from_settings(self.settings)
-        ctx = [c[: judge.max_context_chars] for c in contexts]
-        block = ev._numbered(ctx, "context ")
-
-        def supported(text: str) -> float:
-            claims = ev._sentences(text)
-            if not claims:
-                return 0.0
-            verdicts = ev.parse_verdicts(
-                judge.ask(ev.JUDGE_SUPPORT, f"Contexts:\n{block}\n\nStatements:\n{ev._numbered(claims)}"), len(claims))
-            return sum(verdicts) / len(claims)
-
-        relevant = ev.parse_verdicts(judge.ask(ev.JUDGE_RELEVANCE, f"Question: {query}\n\n{ev._numbered(ctx)}"), len(ctx))
-        claims = ev._sentences(answer)
-        addressed = ev.parse_verdicts(judge.ask(
-            ev.JUDGE_ANSWER_RELEVANCE, f"Question: {query}\n\nStatements:\n{ev._numbered(claims)}"), len(claims)) if claims else []
-        scores = {"context_precision": round(ev.average_precision(relevant), 4),
-                  "faithfulness": round(supported(answer), 4),
-                  "context_recall": round(supported(reference), 4) if reference else None,
-                  "answer_relevancy": round(sum(addressed) / len(addressed), 4) if addressed else 0.0}
-        return {"query": query, "model": judge.model, "contexts": len(ctx), **scores,
-                "overall_score": ev.overall_score(scores), "judge_calls": judge.calls}
-
-
     # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
 
     @property

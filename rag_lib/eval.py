@@ -359,6 +359,39 @@ def judge_from_settings(settings: Any) -> ChatJudge:
     return ChatJudge(cfg.judge_model, cfg.judge_base_url, os.environ.get(cfg.judge_api_key_env), cfg.judge_timeout)
 
 
+def judge_answer(settings: Any, query: str, contexts: Sequence[str], answer: str, reference: str | None = None,
+                 judge: ChatJudge | None = None) -> dict[str, Any]:
+    """RAGAS metrics of one given answer (seed 004's `evaluate_single`), judged by the configured chat
+    model: context precision, faithfulness of the answer to the contexts, answer relevancy and (with
+    `reference`) context recall."""
+    from rag_lib.errors import ValidationError
+
+    if not contexts or not answer.strip():
+        raise ValidationError("give at least one context and a non-empty answer")
+    judge = judge or judge_from_settings(settings)
+    ctx = [c[: judge.max_context_chars] for c in contexts]
+    block = _numbered(ctx, "context ")
+
+    def supported(text: str) -> float:
+        claims = _sentences(text)
+        if not claims:
+            return 0.0
+        verdicts = parse_verdicts(judge.ask(JUDGE_SUPPORT, f"Contexts:\n{block}\n\nStatements:\n{_numbered(claims)}"),
+                                  len(claims))
+        return sum(verdicts) / len(claims)
+
+    relevant = parse_verdicts(judge.ask(JUDGE_RELEVANCE, f"Question: {query}\n\n{_numbered(ctx)}"), len(ctx))
+    claims = _sentences(answer)
+    addressed = parse_verdicts(judge.ask(
+        JUDGE_ANSWER_RELEVANCE, f"Question: {query}\n\nStatements:\n{_numbered(claims)}"), len(claims)) if claims else []
+    scores = {"context_precision": round(average_precision(relevant), 4),
+              "faithfulness": round(supported(answer), 4),
+              "context_recall": round(supported(reference), 4) if reference else None,
+              "answer_relevancy": round(sum(addressed) / len(addressed), 4) if addressed else 0.0}
+    return {"query": query, "model": judge.model, "contexts": len(ctx), **scores,
+            "overall_score": overall_score(scores), "judge_calls": judge.calls}
+
+
 def judge_kb(kb: Any, queries: Mapping[str, str], *, mode: str = "hybrid", collection: str | None = None,
              top_k: int = 5, references: Mapping[str, str] | None = None, judge: ChatJudge | None = None,
              progress: Callable[[], None] | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from anyio import CapacityLimiter
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.eval import judge_answer
 from rag_lib.log import get_logger
 from rag_lib.models import SearchHit
 from rag_lib.server import uploads
@@ -346,7 +347,7 @@ def evaluate(kb: KnowledgeBase, query: str, contexts: list[str], answer: str,
     if not kb.settings.eval.judge_model:  # say what to set instead of failing with a hidden 500
         return {"query": query, "model": None, "contexts": len(contexts), **{m: None for m in JUDGED},
                 "judge_calls": 0, "error_message": NO_JUDGE}
-    return kb.judge_answer(query, contexts, answer, reference=ground_truth)
+    return judge_answer(kb.settings, query, contexts, answer, reference=ground_truth)
 
 
 # ---- seed 003's `/rag/*` shapes over the same functions --------------------------------------
