@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
-from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, SearchHit
+from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit
 
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
 MAX_QUERY = 4000
@@ -159,27 +159,39 @@ class SearchRequest(Request):
         return _lift_filters(data)
 
 
-def _hit_field(name: str, annotation: Any, field: dataclasses.Field) -> tuple[Any, Any]:
+def _dataclass_field(annotation: Any, field: dataclasses.Field, description: str | None) -> tuple[Any, Any]:
     if field.default is not dataclasses.MISSING:
         default = field.default
     elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         default = field.default_factory()  # type: ignore[misc]
     else:
         default = ...
-    return annotation, Field(default, description=SEARCH_HIT_DOCS.get(name))
+    return annotation, Field(default, description=description)
+
+
+def model_of(record: type, name: str, doc: str, docs: dict[str, str] | None = None,
+             extra: dict[str, tuple[Any, Any]] | None = None) -> type[BaseModel]:
+    """The response model of a `rag_lib.models` dataclass: its fields, types and defaults (one
+    definition of the record), with `docs` as field descriptions and `extra` fields placed first."""
+    hints = typing.get_type_hints(record)
+    fields: dict[str, Any] = dict(extra or {})
+    for f in dataclasses.fields(record):
+        fields[f.name] = _dataclass_field(hints[f.name], f, (docs or {}).get(f.name))
+    return create_model(name, __doc__=doc, **fields)
 
 
 def _search_hit_model() -> type[BaseModel]:
-    """`SearchHitOut` is `rag_lib.models.SearchHit` plus its rank: one definition of a hit."""
+    """`SearchHitOut` is `rag_lib.models.SearchHit` plus its rank and the seeds' names: one definition of a hit."""
     hints = typing.get_type_hints(SearchHit)
-    fields: dict[str, Any] = {"rank": (int, Field(..., description="1-based position in the results."))}
     by_name = {f.name: f for f in dataclasses.fields(SearchHit)}
-    for f in by_name.values():
-        fields[f.name] = _hit_field(f.name, hints[f.name], f)
+    extra: dict[str, tuple[Any, Any]] = {"rank": (int, Field(..., description="1-based position in the results."))}
+    model = model_of(SearchHit, "SearchHitOut", "One search result (a chunk of a document unit).",
+                     SEARCH_HIT_DOCS, extra)
+    seeds: dict[str, Any] = {}
     for seed_name, ours in SEED_HIT_NAMES.items():  # the seeds' names, typed as the fields they repeat
-        annotation, _ = _hit_field(ours, hints[ours], by_name[ours])
-        fields[seed_name] = (annotation, Field(..., description=f"Same as `{ours}` (the seeds' name)."))
-    return create_model("SearchHitOut", __doc__="One search result (a chunk of a document unit).", **fields)
+        annotation, _ = _dataclass_field(hints[ours], by_name[ours], None)
+        seeds[seed_name] = (annotation, Field(..., description=f"Same as `{ours}` (the seeds' name)."))
+    return create_model("SearchHitOut", __base__=model, __doc__=model.__doc__, **seeds)
 
 
 SearchHitOut = _search_hit_model()
@@ -264,12 +276,8 @@ class EmbedRequest(Request):
         return self
 
 
-class FileOutcomeOut(BaseModel):
-    path: str
-    status: str = Field(description="new | changed | unchanged | skipped | failed")
-    chunks: int = 0
-    reason: str | None = None
-    detail: str | None = None
+FileOutcomeOut = model_of(FileOutcome, "FileOutcomeOut", "What an ingest did to one file.",
+                          {"status": "new | changed | unchanged | skipped | failed"})
 
 
 class EmbedResponse(BaseModel):
@@ -283,7 +291,7 @@ class EmbedResponse(BaseModel):
     embedded: int = Field(description="Chunks sent to the model (the rest came from the cache).")
     cache_hits: int
     seconds: float
-    files: list[FileOutcomeOut]
+    files: list[FileOutcomeOut]  # type: ignore[valid-type]
     doc_id: str | None = Field(None, description="Id of the document (one-file requests).")
     status: str | None = Field(None, description="embedded | unchanged | skipped | failed (one-file requests).")
     content_hash: str | None = Field(None, description="sha256 of the file (one-file requests).")
