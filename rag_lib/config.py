@@ -21,7 +21,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SECTIONS_FILE = PACKAGE_DIR / "sections.yaml"
 
 
-# What a provider named without a model gets (seed 000 §2.1 / §2.2, seed 001): the seeds' model and
+# What a provider named without a model gets (seed 000's provider table and ollama → openrouter → openai
+# fallback chain, §2.1-2.2; seed 001): the seeds' model and
 # dimensions for it, and for `ollama` / `openrouter` (OpenAI-compatible servers) their URL and key.
 PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
     "openai": {"provider": "openai", "model": "text-embedding-3-large", "dimensions": 1536},
@@ -421,7 +422,7 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         simple.append(("LLM_BASE_URL", "eval.judge_base_url", "RAG_EVAL__JUDGE_BASE_URL", _v1))
     if env.get("LLM_API_KEY") and provider != "openai":
         # the key's *name* is what settings hold; the seeds put non-OpenAI keys in LLM_API_KEY, except
-        # that OPENROUTER_API_KEY (seed 000 §9, named by PROVIDER_DEFAULTS) wins for OpenRouter
+        # that OPENROUTER_API_KEY (seed 000's environment variables, §9; named by PROVIDER_DEFAULTS) wins for OpenRouter
         if not (provider == "openrouter" and env.get("OPENROUTER_API_KEY")):
             simple.append(("LLM_API_KEY", "embedding.api_key_env", "RAG_EMBEDDING__API_KEY_ENV", lambda v: "LLM_API_KEY"))
         simple.append(("LLM_API_KEY", "eval.judge_api_key_env", "RAG_EVAL__JUDGE_API_KEY_ENV", lambda v: "LLM_API_KEY"))
@@ -475,7 +476,8 @@ class SeedEnvSource(PydanticBaseSettingsSource):
         return seed_env_values()
 
 
-# ---- the seeds' config.yaml (000 §2.2, 001, 004 phase 2) read as rag.yaml ---------------------------
+# ---- the seeds' config.yaml (000 §2.2 `embedding:` providers, 001, 004 phase 2 `chunking:`/`features:`)
+# read as rag.yaml
 
 _ENV_REF = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 # seed `features:` flag -> our setting (None: no setting of ours; the reason is logged)

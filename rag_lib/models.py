@@ -170,9 +170,10 @@ class SearchHit:
         return out
 
 
-# The seeds' names of hit fields (000 §4.1/§5.5, 001 SearchResult, 004 models.py) and the field each
-# one repeats: every hit carries both, as attributes (`hit.content`) and in `to_dict()`, and the HTTP
-# and MCP schemas are generated from this mapping (`rag_lib.server.schemas.SearchHitOut`).
+# The seeds' names of hit fields (000's search function and Python API, §4.1/§5.5; 001 SearchResult; 004
+# models.py) and the field each one repeats: every hit carries both, as attributes (`hit.content`) and
+# in `to_dict()`, and the HTTP and MCP schemas are generated from this mapping (`SearchHitOut` in
+# `rag_lib.server.schemas`).
 SEED_HIT_NAMES: dict[str, str] = {"content": "text", "file_path": "path", "section_label": "section"}
 
 for _seed_name, _ours in SEED_HIT_NAMES.items():
