@@ -207,7 +207,8 @@ def main() -> None:
     def run(mode: str, **flt):
         # The library search over ALL 100k chunks (no collection filter; KnowledgeBase.search always
         # scopes to one collection, and the real and generated parts are separate collections).
-        return lambda q: library_search(store, provider, q, mode=mode, top_k=10, filters=SearchFilters(**flt))
+        return lambda q: library_search(store, provider, q, mode=mode, top_k=10, filters=SearchFilters(**flt),
+                                        caches=kb.search_caches)
 
     for mode in ("semantic", "lexical", "hybrid"):
         for q in warm:

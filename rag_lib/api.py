@@ -22,6 +22,7 @@ from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
 from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult
 from rag_lib.ingest.stages import Engine
+from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
 
 
@@ -99,12 +100,18 @@ class KnowledgeBase:
     def spaces(self) -> SpaceProviders:
         return SpaceProviders(self.settings, lambda: self.provider)
 
+    @cached_property
+    def search_caches(self) -> SearchCaches:
+        """Term statistics and known tickers reused between this knowledge base's searches; cleared
+        after its own writes (other processes' writes show within `lexical.GENERATION_TTL`)."""
+        return SearchCaches()
+
     def search_context(self) -> tuple[Any, EmbeddingProvider]:
         """(store, provider) pinned to the active space for one search (safe across a re-embed switch)."""
         return self.spaces.pinned(self.search_store)
 
     @cached_property
-    def pipeline(self) -> Engine:
+    def engine(self) -> Engine:
         """The ingest engine (per-file stage functions) bound to this knowledge base."""
         return Engine(self.settings, self.store, self.provider)
 
@@ -118,7 +125,7 @@ class KnowledgeBase:
         if "store" in self.__dict__:
             self.store.close()
             del self.__dict__["store"]
-            self.__dict__.pop("pipeline", None)
+            self.__dict__.pop("engine", None)
 
     def __enter__(self) -> KnowledgeBase:
         return self
@@ -147,15 +154,17 @@ class KnowledgeBase:
         loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits).
         The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
         location watches them."""
-        self.pipeline.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
+        self.engine.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
         with self.recording_metrics():
             report = run_ingest(
-                self.pipeline, paths, self._collection(collection),
+                self.engine, paths, self._collection(collection),
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
                 parsed=parsed, max_request_chunks=max_request_chunks,
             )
             changed = bool(report.count("new") or report.count("changed") or report.pruned)
+            if changed:
+                self.search_caches.clear()
             report.profiles = self.rebuild_profiles(report.collection, changed=changed) or {}
         self.register_ingested_roots(paths, self._collection(collection), root)
         return report
@@ -240,6 +249,7 @@ class KnowledgeBase:
         deleted = self.store.delete_document(self._collection(collection), ref)
         if not deleted:
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
+        self.search_caches.clear()
         self.rebuild_profiles(collection)  # a profile built from the deleted document changes or goes
         return deleted
 
@@ -366,6 +376,7 @@ class KnowledgeBase:
                 store, provider, query, mode=mode, filters=filters,
                 top_k=self.settings.search.top_k if top_k is None else top_k, min_similarity=min_similarity,
                 group=group, reranker=self.reranker if reranked else None, expander=expander, options=options,
+                caches=self.search_caches,
             )
         if self.metrics is not None:
             self.metrics.record(search_metric(result, filters.collection, reranked))
@@ -431,14 +442,9 @@ class KnowledgeBase:
 
     def reset(self) -> list[str]:
         """Drop every table and recreate the schema (all data is lost); returns the migrations applied."""
-        self.__dict__.pop("pipeline", None)
+        self.__dict__.pop("engine", None)
         applied = self.store.recreate_schema()
-        self.store.__dict__.pop("_term_statistics", None)
-        self.store.__dict__.pop("_ticker_cache", None)
-        replica = self.__dict__.get("search_store")
-        if replica is not None:  # a replica's search caches describe the dropped data too
-            replica.__dict__.pop("_term_statistics", None)
-            replica.__dict__.pop("_ticker_cache", None)
+        self.search_caches.clear()
         return applied
 
     def validate_database(self) -> dict[str, Any]:
@@ -733,7 +739,7 @@ class KnowledgeBase:
 
         if not query or not query.strip():
             raise ValidationError("query is empty")
-        return plan_query(self.store, query, self._collection(collection))
+        return plan_query(self.store, query, self._collection(collection), self.search_caches)
 
     def expand_query(self, query: str, n: int = 3) -> list[str]:
         """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
@@ -742,11 +748,6 @@ class KnowledgeBase:
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
     # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
-
-    @property
-    def engine(self) -> Engine:
-        """The ingest engine (same object as `pipeline`)."""
-        return self.pipeline
 
     def load_stage_outputs(self, stages: Sequence[str], files: Sequence[tuple[str, str]]) -> dict[tuple[str, str, str], Any]:
         """(collection, path, stage) → stored stage output, for many files in one query."""
@@ -899,7 +900,8 @@ def embed_text(text: str, doc_id: str | None = None, doc_type: str | None = None
     return default_kb().embed_text(text, doc_id, doc_type, ticker, **kwargs)
 
 
-# ---- the seeds' search functions (000 §4.1/§5.5, 001, 004): thin calls on the default knowledge base.
+# ---- the seeds' search functions (000's `semantic_search`/`get_hybrid_context` and Python API, §4.1/§4.3/
+# §5.5; 001; 004's rerank and expansion): thin calls on the default knowledge base.
 # They keep the seeds' defaults (top_k 5, min_similarity 0.3) and return lists of hits, which carry the
 # seeds' names (`r.content`, `r.similarity`, `r.file_path`, `r.section_label`). `section` matches as the
 # seeds' `ILIKE '%section%'`.

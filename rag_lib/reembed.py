@@ -64,12 +64,14 @@ def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, 
     from rag_lib.embedding.spaces import PinnedStore
     from rag_lib.eval import score_eval_set
     from rag_lib.search import search as run_search
+    from rag_lib.search.retrieval import SearchCaches
 
     qrels_path = eval_set / "qrels.tsv" if (eval_set / "qrels.tsv").is_file() else eval_set / "qrels" / "test.tsv"
     pinned = PinnedStore(store, space)
+    caches = SearchCaches()  # one eval set, one database: routing looks the tickers up once
 
     def run(text: str):
-        return run_search(pinned, provider, text, mode="semantic", top_k=100).hits
+        return run_search(pinned, provider, text, mode="semantic", top_k=100, caches=caches).hits
 
     scores = score_eval_set(run, eval_set / "queries.jsonl", qrels_path, unit="section", mode="semantic")
     return scores["all"]["ndcg@10"] if "all" in scores else 0.0

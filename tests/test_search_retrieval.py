@@ -202,3 +202,29 @@ def test_query_expansion_through_local_chat_server(corpus_kb):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_search_caches_belong_to_the_knowledge_base_and_clear_on_its_writes(kb, corpus_copy):
+    """Searches reuse the tickers a collection knows and its term statistics (one lookup for several
+    searches, not one per search), and the knowledge base's own ingest shows at once: a ticker it
+    just ingested routes the next query."""
+    from collections import Counter
+
+    kb.ingest([corpus_copy("tradegent/knowledge/analysis/stock/AMD_20250122T0935.yaml")])
+    calls: Counter[str] = Counter()
+    for name in ("known_tickers", "collection_generation"):
+        real = getattr(kb.store, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(kb.store, name, counted)  # the real query, counted
+    for query in ("AMD data center revenue", "what is the bear case", "AMD gross margin"):
+        assert kb.search(query, mode="hybrid").hits
+    assert calls == {"known_tickers": 1, "collection_generation": 1}
+    assert kb.classify_query("is PFE a buy").tickers == []
+    kb.ingest([corpus_copy(PFE)])
+    assert kb.classify_query("is PFE a buy").tickers == ["PFE"]
+    kb.reset()
+    assert kb.classify_query("is PFE a buy").tickers == []

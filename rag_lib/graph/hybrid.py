@@ -1,5 +1,6 @@
 """Hybrid context: vector/full-text passages and knowledge-graph facts combined for an analyst or an
-agent, routed by the query's class (seed 004 `get_hybrid_context_adaptive`, seed 000 §4.3/§5.3)."""
+agent, routed by the query's class (seed 004's `get_hybrid_context_adaptive`; seed 000 asks for vector
+hits plus the ticker's graph facts in one prompt, §4.3, and that context before each new analysis, §5.3)."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     if token_budget < 64:
         raise ValidationError(f"token_budget must be at least 64, got {token_budget}")
     collection = kb._collection(collection)
-    plan = plan_query(kb.store, query, collection)
+    plan = plan_query(kb.store, query, collection, kb.search_caches)
     space = kb.store.active_space()
     if not plan.tickers and not ticker and space:  # a described company ("the GPU maker") counts as named
         opts = SearchOptions.from_settings(kb.settings)

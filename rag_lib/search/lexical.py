@@ -45,6 +45,11 @@ class TermStatistics:
         self._by_collection: dict[str | None, _Stats] = {}
         self._lock = threading.Lock()
 
+    def clear(self) -> None:
+        """Forget every collection's statistics (after this process changed or dropped the data)."""
+        with self._lock:
+            self._by_collection.clear()
+
     def weights(self, store, collection: str | None, config: str, lexemes: list[str]) -> tuple[int, dict[str, tuple[float, int]]]:
         """(chunks in collection, {lexeme: (IDF, document frequency)})."""
         with self._lock:

@@ -55,26 +55,32 @@ class SearchOptions:
         return cls(**{n: getattr(s, n) for n in names if hasattr(s, n)})
 
 
-def _stats(store) -> lexical.TermStatistics:
-    """Term statistics live with the store (one cache per database connection pool)."""
-    stats = store.__dict__.get("_term_statistics")
-    if stats is None:
-        stats = store.__dict__.setdefault("_term_statistics", lexical.TermStatistics())
-    return stats
+class SearchCaches:
+    """What searches on one database reuse between queries: the term statistics (BM25 document
+    frequencies) and the tickers each collection knows (query routing). Both are re-checked every
+    `lexical.GENERATION_TTL` seconds, so another process's writes show within that; the owner
+    (`KnowledgeBase`) calls `clear()` after its own writes so they show at once."""
+
+    def __init__(self) -> None:
+        self.terms = lexical.TermStatistics()
+        self._tickers: dict[str | None, tuple[float, set[str]]] = {}
+
+    def known_tickers(self, store, collection: str | None) -> set[str]:
+        now = time.monotonic()
+        entry = self._tickers.get(collection)
+        if entry is None or now - entry[0] > lexical.GENERATION_TTL:
+            entry = (now, store.known_tickers(collection))
+            self._tickers[collection] = entry
+        return entry[1]
+
+    def clear(self) -> None:
+        self.terms.clear()
+        self._tickers = {}
 
 
-def _known_tickers(store, collection: str | None) -> set[str]:
-    cache = store.__dict__.setdefault("_ticker_cache", {})
-    now = time.monotonic()
-    entry = cache.get(collection)
-    if entry is None or now - entry[0] > lexical.GENERATION_TTL:
-        entry = (now, store.known_tickers(collection))
-        cache[collection] = entry
-    return entry[1]
-
-
-def plan_query(store, query: str, collection: str | None) -> QueryPlan:
-    return classify(query, _known_tickers(store, collection))
+def plan_query(store, query: str, collection: str | None, caches: SearchCaches | None = None) -> QueryPlan:
+    """The query's `QueryPlan`, with the tickers `collection` knows (from `caches` when given)."""
+    return classify(query, (caches or SearchCaches()).known_tickers(store, collection))
 
 
 def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions) -> QueryPlan:
@@ -142,10 +148,13 @@ def search(
     options: SearchOptions | None = None,
     reranker: Reranker | None = None,
     expander: QueryExpander | None = None,
+    caches: SearchCaches | None = None,
 ) -> SearchResult:
     """Search the active embedding space (semantic), the full-text index (lexical) or both fused
-    with reciprocal rank fusion (hybrid). With `group`, one result per unit (its best chunk)."""
+    with reciprocal rank fusion (hybrid). With `group`, one result per unit (its best chunk).
+    `caches`: what to reuse from earlier searches on this database (none: look everything up)."""
     _validate(query, mode, top_k)
+    caches = caches or SearchCaches()
     filters = filters or SearchFilters()
     opts = options or SearchOptions.from_settings(store.settings)
     timings: dict[str, float] = {}
@@ -155,7 +164,7 @@ def search(
     space = store.active_space() if needs_vectors else None
     if needs_vectors and space is None:
         return SearchResult(query, mode, [], timings)
-    plan = plan_query(store, query, filters.collection) if opts.routing else QueryPlan(query)
+    plan = plan_query(store, query, filters.collection, caches) if opts.routing else QueryPlan(query)
     # Grouping collapses chunks into units, so fetch deeper when many units are wanted.
     depth = max(opts.candidate_depth, top_k * (2 if group else 1))
 
@@ -192,7 +201,7 @@ def search(
     def lexical_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
         t0 = time.perf_counter()
-        stats = _stats(store)
+        stats = caches.terms
         for q, qw in queries:
             for f, fw in variants:
                 scored = lexical.lexical_search(store, stats, q, f, depth)

@@ -156,7 +156,7 @@ CHILD = textwrap.dedent("""
     from rag_lib.config import Settings
 
     kb = KnowledgeBase(Settings(database_url=sys.argv[1], home=sys.argv[2]))
-    kb.pipeline  # the model and engine load before the limit
+    kb.engine  # the model and engine load before the limit
     kb.embed_text("warm up")
     vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
     limit = vm + int(sys.argv[4])
