@@ -122,7 +122,7 @@ def finish(context, rag: RagResource, stage: str, outcomes: list[StageOutcome], 
     failed = [o for o in outcomes if o.status == "failed"]
     kb = rag.kb()
     for o in failed:
-        kb.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+        kb.store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)
     if stage == "embeddings":

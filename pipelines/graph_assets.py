@@ -90,7 +90,7 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
             targets.append(pmap.target(key))
         except RagError as exc:
             outcomes[key] = StageOutcome(key, "failed", error=str(exc))
-    rows = kb.load_stage_outputs((RAW, VECTORS, GRAPH), [(t.collection, t.rel) for t in targets])
+    rows = kb.store.load_stage_outputs((RAW, VECTORS, GRAPH), [(t.collection, t.rel) for t in targets])
     ready: dict[str, tuple[Any, dict, list[str]]] = {}
     for t in targets:
         raw, published = rows.get((t.collection, t.rel, RAW)), rows.get((t.collection, t.rel, VECTORS))
@@ -109,7 +109,7 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
     by_collection: dict[str, list[str]] = {}
     for t, _, paths in ready.values():
         by_collection.setdefault(t.collection, []).extend(paths)
-    reports = {c: kb.graph_file_reports(c, paths) for c, paths in by_collection.items()}
+    reports = {c: kb.store.graph_file_reports(c, paths) for c, paths in by_collection.items()}
     saves = []
     for key, (t, raw, paths) in ready.items():
         report = _merge([reports[t.collection][p] for p in paths])
@@ -122,7 +122,7 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
         if not same:
             saves.append((t.collection, t.rel, GRAPH, {"status": "ok", "file_hash": raw["file_hash"], "digest": digest,
                                                        "version": GRAPH_VERSION, "meta": meta}, raw["file_hash"]))
-    kb.save_stage_outputs(saves)
+    kb.store.save_stage_outputs(saves)
     return [outcomes[k] for k in keys]
 
 
@@ -168,7 +168,7 @@ def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> Materia
     if failed:
         kb = rag.kb()
         for o in failed:
-            kb.record_failure(f"dagster:{GRAPH}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+            kb.store.record_failure(f"dagster:{GRAPH}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
         summary["run_failed_partitions"] = MetadataValue.json([o.key for o in failed][:100])
         if len(outcomes) == 1:
             raise Failure(description=f"{GRAPH} failed for {failed[0].key}: {failed[0].error}", metadata=summary)

@@ -27,7 +27,9 @@ reembed_job = define_asset_job(
 
 @op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")
 def maintain_indexes(context: OpExecutionContext, rag: RagResource) -> dict:
-    done = rag.kb().maintain_indexes()
+    store = rag.kb().store
+    space = store.active_space()
+    done = store.maintain_indexes(space["space"] if space else None)
     context.log.info("index maintenance: %s", done)
     return done
 

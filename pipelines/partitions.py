@@ -105,7 +105,7 @@ def record_refused(kb, pmap: PartitionMap, log: logging.Logger | None = None) ->
     so a file that can never be a partition is reported, not silently ignored."""
     for skip in pmap.refused:
         (log or logging.getLogger(__name__)).info("skipped %s: %s (%s)", skip.path, skip.reason, skip.detail)
-        kb.record_skip(skip)
+        kb.store.record_skip(skip)
     return pmap.refused
 
 

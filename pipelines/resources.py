@@ -137,7 +137,7 @@ class RagResource(ConfigurableResource):
 
 def _prepare(kb: KnowledgeBase) -> None:
     try:
-        kb.prepare_embedding()
+        kb.provider.prepare()  # load the model now
     except Exception:  # noqa: BLE001 - the embeddings stage loads it again and records the failure per file
         log.warning("loading the embedding model ahead of the embeddings stage failed", exc_info=True)
 

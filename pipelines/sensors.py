@@ -75,4 +75,4 @@ def record_run_failures(context: RunFailureSensorContext, rag: RagResource):
         f"{tags['dagster/asset_partition_range_start']}...{tags['dagster/asset_partition_range_end']}"
         if "dagster/asset_partition_range_start" in tags else None)
     message = context.failure_event.message or "run failed"
-    rag.kb().record_failure(f"dagster:{run.job_name}", message, run_id=run.run_id, partition=partition)
+    rag.kb().store.record_failure(f"dagster:{run.job_name}", message, run_id=run.run_id, partition=partition)

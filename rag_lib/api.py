@@ -10,8 +10,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rag_lib import search as search_mod
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
@@ -670,10 +668,6 @@ class KnowledgeBase:
             raise ValidationError(f"unknown graph check '{name}'; use one of {', '.join(GRAPH_CHECKS)}")
         return GRAPH_CHECKS[name](self.store, collection)
 
-    def graph_file_reports(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Per document: its graph nodes by kind, edges by predicate, dangling `_links`, a few triples."""
-        return self.store.graph_file_reports(collection, paths)
-
     def status(self, collection: str | None = None) -> dict[str, Any]:
         counts = self.store.status_counts(collection)
         space = self.store.active_space()
@@ -717,10 +711,6 @@ class KnowledgeBase:
         provider = self.__dict__.get("provider")
         return provider is not None and provider.loaded
 
-    def prepare_embedding(self) -> None:
-        """Load the embedding model now (a run loads it while its first stages run)."""
-        self.provider.prepare()
-
     def warm_up(self) -> None:
         """Open the pool and load the model now, so the first request pays nothing."""
         _ = self.store
@@ -747,59 +737,14 @@ class KnowledgeBase:
             raise ValidationError("query is empty")
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
-    # ---- orchestration (the Dagster code location calls these; it never touches store/provider) ----
-
-    def load_stage_outputs(self, stages: Sequence[str], files: Sequence[tuple[str, str]]) -> dict[tuple[str, str, str], Any]:
-        """(collection, path, stage) → stored stage output, for many files in one query."""
-        return self.store.load_stage_outputs(stages, files)
-
-    def save_stage_outputs(self, rows: Sequence[tuple[str, str, str, Any, str | None]]) -> None:
-        """Store many files' stage outputs: (collection, path, stage, payload, content hash) rows."""
-        self.store.save_stage_outputs(rows)
-
-    def save_staged_vectors(self, files: Sequence[tuple[str, str, Sequence[tuple[str, str]], np.ndarray]],
-                            model: str, dimensions: int) -> None:
-        """Replace the staged (not yet published) vectors of many files."""
-        self.store.save_staged_vectors(files, model, dimensions)
-
-    def load_staged_vectors(self, files: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, np.ndarray]]:
-        """(collection, path) → chunk_id → staged vector."""
-        return self.store.load_staged_vectors(files)
-
-    def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, str | None, str | None]]:
-        """(collection, path) → (content hash, status, fingerprint) of one stage's stored outputs."""
-        return self.store.stage_index(stage)
-
-    def document_states(self, collection: str | None = None) -> dict[str, tuple[str, str]]:
-        """path → (content hash, fingerprint) of the live documents of a collection."""
-        return self.store.document_states(self._collection(collection))
-
-    def record_skip(self, skipped: Any) -> None:
-        """Record a skipped input (`Skipped`) with its reason."""
-        self.store.record_skip(skipped)
-
-    def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None) -> None:
-        """Record a failure (shown by `status`)."""
-        self.store.record_failure(source, message, run_id=run_id, partition=partition)
-
-    def remove_documents(self, collection: str, refs: Sequence[str]) -> list[str]:
-        """Delete documents by path or id, ignoring ones already gone; returns the deleted paths."""
-        return [p for ref in refs for p in self.store.delete_document(collection, ref)]
-
-    def forget_file(self, collection: str, path: str, document_paths: Sequence[str]) -> list[str]:
-        """Delete everything a source file produced (documents, stage outputs, staged vectors, skips)."""
-        return self.store.forget_file(collection, path, document_paths)
+    # ---- the index build and the data-quality checks (the hnsw_index asset and the asset checks run these;
+    # the rest of the pipeline works on `store` and `engine` directly) ----
 
     def build_hnsw_index(self) -> dict[str, Any]:
         """Build the active provider space's HNSW index if missing; its state plus `created_now`."""
         space = self.provider.space
         built = self.engine.ensure_index()
         return {**self.store.hnsw_index_state(space), "space": space, "created_now": built["created"]}
-
-    def maintain_indexes(self) -> dict[str, Any]:
-        """REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables."""
-        space = self.store.active_space()
-        return self.store.maintain_indexes(space["space"] if space else None)
 
     def _eval_search(self, text: str) -> list[Any]:
         """One query of the configured eval set, as `rag eval` runs it (100 units deep)."""

@@ -256,3 +256,20 @@ def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider
         instance.dispose()
     with _kb(database_url, tmp_path, provider) as kb, pytest.raises(NotFoundError):
         kb.show(RELS[0])
+
+
+def test_index_maintenance_job_reindexes_the_active_space(corpus_copy, rag_factory, database_url, provider, tmp_path):
+    """The weekly maintenance job REINDEXes the active space's HNSW index and ANALYZEs the serving
+    tables (it works on the store directly, with no KnowledgeBase forward in between)."""
+    from pipelines.jobs import index_maintenance_job
+    from rag_lib.store.vectors import index_name
+
+    root = corpus_copy(RELS[1])
+    rag = rag_factory(root)
+    with KnowledgeBase(Settings(database_url=database_url, home=tmp_path / ".rag"), provider=provider) as kb:
+        kb.ingest([root])
+        space = kb.store.active_space()["space"]
+    result = index_maintenance_job.execute_in_process(resources={"rag": rag})
+    done = result.output_for_node("maintain_indexes")
+    assert done["reindexed"] == index_name(space)
+    assert done["analyzed"] == ["rag_documents", "rag_chunks", "rag_chunk_vectors", "rag_embedding_cache"]

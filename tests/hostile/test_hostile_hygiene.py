@@ -273,9 +273,9 @@ def test_mcp_tools_refuse_lone_surrogates(hy):
 
 def test_status_shows_no_absolute_paths_to_a_read_only_key(hy):
     c, kb, root = hy["c"], hy["kb"], hy["root"]
-    kb.record_failure("ingest:load", f"{root}/broken/deep.md: cannot read {root.resolve()}/broken/deep.md",
+    kb.store.record_failure("ingest:load", f"{root}/broken/deep.md: cannot read {root.resolve()}/broken/deep.md",
                       partition="broken/deep.md")
-    kb.record_failure("dagster:chunks", "OSError: [Errno 13] Permission denied: '/srv/private/keys/x.md'")
+    kb.store.record_failure("dagster:chunks", "OSError: [Errno 13] Permission denied: '/srv/private/keys/x.md'")
     for headers in ({"X-API-Key": READ}, {}):
         r = c.get("/api/rag/status", headers=headers)
         assert r.status_code == 200
