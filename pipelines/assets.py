@@ -24,8 +24,9 @@ from dagster import (
 )
 
 from rag_lib.config import get_settings
+from rag_lib.corpus_scan import FileTarget
 from rag_lib.errors import RagError
-from rag_lib.quality import token_histogram
+from rag_lib.quality import markdown_table, token_histogram
 from rag_lib.versions import stage_versions
 
 from pipelines.partitions import corpus_files
@@ -57,10 +58,8 @@ def _partition_metadata(outcome: StageOutcome) -> dict[str, Any]:
         if name == "token_counts":
             meta["chunk_size_histogram"] = MetadataValue.md(token_histogram(value))
         elif name == "preview":
-            rows = ["| section | tokens | text |", "|---|---|---|"] + [
-                f"| {r['section_path']} | {r['tokens']} | {r['text'].replace('|', '/').replace(chr(10), ' ')} |"
-                for r in value]
-            meta["preview"] = MetadataValue.md("\n".join(rows))
+            rows = [{"section": r["section_path"], "tokens": r["tokens"], "text": r["text"]} for r in value]
+            meta["preview"] = MetadataValue.md(markdown_table(rows, ["section", "tokens", "text"]))
         elif value is None:
             continue
         else:
@@ -96,51 +95,64 @@ def partition_keys_read_once(context: AssetExecutionContext) -> Iterator[None]:
         del instance.get_dynamic_partitions, instance.has_dynamic_partition
 
 
-def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str, extra: dict[str, Any] | None = None) -> MaterializeResult:
-    """Run one stage over the run's partitions, attach per-partition metadata, record failures."""
-    runner = rag.runner()
+def partition_targets(rag: RagResource, keys: list[str]) -> tuple[list[FileTarget], list[StageOutcome]]:
+    """The files behind the run's partition keys, and a `failed` outcome for each key that names
+    no file any more (its root was removed, or the key is malformed)."""
     pmap = rag.partition_map()
-    targets, outcomes = [], []
-    for key in context.partition_keys:
+    targets, failed = [], []
+    for key in keys:
         try:
             targets.append(pmap.target(key))
         except RagError as exc:
-            outcomes.append(StageOutcome(key, "failed", error=str(exc)))
+            failed.append(StageOutcome(key, "failed", error=str(exc)))
+    return targets, failed
+
+
+def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str) -> MaterializeResult:
+    """Run one stage over the run's partitions, attach per-partition metadata, record failures."""
+    runner = rag.runner()
+    targets, outcomes = partition_targets(rag, list(context.partition_keys))
     outcomes += getattr(runner, stage)(targets)
     if stage == "raw_documents":
         rag.prepare_after_raw_documents(context.run, new_content=any(o.status == "ok" for o in outcomes))
     with partition_keys_read_once(context):
         for outcome in outcomes:
             context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)
-    return finish(context, rag, stage, outcomes, extra or {}, runner)
+    return finish(context, rag, stage, outcomes, _run_totals(rag, stage, outcomes, runner))
 
 
-def finish(context, rag: RagResource, stage: str, outcomes: list[StageOutcome], extra: dict[str, Any],
-           runner: StageRunner) -> MaterializeResult:
-    """The step's own metadata (counts per status, run totals); a single failed partition raises."""
-    statuses = Counter(o.status for o in outcomes)
-    failed = [o for o in outcomes if o.status == "failed"]
-    kb = rag.kb()
-    for o in failed:
-        kb.store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
-    summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
-    summary["run_partitions"] = len(outcomes)
+def _run_totals(rag: RagResource, stage: str, outcomes: list[StageOutcome], runner: StageRunner) -> dict[str, Any]:
     if stage == "embeddings":
-        summary["run_cache_hits"] = runner.embed_totals.get("cache_hits", 0)
-        summary["run_embedded"] = runner.embed_totals.get("embedded", 0)
-        summary["model"] = kb.settings.embedding.model
-        summary["dimensions"] = kb.settings.embedding.dimensions
+        settings = rag.kb().settings
+        return {"run_cache_hits": runner.embed_totals.get("cache_hits", 0),
+                "run_embedded": runner.embed_totals.get("embedded", 0),
+                "model": settings.embedding.model, "dimensions": settings.embedding.dimensions}
     if stage == "chunks":
         counts = [c for o in outcomes for c in o.metadata.get("token_counts", [])]
-        summary["run_chunks"] = len(counts)
-        summary["run_tokens"] = sum(counts)
+        return {"run_chunks": len(counts), "run_tokens": sum(counts)}
+    return {}
+
+
+def finish(context: AssetExecutionContext, rag: RagResource, stage: str, outcomes: list[StageOutcome],
+           totals: dict[str, Any]) -> MaterializeResult:
+    """A step's own metadata: counts per status and the stage's run `totals`. Failed files are
+    recorded (rag_failures, for `rag status`); a run of one partition that failed raises, so the UI
+    marks that partition failed, while a many-file run goes on and warns."""
+    statuses = Counter(o.status for o in outcomes)
+    failed = [o for o in outcomes if o.status == "failed"]
+    store = rag.kb().store
+    for o in failed:
+        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+    summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
+    summary["run_partitions"] = len(outcomes)
+    summary.update(totals)
     if failed:
         summary["run_failed_partitions"] = MetadataValue.json([o.key for o in failed][:100])
         if len(outcomes) == 1:
             raise Failure(description=f"{stage} failed for {failed[0].key}: {failed[0].error}", metadata=summary)
         context.log.warning("%s: %d of %d files failed (recorded in rag_failures): %s", stage, len(failed),
                             len(outcomes), ", ".join(o.key for o in failed[:10]))
-    return MaterializeResult(metadata={**summary, **extra})
+    return MaterializeResult(metadata=summary)
 
 
 _partitioned = dict(partitions_def=corpus_files, backfill_policy=BackfillPolicy.single_run(), group_name=GROUP)

@@ -13,16 +13,15 @@ from typing import Any
 from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
-    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
-from rag_lib.errors import RagError
 from rag_lib.graph.extract import GRAPH_VERSION
+from rag_lib.quality import markdown_table
 
-from pipelines.assets import GROUP, partition_keys_read_once, raw_documents, vector_table
+from pipelines.assets import GROUP, finish, partition_keys_read_once, partition_targets, raw_documents, vector_table
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import RAW, VECTORS, StageOutcome
@@ -51,12 +50,9 @@ def _digest(report: dict[str, Any]) -> str:
 
 
 def triples_table(rows: list[dict[str, Any]]) -> str:
-    """A few triples as a markdown table (pipes in names escaped so the table holds)."""
-    clean = lambda v: str(v).replace("|", "/").replace("\n", " ")  # noqa: E731
-    lines = ["| subject | predicate | object | section |", "|---|---|---|---|"]
-    lines += [f"| {clean(r['src'])} | {clean(r['predicate'])} | {clean(r['dst'])} | {clean(r['section'])} |"
-              for r in rows]
-    return "\n".join(lines)
+    """A few triples as a markdown table."""
+    return markdown_table([{"subject": r["src"], "predicate": r["predicate"], "object": r["dst"],
+                            "section": r["section"]} for r in rows], ["subject", "predicate", "object", "section"])
 
 
 def _metadata(outcome: StageOutcome) -> dict[str, Any]:
@@ -82,14 +78,8 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
     """Each partition's graph report from the store (one query per kind of fact per collection),
     stored as the file's `knowledge_graph` stage output."""
     kb = rag.kb()
-    pmap = rag.partition_map()
-    outcomes: dict[str, StageOutcome] = {}
-    targets = []
-    for key in keys:
-        try:
-            targets.append(pmap.target(key))
-        except RagError as exc:
-            outcomes[key] = StageOutcome(key, "failed", error=str(exc))
+    targets, unknown = partition_targets(rag, keys)
+    outcomes: dict[str, StageOutcome] = {o.key: o for o in unknown}
     rows = kb.store.load_stage_outputs((RAW, VECTORS, GRAPH), [(t.collection, t.rel) for t in targets])
     ready: dict[str, tuple[Any, dict, list[str]]] = {}
     for t in targets:
@@ -159,22 +149,8 @@ def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> Materia
     with partition_keys_read_once(context):
         for outcome in outcomes:
             context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
-    statuses = Counter(o.status for o in outcomes)
-    summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
-    summary["run_partitions"] = len(outcomes)
-    summary["run_edges"] = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)
-    summary.update(rebuild_profiles(rag, outcomes))
-    failed = [o for o in outcomes if o.status == "failed"]
-    if failed:
-        kb = rag.kb()
-        for o in failed:
-            kb.store.record_failure(f"dagster:{GRAPH}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
-        summary["run_failed_partitions"] = MetadataValue.json([o.key for o in failed][:100])
-        if len(outcomes) == 1:
-            raise Failure(description=f"{GRAPH} failed for {failed[0].key}: {failed[0].error}", metadata=summary)
-        context.log.warning("%s: %d of %d files failed (recorded in rag_failures): %s", GRAPH, len(failed),
-                            len(outcomes), ", ".join(o.key for o in failed[:10]))
-    return MaterializeResult(metadata=summary)
+    edges = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)
+    return finish(context, rag, GRAPH, outcomes, {"run_edges": edges, **rebuild_profiles(rag, outcomes)})
 
 
 GRAPH_ASSETS = [knowledge_graph]

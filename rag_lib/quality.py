@@ -40,7 +40,9 @@ def token_histogram(counts: list[int], edges: tuple[int, ...] = (0, 16, 32, 64, 
     return "\n".join(rows)
 
 
-def _md_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 50) -> str:
+def markdown_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 50) -> str:
+    """`rows` as a markdown table of `columns` (pipes escaped, line breaks folded, cells cut at 120
+    characters, at most `limit` rows): the one table builder behind check and asset metadata."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows[:limit]:
         lines.append("| " + " | ".join(str(row.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120]
@@ -64,7 +66,7 @@ def check_embeddings(store: Store, settings: Settings) -> QualityResult:
         metadata={"checked": found["checked"], "bad": len(bad), "model": cfg.model, "dimensions": cfg.dimensions,
                   **{f"bad_{k}": v for k, v in by_problem.items()},
                   "offending_ids": [f"{r['path']}:{r['chunk_id']} ({r['problem']})" for r in bad[:50]]},
-        markdown={"offenders": _md_table(bad, ["path", "chunk_id", "problem", "model", "actual_dims"])} if bad else {},
+        markdown={"offenders": markdown_table(bad, ["path", "chunk_id", "problem", "model", "actual_dims"])} if bad else {},
     )
 
 
@@ -196,7 +198,7 @@ def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityR
                   "expectations_failed": len(failed), "expectations": len(results),
                   "oversize_ids": oversize["chunk_id"].tolist()[:50]},
         markdown={"histogram": token_histogram(counts),
-                  "expectations": _md_table(results, ["expectation", "column", "success", "unexpected", "sample"])},
+                  "expectations": markdown_table(results, ["expectation", "column", "success", "unexpected", "sample"])},
     )
 
 
@@ -210,9 +212,9 @@ def check_skipped(store: Store) -> QualityResult:
         description="no skipped inputs" if not rows else
         f"{len(rows)} skipped inputs: " + ", ".join(f"{k} {v}" for k, v in by_reason.most_common()),
         metadata={"skipped": len(rows), **{f"reason_{k}": v for k, v in by_reason.items()}},
-        markdown={"by_reason": _md_table([{"reason": k, "files": v} for k, v in by_reason.most_common()],
+        markdown={"by_reason": markdown_table([{"reason": k, "files": v} for k, v in by_reason.most_common()],
                                          ["reason", "files"]),
-                  "skipped_inputs": _md_table(rows, ["collection", "path", "reason", "detail"])} if rows else {},
+                  "skipped_inputs": markdown_table(rows, ["collection", "path", "reason", "detail"])} if rows else {},
     )
 
 
@@ -283,9 +285,9 @@ def check_retrieval(store: Store, settings: Settings, search: Callable[[str], An
     for qtype, m in scores.items():
         if qtype != "all":
             meta[f"ndcg@10 {qtype}"] = m["ndcg@10"]
-    per_type = _md_table([{"type": t, **m} for t, m in scores.items()],
+    per_type = markdown_table([{"type": t, **m} for t, m in scores.items()],
                          ["type", "queries", "ndcg@10", "recall@10", "mrr@10"])
-    runs = _md_table([{"at": f"{r['at']:%Y-%m-%d %H:%M:%S}", "ndcg@10": round(r["ndcg"], 4), "outcome": r["outcome"],
+    runs = markdown_table([{"at": f"{r['at']:%Y-%m-%d %H:%M:%S}", "ndcg@10": round(r["ndcg"], 4), "outcome": r["outcome"],
                        "accepted": "yes" if r["accepted"] else "no"} for r in history],
                      ["at", "ndcg@10", "outcome", "accepted"])
     summary = f"nDCG@10 {ndcg:.4f} on {meta['queries']} queries ({cfg.mode}, {cfg.unit} units)"

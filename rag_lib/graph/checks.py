@@ -5,7 +5,7 @@ kind and predicate with a small sample of triples as markdown."""
 
 from __future__ import annotations
 
-from rag_lib.quality import QualityResult, _md_table
+from rag_lib.quality import QualityResult, markdown_table
 
 
 def check_dangling_links(store, collection: str | None = None) -> QualityResult:
@@ -15,7 +15,7 @@ def check_dangling_links(store, collection: str | None = None) -> QualityResult:
         description=f"{len(rows)} _links point to files that are not in the corpus" if rows
         else "every _links target is a document of the corpus",
         metadata={"dangling": len(rows), "links": [f"{r['path']} → {r['target']}" for r in rows[:50]]},
-        markdown={"dangling_links": _md_table(rows, ["path", "role", "target"])} if rows else {},
+        markdown={"dangling_links": markdown_table(rows, ["path", "role", "target"])} if rows else {},
     )
 
 
@@ -25,7 +25,7 @@ def check_orphan_nodes(store, collection: str | None = None) -> QualityResult:
         passed=not rows, severity="error",
         description=f"{len(rows)} graph nodes have no edges" if rows else "no orphan graph nodes",
         metadata={"orphans": len(rows), "nodes": [r["key"] for r in rows[:50]]},
-        markdown={"orphan_nodes": _md_table(rows, ["collection", "key", "kind"])} if rows else {},
+        markdown={"orphan_nodes": markdown_table(rows, ["collection", "key", "kind"])} if rows else {},
     )
 
 
@@ -36,7 +36,7 @@ def check_stale_edges(store, collection: str | None = None) -> QualityResult:
         description=f"{len(rows)} graph edges come from an older version of their document" if rows
         else "every graph edge comes from the live version of its document",
         metadata={"stale": len(rows), "edges": [f"{r['path']}: {r['src']} {r['predicate']} {r['dst']}" for r in rows[:50]]},
-        markdown={"stale_edges": _md_table(rows, ["path", "src", "predicate", "dst"])} if rows else {},
+        markdown={"stale_edges": markdown_table(rows, ["path", "src", "predicate", "dst"])} if rows else {},
     )
 
 
@@ -51,7 +51,7 @@ def check_duplicate_nodes(store, collection: str | None = None) -> QualityResult
         description=f"{len(rows)} groups of graph nodes look like duplicates" if rows
         else "no graph nodes look like duplicates",
         metadata={"duplicate_groups": len(rows), "groups": [" = ".join(r["keys"]) for r in rows[:50]]},
-        markdown={"duplicate_nodes": _md_table(table, ["collection", "nodes", "kinds", "reason"])} if rows else {},
+        markdown={"duplicate_nodes": markdown_table(table, ["collection", "nodes", "kinds", "reason"])} if rows else {},
     )
 
 
@@ -66,9 +66,9 @@ def graph_summary(store, collection: str | None = None) -> QualityResult:
         description=f"{sum(counts['nodes'].values())} nodes, {sum(counts['edges'].values())} edges",
         metadata={"nodes": sum(counts["nodes"].values()), "edges": sum(counts["edges"].values()),
                   "nodes_by_kind": counts["nodes"], "edges_by_predicate": counts["edges"]},
-        markdown={"node_kinds": _md_table(kinds, ["kind", "nodes"]),
-                  "predicates": _md_table(preds, ["predicate", "edges"]),
-                  "sample": _md_table(sample, ["src", "predicate", "dst", "path"])},
+        markdown={"node_kinds": markdown_table(kinds, ["kind", "nodes"]),
+                  "predicates": markdown_table(preds, ["predicate", "edges"]),
+                  "sample": markdown_table(sample, ["src", "predicate", "dst", "path"])},
     )
 
 
