@@ -13,6 +13,7 @@ from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.models import SearchHit
 from rag_lib.search.context import ContextResult, assemble
+from rag_lib.search.results import first_by
 from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
 
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
@@ -66,13 +67,7 @@ class HybridContext:
 
 
 def _dedupe(hits: list[SearchHit]) -> list[SearchHit]:
-    seen: set[str] = set()
-    out = []
-    for h in hits:
-        if h.chunk_id not in seen:
-            seen.add(h.chunk_id)
-            out.append(h)
-    return out
+    return first_by(hits, lambda h: h.chunk_id)
 
 
 def _interleave(lists: list[list[SearchHit]]) -> list[SearchHit]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rag_lib.models import SearchHit
 
@@ -16,15 +16,20 @@ _STOP = {
 }
 
 
-def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
-    """Keep the best (first) chunk of each unit, in rank order."""
+def first_by(hits: Iterable[SearchHit], key: Callable[[SearchHit], str]) -> list[SearchHit]:
+    """The first hit of each `key`, in rank order."""
     seen: set[str] = set()
     out = []
     for hit in hits:
-        if hit.unit_id not in seen:
-            seen.add(hit.unit_id)
+        if key(hit) not in seen:
+            seen.add(key(hit))
             out.append(hit)
     return out
+
+
+def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
+    """Keep the best (first) chunk of each unit, in rank order."""
+    return first_by(hits, lambda h: h.unit_id)
 
 
 def _stem(word: str) -> str:
