@@ -7,6 +7,9 @@ STAMP  := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# The suite writes bytecode (gitignored __pycache__) even where the environment says not to: else
+# every session rewrites and compiles each test module again, and every `rag` child compiles rag_lib.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-fast install clean test-external-pg
 

@@ -4,6 +4,7 @@ embedding model loaded once."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -35,6 +36,12 @@ def pg_server(tmp_path_factory) -> str:
     """Admin URL of a session-wide embedded server (stopped at the end)."""
     pgdata = Path(tmp_path_factory.mktemp("pg")) / "pgdata"
     url = start_embedded(pgdata)
+    # A throwaway cluster needs no durability: without a flush per commit and per copied database,
+    # the hundreds of databases and small commits a session makes stop waiting on a shared disk.
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {name} = off")
+        conn.execute("SELECT pg_reload_conf()")
     yield url
     stop_embedded(pgdata)
 
@@ -62,9 +69,12 @@ def empty_database_url(pg_server: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def provider(tmp_path_factory) -> LocalProvider:
-    """The real all-MiniLM-L6-v2 model (and its ONNX query encoder), loaded once per session."""
-    p = LocalProvider("all-MiniLM-L6-v2", 384, onnx_cache_dir=tmp_path_factory.mktemp("onnx"))
+def provider() -> LocalProvider:
+    """The real all-MiniLM-L6-v2 model on ONNX Runtime, loaded once per session. Its export comes
+    from the per-user cache the `rag` children use too (checked against its manifest on load), so
+    a session neither exports it again nor imports torch until a test needs the torch model; the
+    tests of exporting give their own folders."""
+    p = LocalProvider("all-MiniLM-L6-v2", 384)
     p.load()
     return p
 
@@ -101,18 +111,64 @@ def corpus_copy(tmp_path: Path):
     return make
 
 
+def _saved_vectors(config: pytest.Config, provider: LocalProvider, url: str) -> Path | None:
+    """Where the shared corpus's vectors are kept between sessions: pytest's cache folder
+    (`pytest --cache-clear` drops it; `-p no:cacheprovider` keeps nothing). The name stands for what
+    the vectors depend on: the model's vector for a probe text (any change of weights, runtime or
+    export changes it) and the cache table's columns (a migration that changes them)."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return None
+    with psycopg.connect(url) as conn:
+        columns = conn.execute("SELECT string_agg(column_name || ' ' || data_type, ',' ORDER BY ordinal_position)"
+                               " FROM information_schema.columns WHERE table_name = 'rag_embedding_cache'").fetchone()[0]
+    probe = provider.embed(["NVDA earnings: the stop held while the position was trimmed"]).round(5).tobytes()
+    key = hashlib.sha256(provider.space.encode() + probe + columns.encode()).hexdigest()[:16]
+    return cache.mkdir("shared-corpus-vectors") / f"{key}.copy"
+
+
+def _cache_rows(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
+
+
+def _copy_cache(src_url: str, dst_url: str) -> None:
+    """Copy every row of one database's embedding cache into another's."""
+    with psycopg.connect(src_url) as src, psycopg.connect(dst_url) as dst:
+        with src.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
+                dst.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
+            for block in out:
+                into.write(block)
+
+
 @pytest.fixture(scope="session")
-def corpus_template(pg_server: str, provider: LocalProvider, tmp_path_factory) -> str:
+def corpus_template(request, pg_server: str, migrated_template: str, provider: LocalProvider, tmp_path_factory) -> str:
     """Name of a template database holding the whole shared corpus, ingested once per session
     (collection `default`, root = shared/corpus, so unit ids match the eval sets). Its embedding
-    cache makes any later ingest of shared-corpus files free of model calls."""
+    cache makes any later ingest of shared-corpus files free of model calls.
+
+    Encoding the corpus's ~3,200 chunks is most of a fresh session's setup (about 170 s of CPU on
+    2 cores); the vectors the model made for it in an earlier session are loaded into the cache
+    first when the model still gives the same vectors, so only the ingest itself runs again."""
     name = "corpus_template"
-    url = create_database(pg_server, name)
+    url = create_database(pg_server, name, template=migrated_template)
+    saved = _saved_vectors(request.config, provider, url)
+    if saved is not None and saved.is_file():
+        with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
+            into.write(saved.read_bytes())
+    loaded = _cache_rows(url)
     home = tmp_path_factory.mktemp("template_home")
     with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
         report = base.ingest([SHARED_CORPUS])
         assert report.count("failed") == 0, report.to_dict()
         base.store.ensure_hnsw_index(provider.space, provider.dimensions)
+    if saved is not None and _cache_rows(url) > loaded:  # new chunks were encoded: keep theirs too
+        partial = saved.with_suffix(".partial")
+        with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
+                open(partial, "wb") as f:
+            for block in out:
+                f.write(block)
+        partial.replace(saved)  # a session stopped half-way leaves no truncated file behind
     return name
 
 
@@ -122,12 +178,7 @@ def cached_template(pg_server: str, migrated_template: str, corpus_template: str
     (copied from `corpus_template`), and nothing else."""
     name = "cached_template"
     url = create_database(pg_server, name, template=migrated_template)
-    source = pg_server.replace("/postgres?", f"/{corpus_template}?", 1)
-    with psycopg.connect(source) as src, psycopg.connect(url) as dst:
-        with src.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
-                dst.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
-            for block in out:
-                into.write(block)
+    _copy_cache(pg_server.replace("/postgres?", f"/{corpus_template}?", 1), url)
     return name
 
 
