@@ -57,8 +57,15 @@ def migrated_template(pg_server: str) -> str:
 
 
 @pytest.fixture
-def database_url(pg_server: str, migrated_template: str) -> str:
-    """A fresh database for one test: the schema, no data (an empty embedding cache too)."""
+def database_url(request, pg_server: str, migrated_template: str) -> str:
+    """A fresh database for one test: the schema, no data, an empty embedding cache. Under the
+    `warm_cache` marker (a module's `pytestmark`; `warm_cache(False)` on a test turns it off again)
+    its cache already holds every shared-corpus vector, so ingesting copies of shared-corpus files
+    calls no model: for tests of anything but embedding, which would otherwise encode the same
+    files again in every test."""
+    marker = request.node.get_closest_marker("warm_cache")
+    if marker is not None and (marker.args or (True,))[0]:
+        return create_database(pg_server, template=request.getfixturevalue("cached_template"))
     return create_database(pg_server, template=migrated_template)
 
 
@@ -180,14 +187,6 @@ def cached_template(pg_server: str, migrated_template: str, corpus_template: str
     url = create_database(pg_server, name, template=migrated_template)
     _copy_cache(pg_server.replace("/postgres?", f"/{corpus_template}?", 1), url)
     return name
-
-
-@pytest.fixture
-def cached_database_url(pg_server: str, cached_template: str) -> str:
-    """A fresh database with no documents whose embedding cache already holds every shared-corpus
-    vector: ingesting copies of shared-corpus files calls no model. Not for tests that assert what a
-    first ingest embeds or how the cache fills (they take `database_url`)."""
-    return create_database(pg_server, template=cached_template)
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@ from rag_lib.errors import NotFoundError, ValidationError
 
 TRADE = "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml"
 
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
+
 
 @pytest.fixture
 def default_kb(monkeypatch, database_url, provider, tmp_path):

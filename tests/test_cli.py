@@ -15,10 +15,8 @@ MALFORMED = "tradegent/templates/post-trade-review.yaml"
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def database_url(cached_database_url: str) -> str:
-    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
-    return cached_database_url
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 def test_ingest_search_show_delete_round_trip(rag, corpus_copy):

@@ -22,10 +22,8 @@ SCANNER = f"{K}/scanners/daily/premarket-gap.yaml"
 MOMENTUM_SCANNER = f"{K}/scanners/daily/earnings-momentum.yaml"
 
 
-@pytest.fixture
-def database_url(cached_database_url: str) -> str:
-    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
-    return cached_database_url
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 def _doc(root: Path, rel: str):

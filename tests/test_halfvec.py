@@ -4,12 +4,16 @@ semantic search uses it, and switching the setting back rebuilds a `vector` inde
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.models import SearchFilters
 from rag_lib.store.vectors import index_name
 
 TRADE = "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml"
+
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 def _index_def(url: str, name: str) -> str:

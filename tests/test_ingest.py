@@ -19,12 +19,16 @@ NOTE = "tradegent-docs/.claude/rules/05-database-access.md"
 TEMPLATE = "tradegent/templates/stock-analysis.yaml"
 MALFORMED = "tradegent/templates/post-trade-review.yaml"
 
+# The shared corpus's vectors come from the cache, except in the tests of what a first ingest embeds.
+pytestmark = pytest.mark.warm_cache
+
 
 def rows(kb, sql: str, *params):
     with kb.store.db.connection() as conn:
         return conn.execute(sql, params).fetchall()
 
 
+@pytest.mark.warm_cache(False)  # the first ingest embeds every chunk
 def test_round_trip_publishes_documents_sections_chunks_and_vectors(kb, corpus_copy):
     root = corpus_copy(PFE, TRADE, NOTE)
     report = kb.ingest([root])
@@ -72,6 +76,7 @@ def test_a_file_turning_bad_keeps_its_live_version(kb, corpus_copy):
     assert kb.status()["skipped"][0]["reason"] == "malformed_yaml"
 
 
+@pytest.mark.warm_cache(False)  # the first ingest embeds every chunk
 def test_unchanged_files_are_not_re_embedded(kb, corpus_copy, provider):
     root = corpus_copy(TRADE, LEARNING)
     kb.ingest([root])

@@ -17,6 +17,9 @@ from rag_lib.eval import average_precision, parse_verdicts
 
 NVDA = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
 NFLX = "tradegent/knowledge/analysis/earnings/NFLX_20250118T0800.yaml"
+
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 ANSWER = "NVDA beat its earnings estimate.\nThe moon is made of cheese."
 
 

@@ -14,10 +14,8 @@ TEXTS = ["nothing relevant here", "NVDA earnings beat", "NVDA guidance and earni
 QUERY = "NVDA earnings risks"
 
 
-@pytest.fixture
-def database_url(cached_database_url: str) -> str:
-    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
-    return cached_database_url
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 @pytest.mark.parametrize("shape", ["tei", "cohere"])

@@ -15,10 +15,8 @@ LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml
 TRADE = "tradegent/fixtures/sample_trade.yaml"
 
 
-@pytest.fixture
-def database_url(cached_database_url: str) -> str:
-    """Not tests of embedding: the shared corpus's vectors come from the cache (no model calls)."""
-    return cached_database_url
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 def test_ingest_registers_directories_and_root_only(kb, corpus_copy, tmp_path):

@@ -16,6 +16,9 @@ MODES = ("semantic", "lexical", "hybrid")
 PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
 META = "tradegent/knowledge/analysis/stock/META_20260220T2115.yaml"
 
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
+
 
 def test_lexical_matches_exact_terms_and_syntax(corpus_kb):
     res = corpus_kb.search("RVOL thresholds", mode="lexical", top_k=5)

@@ -18,11 +18,9 @@ MSFT = "tradegent/knowledge/analysis/stock/MSFT_20260220T1805.yaml"
 RESEARCH = "tradegent/knowledge/analysis/research/AI_CAPEX_20250110T0800.yaml"
 
 
-@pytest.fixture
-def database_url(cached_database_url: str) -> str:
-    """These tests are about the CLI, not embedding: their databases start with the shared corpus's
-    vectors cached (`reembed --version` still misses: the cache is keyed per embed version)."""
-    return cached_database_url
+# These tests are about the CLI, not embedding: their databases start with the shared corpus's
+# vectors cached (`reembed --version` still misses: the cache is keyed per embed version).
+pytestmark = pytest.mark.warm_cache
 
 
 @pytest.fixture
