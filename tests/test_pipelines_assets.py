@@ -26,7 +26,9 @@ from rag_lib.errors import NotFoundError  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
 from pipelines.partitions import PartitionMap  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls),
+# except in the tests of runs that embed.
+pytestmark = [pytest.mark.slow, pytest.mark.warm_cache]
 
 RELS = [
     "tradegent/fixtures/sample_trade.yaml",
@@ -69,6 +71,7 @@ def _statuses(result, asset: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.warm_cache(False)  # asserts the run's model calls
 def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, database_url, provider, tmp_path):
     root = corpus_copy(*RELS)
     (root / "broken.yaml").write_text("title: [unclosed\n")
@@ -191,6 +194,7 @@ class _RecordingProvider(LocalProvider):
         super().prepare()
 
 
+@pytest.mark.warm_cache(False)  # asserts the run's model calls
 def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
     """The model (seconds to load) loads on a thread of its own once raw_documents finds files with
     new content, only in runs that embed; never for a raw_documents-only run or unchanged files.

@@ -26,6 +26,8 @@ from rag_lib.store.vectors import index_name  # noqa: E402
 
 FILES = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml"]
 KEYS = [f"corpus/{rel}" for rel in FILES]  # partition keys: <root name>/<path under the root>
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 def _registered(settings: Settings, provider, root) -> None:

@@ -21,7 +21,8 @@ from pipelines.resources import preload_provider  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = [pytest.mark.slow, pytest.mark.warm_cache]
 
 K = "tradegent/knowledge"
 TRADE = f"{K}/trades/2025/01/NVDA_20250115T1000.yaml"

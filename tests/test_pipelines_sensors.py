@@ -41,6 +41,8 @@ from rag_lib.models import CorpusRoot  # noqa: E402
 
 RELS = ["tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_research.yaml"]
 FILES = [f"corpus/{rel}" for rel in RELS]  # partition keys: <root name>/<path under the root>
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from rag_lib.config import Settings  # noqa: E402
 
 TRADE = "tradegent/fixtures/sample_trade.yaml"
 EARNINGS = "tradegent/fixtures/sample_earnings.yaml"
+# Not tests of embedding: the shared corpus's vectors come from the cache (no model calls).
+pytestmark = pytest.mark.warm_cache
 QUERIES = [
     ("q1", "at what price did we exit the NVDA trade and why", "factual", f"{TRADE}#execution"),
     ("q2", "lessons and biases from reviewing the NVDA trade", "factual", f"{TRADE}#review"),
