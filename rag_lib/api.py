@@ -181,7 +181,9 @@ class KnowledgeBase:
             space = (self.store.active_space() or {}).get("space")
             if not space or self.store.ticker_profile_hashes(collection, space):
                 return None
-        return build_profiles(self.store, self.provider, collection).to_dict()
+        report = build_profiles(self.store, self.provider, collection).to_dict()
+        self.search_caches.clear()  # its searches link to the rebuilt profiles at once
+        return report
 
     def ticker_profiles(self, collection: str | None = None) -> list[dict[str, Any]]:
         """The stored ticker profiles (ticker, space, text, sources, updated_at)."""

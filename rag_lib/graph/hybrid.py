@@ -142,7 +142,8 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     space = kb.store.active_space()
     if not plan.tickers and not ticker and space:  # a described company ("the GPU maker") counts as named
         opts = SearchOptions.from_settings(kb.settings)
-        plan = link_query(kb.store, plan, kb.provider.embed([query])[0], space["space"], collection, opts)
+        plan = link_query(kb.store, plan, kb.provider.embed([query])[0], space["space"], collection, opts,
+                          kb.search_caches)
     tickers = list(dict.fromkeys(([ticker.upper()] if ticker else []) + plan.tickers))
     depth = max(20, min(100, token_budget // 60))
     related: list[str] = []

@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,36 +120,23 @@ def build_profiles(store, provider, collection: str) -> ProfileReport:
     report.removed = store.write_ticker_profiles(collection, space["space"], space["dimensions"], rows, list(texts), hub)
     report.rebuilt, report.profiles = changed, len(texts)
     report.sample = {t: texts[t] for t in changed[:3]}
-    _cache.clear()
     return report
 
 
 # ---- linking at query time ---------------------------------------------------------------------
 
-_cache: dict[tuple[int, str | None, str], tuple[float, list[str], np.ndarray, np.ndarray]] = {}
-_cache_lock = threading.Lock()
-CACHE_SECONDS = 30.0  # a rebuilt profile is seen by other processes within this delay (the rebuilding one at once)
+# Searches reuse the profiles this long (`rag_lib.search.retrieval.SearchCaches`): a profile rebuilt by
+# another process is seen within this delay (by the rebuilding knowledge base at once).
+CACHE_SECONDS = 30.0
+Profiles = tuple[list[str], np.ndarray, np.ndarray]  # tickers, unit profile vectors, hubness
 
 
-def _profiles(store, collection: str | None, space: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    key = (id(store), collection, space)
-    now = time.monotonic()
-    with _cache_lock:
-        hit = _cache.get(key)
-    if hit and now - hit[0] < CACHE_SECONDS:
-        return hit[1], hit[2], hit[3]
-    tickers, matrix, hub = store.ticker_profile_vectors(collection, space)
-    with _cache_lock:
-        _cache[key] = (now, tickers, matrix, hub)
-    return tickers, matrix, hub
-
-
-def link_tickers(store, collection: str | None, space: str, vector: np.ndarray, threshold: float, margin: float,
+def link_tickers(profiles: Profiles, vector: np.ndarray, threshold: float, margin: float,
                  limit: int = 1) -> list[tuple[str, float]]:
     """Tickers whose profile the question matches confidently: cosine similarity at least `threshold`,
     and a CSLS score (cosine minus half the profile's hubness) at least `margin` above the next
     profile's (a question near every profile names none)."""
-    tickers, matrix, hub = _profiles(store, collection, space)
+    tickers, matrix, hub = profiles
     if not tickers:
         return []
     q = np.asarray(vector, dtype=np.float32)

@@ -13,7 +13,7 @@ from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
-from rag_lib.graph.profiles import link_tickers
+from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify
 from rag_lib.search.fusion import Candidates, boost, convex, document_evidence, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
@@ -57,13 +57,15 @@ class SearchOptions:
 
 class SearchCaches:
     """What searches on one database reuse between queries: the term statistics (BM25 document
-    frequencies) and the tickers each collection knows (query routing). Both are re-checked every
-    `lexical.GENERATION_TTL` seconds, so another process's writes show within that; the owner
+    frequencies), the tickers each collection knows (query routing), both re-checked every
+    `lexical.GENERATION_TTL` seconds, and the ticker profiles (entity linking), re-read every
+    `profiles.CACHE_SECONDS`; so another process's writes show within those delays. The owner
     (`KnowledgeBase`) calls `clear()` after its own writes so they show at once."""
 
     def __init__(self) -> None:
         self.terms = lexical.TermStatistics()
         self._tickers: dict[str | None, tuple[float, set[str]]] = {}
+        self._profiles: dict[tuple[str | None, str], tuple[float, profiles.Profiles]] = {}
 
     def known_tickers(self, store, collection: str | None) -> set[str]:
         now = time.monotonic()
@@ -73,9 +75,18 @@ class SearchCaches:
             self._tickers[collection] = entry
         return entry[1]
 
+    def ticker_profiles(self, store, collection: str | None, space: str) -> profiles.Profiles:
+        now = time.monotonic()
+        entry = self._profiles.get((collection, space))
+        if entry is None or now - entry[0] > profiles.CACHE_SECONDS:
+            entry = (now, store.ticker_profile_vectors(collection, space))
+            self._profiles[(collection, space)] = entry
+        return entry[1]
+
     def clear(self) -> None:
         self.terms.clear()
         self._tickers = {}
+        self._profiles = {}
 
 
 def plan_query(store, query: str, collection: str | None, caches: SearchCaches | None = None) -> QueryPlan:
@@ -83,12 +94,14 @@ def plan_query(store, query: str, collection: str | None, caches: SearchCaches |
     return classify(query, (caches or SearchCaches()).known_tickers(store, collection))
 
 
-def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions) -> QueryPlan:
+def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions,
+               caches: SearchCaches | None = None) -> QueryPlan:
     """A query naming no ticker but describing one ("the GPU maker") gets the ticker its vector
     matches confidently among the ticker profiles, as if it had named it (`plan.linked` says so)."""
     if not (opts.entity_linking and opts.routing) or plan.tickers or vector is None:
         return plan
-    linked = link_tickers(store, collection, space, vector, opts.link_threshold, opts.link_margin, opts.link_max)
+    known = (caches or SearchCaches()).ticker_profiles(store, collection, space)
+    linked = profiles.link_tickers(known, vector, opts.link_threshold, opts.link_margin, opts.link_max)
     if linked:
         plan.tickers = [t for t, _ in linked]
         plan.linked = dict(linked)
@@ -243,7 +256,7 @@ def search(
 
     t0 = time.perf_counter()
     if vectors is not None:
-        plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts)
+        plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
         timings["link"] = round((time.perf_counter() - t0) * 1000, 2)
     if len(lists) == 1:
         ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
