@@ -105,11 +105,11 @@ class Engine:
         self.fingerprint = fingerprint(self.versions)
         self.begin_run()
 
-    def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
-        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage),
-        read back with `store.run_usage(run_id)`."""
+    def begin_run(self, kind: str = "ingest") -> str:
+        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage) under
+        a fresh id, read back with `store.run_usage(run_id)`."""
         self.run_kind = kind
-        self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        self.run_id = f"{kind}-{uuid.uuid4().hex[:12]}"
         return self.run_id
 
     # ---- per-file stages ---------------------------------------------------------------
