@@ -24,7 +24,7 @@ from rag_lib.quality import markdown_table
 from pipelines.assets import GROUP, finish, partition_keys_read_once, partition_targets, raw_documents, vector_table
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
-from rag_lib.ingest.state import RAW, VECTORS, StageOutcome
+from rag_lib.ingest.state import RAW, VECTORS, StageOutcome, upstream_outcome
 
 GRAPH = "knowledge_graph"
 SAMPLE_TRIPLES = 5
@@ -83,17 +83,10 @@ def graph_outcomes(rag: RagResource, keys: list[str]) -> list[StageOutcome]:
     rows = kb.store.load_stage_outputs((RAW, VECTORS, GRAPH), [(t.collection, t.rel) for t in targets])
     ready: dict[str, tuple[Any, dict, list[str]]] = {}
     for t in targets:
-        raw, published = rows.get((t.collection, t.rel, RAW)), rows.get((t.collection, t.rel, VECTORS))
-        if raw is None:
-            outcomes[t.key] = StageOutcome(t.key, "failed", error=f"{RAW} has not been materialized for {t.key}")
-        elif raw["status"] == "skipped":
-            outcomes[t.key] = StageOutcome(t.key, "skipped", {"skip_reason": raw.get("skip_reason")})
-        elif raw["status"] == "failed" or (published or {}).get("status") in ("failed", "upstream_failed"):
-            outcomes[t.key] = StageOutcome(t.key, "upstream_failed",
-                                           error=(published or {}).get("error") or raw.get("error"))
-        elif published is None or published.get("file_hash") != raw["file_hash"]:
-            outcomes[t.key] = StageOutcome(t.key, "failed", error=f"{VECTORS} is missing or older than {RAW} for "
-                                                                  f"{t.key}; rematerialize it")
+        raw = rows.get((t.collection, t.rel, RAW))
+        early = upstream_outcome(t.key, raw, rows.get((t.collection, t.rel, VECTORS)), VECTORS)
+        if early is not None:
+            outcomes[t.key] = early
         else:
             ready[t.key] = (t, raw, [d["path"] for d in raw["documents"]])
     by_collection: dict[str, list[str]] = {}

@@ -71,6 +71,28 @@ def _ident(t: FileTarget) -> tuple[str, str]:
 _MISSING = object()  # a stage row looked up and not found (so not looked up again)
 
 
+def upstream_outcome(key: str, raw: dict | None, before: dict | None, previous: str) -> StageOutcome | None:
+    """What a stage reports instead of working on a file, from the stored rows of raw_documents and of
+    the stage before it (`previous`), or None when the file is ready: raw_documents missing (failed),
+    skipped or failed (upstream_failed); the previous stage failed (upstream_failed), skipped this
+    content (skipped), or is missing or older than raw_documents (failed). The stage assets and
+    `knowledge_graph` (after vector_table) apply this one rule."""
+    if raw is None:
+        return StageOutcome(key, "failed", error=f"{RAW} has not been materialized for {key}")
+    if raw["status"] == "skipped":
+        return StageOutcome(key, "skipped", {"skip_reason": raw.get("skip_reason")})
+    if raw["status"] == "failed":
+        return StageOutcome(key, "upstream_failed", error=raw.get("error"))
+    if before is not None and before.get("status") in ("failed", "upstream_failed"):
+        return StageOutcome(key, "upstream_failed", error=before.get("error"))
+    if before is not None and before.get("status") == "skipped" and before.get("file_hash") == raw["file_hash"]:
+        return StageOutcome(key, "skipped", {"skip_reason": before.get("skip_reason"),
+                                             "skip_detail": before.get("skip_detail")})
+    if before is None or before.get("file_hash") != raw["file_hash"]:
+        return StageOutcome(key, "failed", error=f"{previous} is missing or older than {RAW} for {key}; rematerialize it")
+    return None
+
+
 class StageRunner:
     """Runs the stages over many files with one store and engine; `force` redoes current files too.
 
@@ -152,32 +174,20 @@ class StageRunner:
                 and mine.get("version") == self.engine.versions[stage] and "meta" in mine)
 
     def _upstream(self, t: FileTarget, stage: str, rows: dict, saves: list) -> StageOutcome | None:
-        """The outcome to report instead of working (raw missing, skipped or failed; previous stage
-        failed or older than raw), or None when the file is ready for this stage."""
+        """`upstream_outcome` for this stage; an outcome the previous stage decided (it failed, or
+        skipped this content) is stored too, so the stages after this one see it rather than a
+        missing row."""
         c, p = _ident(t)
         raw = rows.get((c, p, RAW))
-        if raw is None:
-            return StageOutcome(t.key, "failed", error=f"{RAW} has not been materialized for {t.key}")
-        if raw["status"] == "skipped":
-            return StageOutcome(t.key, "skipped", {"skip_reason": raw.get("skip_reason")})
-        if raw["status"] == "failed":
-            return StageOutcome(t.key, "upstream_failed", error=raw.get("error"))
-        previous = STAGES[STAGES.index(stage) - 1]
-        before = rows.get((c, p, previous))
-        if before is not None and before.get("status") in ("failed", "upstream_failed"):
-            # Stored too, so the stages after this one see the failure rather than a missing row.
-            saves.append((c, p, stage, self._payload(stage, "upstream_failed", raw["file_hash"],
-                                                     error=before.get("error")), raw["file_hash"]))
-            return StageOutcome(t.key, "upstream_failed", error=before.get("error"))
-        if before is not None and before.get("status") == "skipped" and before.get("file_hash") == raw["file_hash"]:
-            # e.g. chunks over limits.max_chunks_per_document: nothing to embed or publish
-            skip = {"skip_reason": before.get("skip_reason"), "skip_detail": before.get("skip_detail")}
-            saves.append((c, p, stage, self._payload(stage, "skipped", raw["file_hash"], skip, **skip), raw["file_hash"]))
-            return StageOutcome(t.key, "skipped", skip)
-        if before is None or before.get("file_hash") != raw["file_hash"]:
-            return StageOutcome(t.key, "failed",
-                                error=f"{previous} is missing or older than {RAW} for {t.key}; rematerialize it")
-        return None
+        outcome = upstream_outcome(t.key, raw, rows.get((c, p, STAGES[STAGES.index(stage) - 1])),
+                                   STAGES[STAGES.index(stage) - 1])
+        if outcome is not None and outcome.status != "failed" and raw["status"] not in ("skipped", "failed"):
+            if outcome.status == "skipped":  # e.g. chunks over limits.max_chunks_per_document
+                payload = self._payload(stage, "skipped", raw["file_hash"], outcome.metadata, **outcome.metadata)
+            else:
+                payload = self._payload(stage, "upstream_failed", raw["file_hash"], error=outcome.error)
+            saves.append((c, p, stage, payload, raw["file_hash"]))
+        return outcome
 
     def _failed(self, t: FileTarget, stage: str, exc: BaseException, saves: list) -> StageOutcome:
         log.error("%s failed for %s: %s", stage, t.key, error_text(exc), exc_info=exc)
