@@ -10,8 +10,6 @@ raises instead, so that partition is marked failed in the UI."""
 
 import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from dagster import (
@@ -29,6 +27,7 @@ from rag_lib.errors import RagError
 from rag_lib.quality import markdown_table, token_histogram
 from rag_lib.versions import stage_versions
 
+from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import StageOutcome, StageRunner
@@ -69,32 +68,6 @@ def _partition_metadata(outcome: StageOutcome) -> dict[str, Any]:
     return meta
 
 
-@contextmanager
-def partition_keys_read_once(context: AssetExecutionContext) -> Iterator[None]:
-    """Within the block, the instance reads the dynamic partition keys from its database once.
-    `add_asset_metadata(partition_key=)` checks the key against the run's range by reading all
-    keys (n files: n reads of n keys per asset) and then each key again (two queries per call).
-    The keys of a running step do not change."""
-    instance = context.instance
-    cache: dict[str, list[str]] = {}
-
-    def read_once(partitions_def_name: str) -> list[str]:
-        if partitions_def_name not in cache:
-            cache[partitions_def_name] = list(type(instance).get_dynamic_partitions(instance, partitions_def_name))
-        return cache[partitions_def_name]
-
-    def has_key(partitions_def_name: str, partition_key: str) -> bool:
-        return partition_key in key_sets.setdefault(partitions_def_name, set(read_once(partitions_def_name)))
-
-    key_sets: dict[str, set[str]] = {}
-    # attributes on this instance only, removed below
-    instance.get_dynamic_partitions, instance.has_dynamic_partition = read_once, has_key
-    try:
-        yield
-    finally:
-        del instance.get_dynamic_partitions, instance.has_dynamic_partition
-
-
 def partition_targets(rag: RagResource, keys: list[str]) -> tuple[list[FileTarget], list[StageOutcome]]:
     """The files behind the run's partition keys, and a `failed` outcome for each key that names
     no file any more (its root was removed, or the key is malformed)."""
@@ -115,7 +88,7 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str) -> M
     outcomes += getattr(runner, stage)(targets)
     if stage == "raw_documents":
         rag.prepare_after_raw_documents(context.run, new_content=any(o.status == "ok" for o in outcomes))
-    with partition_keys_read_once(context):
+    with partition_keys_read_once(context.instance):
         for outcome in outcomes:
             context.add_asset_metadata(_partition_metadata(outcome), partition_key=outcome.key)
     return finish(context, rag, stage, outcomes, _run_totals(rag, stage, outcomes, runner))

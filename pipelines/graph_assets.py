@@ -21,7 +21,8 @@ from dagster import (
 from rag_lib.graph.extract import GRAPH_VERSION
 from rag_lib.quality import markdown_table
 
-from pipelines.assets import GROUP, finish, partition_keys_read_once, partition_targets, raw_documents, vector_table
+from pipelines.assets import GROUP, finish, partition_targets, raw_documents, vector_table
+from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import RAW, VECTORS, StageOutcome, upstream_outcome
@@ -139,7 +140,7 @@ def rebuild_profiles(rag: RagResource, outcomes: list[StageOutcome]) -> dict[str
                    "documents changed (run metadata `profiles_*`).")
 def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     outcomes = graph_outcomes(rag, list(context.partition_keys))
-    with partition_keys_read_once(context):
+    with partition_keys_read_once(context.instance):
         for outcome in outcomes:
             context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
     edges = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)

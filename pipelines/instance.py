@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 from rag_lib.config import Settings
@@ -64,54 +65,18 @@ def prepare_dagster_home(settings: Settings, home: Path | None = None) -> Path:
 
 def tune_event_writes(instance=None) -> None:
     """Batch a step's per-partition event writes (this process and the ones it starts) and, given
-    an instance, keep its storage connections open instead of one connection per event and write
-    a new run's planned materializations in one transaction."""
+    an instance, keep its storage connections open instead of one connection per event (what
+    dagster-webserver does for its own instance). Planned materializations are batched by the
+    event log storage dagster.yaml names (pipelines/event_log.py)."""
     os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", EVENT_BATCH_SIZE)
-    if instance is not None and not getattr(instance, "_rag_connections_pooled", False):
-        # what dagster-webserver does for its own instance; 0 = no statement timeout for runs
+    if instance is not None and instance not in _POOLED:
+        # 0 = no statement timeout for runs
         instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=10)
-        batch_planned_events(instance.event_log_storage)
-        instance._rag_connections_pooled = True
+        _POOLED.add(instance)
 
 
-def batch_planned_events(storage) -> None:
-    """Write a batch of ASSET_MATERIALIZATION_PLANNED events as Dagster's Postgres storage writes a
-    batch of materializations: one multi-row insert, then each asset's row once, here in one
-    transaction. Creating a run over N files plans one event per file per asset, and the storage
-    would write each alone (insert, NOTIFY, asset row, commit): 4 s for a 160-file run. The rows are
-    the ones Dagster writes, so partition status (in progress, failed) reads them unchanged; other
-    processes (webserver, daemon) keep Dagster's own path."""
-    from dagster import DagsterEventType
-    from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
-    from dagster_postgres.event_log import PostgresEventLogStorage
-
-    if not isinstance(storage, PostgresEventLogStorage):
-        return
-    planned_type = DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-    store_batch = storage.store_event_batch
-
-    def is_planned(event) -> bool:
-        return event.dagster_event_type == planned_type and bool(event.dagster_event.asset_key)
-
-    def store_event_batch(events) -> None:
-        planned = [e for e in events if is_planned(e)]
-        if len(planned) < 2:
-            return store_batch(events)
-        # One transaction: if it fails, nothing was written and Dagster's fallback (each event
-        # alone) starts from a clean slate.
-        with storage.index_transaction() as conn:
-            rows = conn.execute(storage.prepare_insert_event_batch(planned).returning(SqlEventLogStorageTable.c.id))
-            ids = [int(row[0]) for row in rows.fetchall()]
-            storage._store_asset_event_tags(conn, planned, ids)
-            # an asset's row takes the last planned event's run id and timestamp: write it once
-            latest = {e.dagster_event.asset_key: (e, i) for e, i in zip(planned, ids)}
-            for event, event_id in latest.values():
-                storage._store_asset_event(conn, event, event_id)
-        rest = [e for e in events if not is_planned(e)]
-        if rest:
-            store_batch(rest)
-
-    storage.store_event_batch = store_event_batch
+# instances whose connections are pooled already (a run worker's resource sets up once per step)
+_POOLED: weakref.WeakSet = weakref.WeakSet()
 
 
 def get_instance(settings: Settings, home: Path | None = None):

@@ -21,6 +21,7 @@ from rag_lib.errors import ConfigError
 from rag_lib.models import CorpusRoot
 from rag_lib.corpus_scan import FileTarget
 
+from pipelines import dagster_private
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, keys_needing_runs, plan_ranges, range_tags,
                                   record_refused, sync_partitions)
@@ -29,6 +30,9 @@ from pipelines.resources import stage_runner
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+# Dagster's daemon heartbeat interval and the tolerance its liveness check allows past it
+# (dagster/_daemon/controller.py: DEFAULT_HEARTBEAT_INTERVAL_SECONDS, DEFAULT_DAEMON_HEARTBEAT_TOLERANCE_SECONDS)
+HEARTBEAT_SECONDS, HEARTBEAT_TOLERANCE_SECONDS = 30, 1800
 # Between reads of a run's status: quick at first (short runs end soon), then at most once a
 # second. A read costs ~2.6 ms of CPU here and about as much in Postgres: at a steady 5 reads a
 # second, waiting on a cold 3-minute run took ~2.3 s of CPU from an embedding using both cores.
@@ -93,14 +97,16 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     return targets, sync.ordered, sync.removed
 
 
-def daemon_running(instance) -> bool:
-    """True when the run-queue daemon has a recent heartbeat (then runs are submitted to the queue)."""
-    from dagster._daemon.controller import get_daemon_statuses
-
+def daemon_running(instance, now: float | None = None) -> bool:
+    """True when the run-queue daemon has a recent heartbeat (then runs are submitted to the queue):
+    within Dagster's heartbeat interval plus the tolerance its daemon status allows (errors the
+    daemon reported do not count: it still dequeues)."""
     if QUEUE_DAEMON not in instance.get_required_daemon_types():
         return False
-    status = get_daemon_statuses(instance, [QUEUE_DAEMON], ignore_errors=True)[QUEUE_DAEMON]
-    return bool(status.healthy)
+    beat = instance.get_daemon_heartbeats().get(QUEUE_DAEMON)
+    if beat is None:
+        return False
+    return (now if now is not None else time.time()) <= beat.timestamp + HEARTBEAT_SECONDS + HEARTBEAT_TOLERANCE_SECONDS
 
 
 def _code_server_env(settings: Settings) -> None:
@@ -115,31 +121,6 @@ def _code_server_env(settings: Settings) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), *paths]))
 
 
-def create_location_run(instance, workspace, job_name: str, run_config: dict[str, Any], tags: dict[str, str]):
-    """Create a run of the code location's job exactly as the UI's launch does (remote job origin,
-    execution plan from the code server, the repository's asset graph)."""
-    from dagster import DagsterRunStatus
-    from dagster._core.definitions.selector import JobSubsetSelector
-    from dagster._utils.merger import merge_dicts
-
-    location = workspace.get_code_location(LOCATION)
-    (repo,) = location.get_repositories().values()
-    remote_job = location.get_job(JobSubsetSelector(location_name=LOCATION, repository_name=repo.name,
-                                                    job_name=job_name, op_selection=None))
-    plan = location.get_execution_plan(remote_job, run_config, step_keys_to_execute=None, known_state=None,
-                                       instance=instance)
-    return instance.create_run(
-        job_name=job_name, run_id=None, run_config=run_config,
-        resolved_op_selection=remote_job.resolved_op_selection,
-        step_keys_to_execute=plan.execution_plan_snapshot.step_keys_to_execute, op_selection=None,
-        status=DagsterRunStatus.NOT_STARTED, root_run_id=None, parent_run_id=None,
-        tags=merge_dicts(remote_job.tags, tags), job_snapshot=remote_job.job_snapshot,
-        execution_plan_snapshot=plan.execution_plan_snapshot, parent_job_snapshot=remote_job.parent_job_snapshot,
-        remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin(),
-        asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph,
-    )
-
-
 def run_finished(instance, run_id: str) -> bool:
     return instance.get_run_by_id(run_id).status.value in FINISHED
 
@@ -147,29 +128,22 @@ def run_finished(instance, run_id: str) -> bool:
 @contextmanager
 def location_workspace(instance, log_level: str = "WARNING") -> Iterator[Any]:
     """A request context on the code location (its code server started for the block)."""
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-
     from pipelines.instance import WORKSPACE_YAML
 
-    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]),
-                                 code_server_log_level=log_level) as process:
-        workspace = process.create_request_context()
-        if workspace.has_code_location_error(LOCATION):
-            raise ConfigError(f"code location {LOCATION} failed to load: "
-                              f"{workspace.get_code_location_error(LOCATION)}")
+    with dagster_private.location_workspace(instance, str(WORKSPACE_YAML), log_level) as workspace:
+        error = dagster_private.location_load_error(workspace, LOCATION)
+        if error:
+            raise ConfigError(f"code location {LOCATION} failed to load: {error}")
         yield workspace
-        _wait_for_run_processes(workspace.get_code_location(LOCATION))
+        _wait_for_run_processes(workspace)
 
 
-def _wait_for_run_processes(location, timeout: float = 30.0) -> None:
+def _wait_for_run_processes(workspace, timeout: float = 30.0) -> None:
     """A run's status is final before its process exits, and the code server only stops after
     clearing every run process (it reads the run from the database to do so): wait for that while
     the database is certainly up, or the server can outlive us."""
-    from dagster._serdes import deserialize_value
-
     deadline = time.monotonic() + timeout
-    while deserialize_value(location.client.get_current_runs()).current_runs and time.monotonic() < deadline:
+    while dagster_private.code_server_runs(workspace, LOCATION) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
@@ -181,8 +155,8 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
     run_ids: list[str] = []
     in_flight: list[str] = []
     for start, end in ranges:
-        run = create_location_run(instance, workspace, job_name, run_config,
-                                  {**range_tags(start, end), "rag/trigger": trigger})
+        run = dagster_private.create_location_run(instance, workspace, LOCATION, job_name, run_config,
+                                                  {**range_tags(start, end), "rag/trigger": trigger})
         run_ids.append(run.run_id)
         if queued:
             instance.submit_run(run.run_id, workspace)

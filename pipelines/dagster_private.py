@@ -1,0 +1,127 @@
+"""Every use of a Dagster name outside its public API, in one place (the rest of `pipelines/` uses
+only `dagster`'s public surface, the instance's methods and the storage class in dagster.yaml).
+
+`rag materialize` creates runs of the code location's job as the UI's "Materialize" does: a run
+with a remote job origin, planned by the code server, so it shows on the job's page and the
+Overview and can be re-executed from the UI. Dagster offers that publicly only through the
+webserver's GraphQL API (`DagsterGraphQLClient`), and starting a webserver for each `rag
+materialize` would add its start-up (seconds) to every command, when no `rag dev` runs; the
+public in-process alternatives (`materialize`, `execute_job`) make runs without that origin
+(null `repositoryOrigin`: not on the job page, not re-executable from the UI). Measured
+2026-11-26 (load average 22 on 2 cores): our workspace was ready to create runs after 17 s, a
+`dagster-webserver` on the same workspace answered GraphQL with the location loaded after 42-48 s;
+the difference would be paid by every `rag materialize`. So, one function per private name:
+
+- `location_workspace`: `WorkspaceProcessContext`, `WorkspaceFileTarget` (load workspace.yaml:
+  start the code server, as `dagster dev` does);
+- `create_location_run`: `JobSubsetSelector` and `DagsterInstance.create_run`'s internal
+  signature (what GraphQL's launchPipelineExecution does before `submit_run`);
+- `code_server_runs`: the code server's gRPC client and `dagster._serdes.deserialize_value`
+  (which run processes the code server still has).
+
+`check_names()` resolves each of them; `tests/test_dagster_private.py` runs it and each function
+against the installed Dagster, so an upgrade that renames one fails there, by name."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+# module → names this file uses from it (a method is `Class.method`)
+PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
+    "dagster._core.workspace.context": ("WorkspaceProcessContext",),
+    "dagster._core.workspace.load_target": ("WorkspaceFileTarget",),
+    "dagster._core.definitions.selector": ("JobSubsetSelector",),
+    "dagster._serdes": ("deserialize_value",),
+    "dagster._grpc.client": ("DagsterGrpcClient.get_current_runs",),
+    "dagster._core.instance": ("DagsterInstance.create_run",),
+}
+# DagsterInstance.create_run's keyword arguments, all required (it changed in 1.8 and 1.10)
+CREATE_RUN_ARGS = frozenset({
+    "job_name", "run_id", "run_config", "status", "tags", "root_run_id", "parent_run_id", "step_keys_to_execute",
+    "execution_plan_snapshot", "job_snapshot", "parent_job_snapshot", "asset_selection", "asset_check_selection",
+    "resolved_op_selection", "op_selection", "remote_job_origin", "job_code_origin", "asset_graph",
+})
+
+
+def check_names() -> list[str]:
+    """The private names above that the installed Dagster lacks (empty when all resolve), and a
+    `create_run` whose keyword arguments are not the ones `create_location_run` passes."""
+    import inspect
+
+    missing = []
+    for module_name, names in PRIVATE_NAMES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            missing.extend(f"{module_name}.{n}" for n in names)
+            continue
+        for name in names:
+            obj: Any = module
+            for part in name.split("."):
+                obj = getattr(obj, part, None)
+            if obj is None:
+                missing.append(f"{module_name}.{name}")
+    from dagster import DagsterInstance
+
+    params = set(inspect.signature(DagsterInstance.create_run).parameters) - {"self"}
+    if params != CREATE_RUN_ARGS:
+        missing.append(f"DagsterInstance.create_run(...) arguments now {sorted(params ^ CREATE_RUN_ARGS)} differ")
+    return missing
+
+
+@contextmanager
+def location_workspace(instance, workspace_file: str, log_level: str = "WARNING") -> Iterator[Any]:
+    """A workspace request context on workspace.yaml, its code servers started for the block
+    (`WorkspaceProcessContext`, `WorkspaceFileTarget`). `instance.submit_run` / `launch_run`
+    take it."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[workspace_file]),
+                                 code_server_log_level=log_level) as process:
+        yield process.create_request_context()
+
+
+def location_load_error(workspace, location_name: str) -> str | None:
+    """Why the location failed to load (None: it loaded), from the same workspace context."""
+    if not workspace.has_code_location_error(location_name):
+        return None
+    return str(workspace.get_code_location_error(location_name))
+
+
+def create_location_run(instance, workspace, location_name: str, job_name: str, run_config: Mapping[str, Any],
+                        tags: Mapping[str, str]):
+    """Create (not start) a run of the location's job as the UI's launch does: the code server's
+    job snapshot and execution plan, its remote origin, the repository's asset graph
+    (`JobSubsetSelector`, `DagsterInstance.create_run`)."""
+    from dagster import DagsterRunStatus
+    from dagster._core.definitions.selector import JobSubsetSelector
+
+    location = workspace.get_code_location(location_name)
+    (repo,) = location.get_repositories().values()
+    remote_job = location.get_job(JobSubsetSelector(location_name=location_name, repository_name=repo.name,
+                                                    job_name=job_name, op_selection=None))
+    plan = location.get_execution_plan(remote_job, dict(run_config), step_keys_to_execute=None, known_state=None,
+                                       instance=instance)
+    return instance.create_run(
+        job_name=job_name, run_id=None, run_config=dict(run_config),
+        resolved_op_selection=remote_job.resolved_op_selection,
+        step_keys_to_execute=plan.execution_plan_snapshot.step_keys_to_execute, op_selection=None,
+        status=DagsterRunStatus.NOT_STARTED, root_run_id=None, parent_run_id=None,
+        tags={**remote_job.tags, **tags}, job_snapshot=remote_job.job_snapshot,
+        execution_plan_snapshot=plan.execution_plan_snapshot, parent_job_snapshot=remote_job.parent_job_snapshot,
+        remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin(),
+        asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph,
+    )
+
+
+def code_server_runs(workspace, location_name: str) -> list[str]:
+    """Run ids whose processes the location's code server still has (its gRPC client's
+    `get_current_runs`, `deserialize_value`). A run's status is final before its process exits."""
+    from dagster._serdes import deserialize_value
+
+    location = workspace.get_code_location(location_name)
+    return list(deserialize_value(location.client.get_current_runs()).current_runs)

@@ -1,0 +1,71 @@
+"""The Dagster names outside its public API that pipelines/dagster_private.py uses, checked against
+the installed Dagster: an upgrade that renames or reshapes one fails here, naming it. Each
+function is exercised for real on a Postgres-backed instance and the code location's code server."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dagster
+import pytest
+
+from pipelines import dagster_private
+from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG
+from pipelines.launch import LOCATION
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = ["corpus/a.md", "corpus/b.md", "corpus/c.md"]
+
+
+def test_every_private_name_resolves_on_the_installed_dagster():
+    missing = dagster_private.check_names()
+    assert not missing, f"dagster {dagster.__version__} changed what pipelines/dagster_private.py uses: {missing}"
+
+
+def test_no_other_module_uses_a_private_dagster_name():
+    """`dagster._…` imports and patches of Dagster objects live in dagster_private.py only."""
+    offenders = []
+    for path in sorted((REPO / "pipelines").glob("*.py")):
+        if path.name == "dagster_private.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dagster._"):
+                offenders.append(f"{path.name}:{node.lineno} from {node.module}")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("dagster._") for a in node.names):
+                offenders.append(f"{path.name}:{node.lineno} import")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                offenders.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not offenders, offenders
+
+
+@pytest.fixture
+def workspace(pg_instance):
+    """The code location's workspace on a Postgres-backed instance (its code server started)."""
+    from pipelines.instance import WORKSPACE_YAML
+
+    pg_instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+    with dagster_private.location_workspace(pg_instance, str(WORKSPACE_YAML)) as workspace:
+        yield pg_instance, workspace
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_the_workspace_loads_the_location_and_creates_its_runs_as_the_ui_does(workspace):
+    instance, ws = workspace
+    # location_workspace + location_load_error: the code server serves the location
+    assert dagster_private.location_load_error(ws, LOCATION) is None
+
+    # create_location_run: a run of the location's job, with its remote origin (the job page, re-execute)
+    run = dagster_private.create_location_run(instance, ws, LOCATION, "ingest_files", {},
+                                              {RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1], "rag/trigger": "t"})
+    stored = instance.get_run_by_id(run.run_id)
+    assert stored.status == dagster.DagsterRunStatus.NOT_STARTED and stored.job_name == "ingest_files"
+    assert stored.remote_job_origin is not None
+    assert stored.remote_job_origin.location_name == LOCATION
+    assert stored.tags[RANGE_START_TAG] == KEYS[0] and stored.tags["rag/trigger"] == "t"
+    assert "raw_documents" in stored.step_keys_to_execute and stored.execution_plan_snapshot_id
+
+    # code_server_runs: nothing launched, nothing running
+    assert dagster_private.code_server_runs(ws, LOCATION) == []
