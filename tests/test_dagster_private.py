@@ -69,3 +69,28 @@ def test_the_workspace_loads_the_location_and_creates_its_runs_as_the_ui_does(wo
 
     # code_server_runs: nothing launched, nothing running
     assert dagster_private.code_server_runs(ws, LOCATION) == []
+
+
+def test_daemon_health_from_heartbeats_agrees_with_dagsters_daemon_status():
+    """`daemon_running` reads the instance's heartbeats (public methods) where it used Dagster's
+    private `get_daemon_statuses`; both judge the same at every age of the last heartbeat. The
+    private names here are the test's own: what the daemon writes, and Dagster's rule."""
+    from dagster import instance_for_test
+    from dagster._daemon.controller import get_daemon_statuses
+    from dagster._daemon.types import DaemonHeartbeat
+    from dagster_shared.error import SerializableErrorInfo
+
+    from pipelines.launch import QUEUE_DAEMON, daemon_running
+
+    queued = {"run_coordinator": {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator"}}
+    with instance_for_test(overrides=queued) as instance:
+        assert daemon_running(instance) is False  # no heartbeat yet
+        error = SerializableErrorInfo("a logged error", [], "Exception")
+        instance.add_daemon_heartbeat(DaemonHeartbeat(1_000_000.0, QUEUE_DAEMON, None, [error]))
+        for age in (0, 29, 31, 1_829, 1_831, 5_000):
+            now = 1_000_000.0 + age
+            dagsters = get_daemon_statuses(instance, [QUEUE_DAEMON], curr_time_seconds=now,
+                                           ignore_errors=True)[QUEUE_DAEMON].healthy
+            assert daemon_running(instance, now=now) == dagsters, age
+    with instance_for_test() as instance:  # runs are launched directly: no queue daemon to wait for
+        assert daemon_running(instance) is False
