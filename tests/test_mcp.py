@@ -164,7 +164,8 @@ async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     assert peers["results"] and all(h["ticker"] in ("AMD", "AVGO") for h in peers["results"])
     learnings = payload(await client.call_tool("rag_search", {"query": "NVDA lessons bias mistakes",
                                                               "doc_type": "post-trade-review", "top_k": 3}))
-    assert all(h["doc_type"] == "post-trade-review" for h in learnings["results"])
+    # the corpus holds no post-trade review (its one template is skipped): every hit would be another type
+    assert learnings["results"] == []
     text_hit = payload(await client.call_tool("rag_search", {"query": "NVIDIA data center revenue up 400%",
                                                              "doc_type": "article", "mode": "lexical"}))
     assert [h["doc_id"] for h in text_hit["results"]] == ["external-article-001"]
