@@ -57,6 +57,10 @@ def _tiny_eval_set(tmp: Path) -> list[str]:
 # Per script: the arguments of a run of a few seconds (given the small corpus copy `corpus`, a
 # scratch folder `tmp`), and figures its JSON line must hold.
 SMALL = {
+    "adapt_model.py": (lambda corpus, tmp: ["--corpus", str(corpus), *_tiny_eval_set(tmp), "--steps", "1",
+                                            "--batch-size", "4", "--max-seq-length", "32", "--train-layers", "1",
+                                            "--modes", "semantic", "--work", str(tmp / "bench")],
+                       {"training", "base", "adapted"}),
     "api.py": (lambda corpus, tmp: ["--seconds", "1", "--levels", "1", "--corpus", str(corpus)],
                {"in_process", "http", "errors"}),
     "dagster_overhead.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--sensor-files", "20", "--rounds", "1"],
