@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import anyio
@@ -18,6 +16,7 @@ from mcp import Client, StdioServerParameters
 
 from conftest import SHARED_CORPUS
 
+from chat_stub import ChatStub as BaseChatStub
 from testkit import RAG, child_env, start_server
 
 pytestmark = pytest.mark.subprocess
@@ -32,45 +31,18 @@ WRITE_TOOLS = {"rag_embed", "rag_embed_text"}
 VARIATIONS = ["artificial intelligence accelerator demand", "GPU orders from hyperscalers", "datacenter chip sales"]
 
 
-class ChatStub:
-    """An OpenAI-compatible chat-completions server that answers every prompt with VARIATIONS."""
+class ChatStub(BaseChatStub):
+    """Answers every RAGAS judge prompt with all yes, and the query expander with VARIATIONS."""
 
     def __init__(self) -> None:
-        stub = self
         self.expansions = 0  # expander prompts answered (a request expands once, and only when asked)
+        super().__init__(self.answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                system, user = (m["content"] for m in request["messages"][:2])
-                if system.startswith("TASK:"):  # a RAGAS judge prompt: every numbered item is a yes
-                    numbers = re.findall(r"^(?:context |statement )?(\d+):", user, re.M)
-                    content = "\n".join(f"{n}: yes" for n in numbers)
-                else:  # the query expander
-                    stub.expansions += 1
-                    content = "\n".join(VARIATIONS)
-                body = json.dumps({
-                    "id": "chat-1", "object": "chat.completion", "created": 0, "model": "stub",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def answer(self, system: str, user: str) -> str:
+        if system.startswith("TASK:"):  # a RAGAS judge prompt: every numbered item is a yes
+            return "\n".join(f"{n}: yes" for n in re.findall(r"^(?:context |statement )?(\d+):", user, re.M))
+        self.expansions += 1
+        return "\n".join(VARIATIONS)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,10 @@ model: a stub chat server on 127.0.0.1 whose verdicts are known, so the scores a
 
 from __future__ import annotations
 
-import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_stub import ChatStub
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
@@ -23,59 +21,17 @@ pytestmark = pytest.mark.warm_cache
 ANSWER = "NVDA beat its earnings estimate.\nThe moon is made of cheese."
 
 
-class ChatStub:
+def _verdict(system: str, user: str) -> str:
     """Relevance: a context is relevant iff it names NVDA; support: a statement is supported iff it
     names NVDA; the answer is ANSWER (one supported sentence, one not)."""
+    if system.startswith("TASK: answer"):
+        return ANSWER
+    items = user.split("\n\n", 1)[1] if system.startswith("TASK: context relevance") else user.split("Statements:\n", 1)[1]
+    return "\n".join(f"{n}: {'yes' if 'nvda' in t.lower() else 'no'}" for n, t in re.findall(r"^(\d+): (.*)$", items, re.M))
 
-    def __init__(self, fail: bool = False):
-        self.requests: list[dict] = []
-        stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(body)
-                if fail:
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-                if system.startswith("TASK: context relevance"):
-                    items = re.findall(r"^(\d+): (.*)$", user.split("\n\n", 1)[1], re.M)
-                    content = "\n".join(f"{n}: {'yes' if 'nvda' in t.lower() else 'no'}" for n, t in items)
-                elif system.startswith("TASK: answer"):
-                    content = ANSWER
-                else:
-                    items = re.findall(r"^(\d+): (.*)$", user.split("Statements:\n", 1)[1], re.M)
-                    content = "\n".join(f"{n}: {'yes' if 'nvda' in t.lower() else 'no'}" for n, t in items)
-                reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": content}}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+def judge_stub(fail: bool = False) -> ChatStub:
+    return ChatStub(_verdict, fail=fail)
 
 
 def test_verdict_parsing_and_average_precision():
@@ -99,7 +55,7 @@ def judged_kb(database_url, provider, tmp_path, corpus_copy, monkeypatch):
 
 
 def test_evaluate_with_the_judge(judged_kb):
-    with ChatStub() as stub:
+    with judge_stub() as stub:
         base = judged_kb(stub.base_url)
         try:
             assert base.settings.eval.judge_base_url == stub.base_url
@@ -119,7 +75,7 @@ def test_evaluate_with_the_judge(judged_kb):
 
 
 def test_without_a_reference_context_recall_is_not_claimed(judged_kb):
-    with ChatStub() as stub:
+    with judge_stub() as stub:
         base = judged_kb(stub.base_url)
         try:
             out = base.evaluate({"q1": "NVDA earnings"}, {"q1": {"x#y": 1}}, judge=True)
@@ -129,7 +85,7 @@ def test_without_a_reference_context_recall_is_not_claimed(judged_kb):
 
 
 def test_judge_failures_are_typed(judged_kb):
-    with ChatStub(fail=True) as stub:
+    with judge_stub(fail=True) as stub:
         base = judged_kb(stub.base_url)
         try:
             with pytest.raises(RagError, match="judge model judge-1 failed"):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_stub import ChatStub
 
 from rag_lib.errors import NotFoundError, ValidationError
 
@@ -163,48 +162,20 @@ def test_reranker_stand_in_reorders(corpus_kb):
     assert "rerank" in res.timings_ms
 
 
-class _ChatStub(BaseHTTPRequestHandler):
-    requests: list = []
-
-    def do_POST(self):  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _ChatStub.requests.append(body)
-        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                 "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": "1. unusual volume RVOL scanner\n- RVOL"}}],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_query_expansion_through_local_chat_server(corpus_kb):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatStub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with ChatStub(lambda system, user: "1. unusual volume RVOL scanner\n- RVOL") as stub:
         assert corpus_kb.search("qqqzzzxx", mode="lexical").hits == []
         s = corpus_kb.settings.search
-        s.expansion_model, s.expansion_base_url = "stub-chat", f"http://127.0.0.1:{server.server_port}/v1"
+        s.expansion_model, s.expansion_base_url = "stub-chat", stub.base_url
         corpus_kb.__dict__.pop("expander", None)
-        asked = len(_ChatStub.requests)
         assert corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5).hits == []  # expansion only when asked
-        assert len(_ChatStub.requests) == asked
+        assert stub.requests == []
         res = corpus_kb.search("qqqzzzxx", mode="lexical", top_k=5, expand=True)
-        assert len(_ChatStub.requests) == asked + 1
+        assert len(stub.requests) == 1
         assert res.hits and "rvol" in res.hits[0].text.lower()
-        sent = _ChatStub.requests[-1]
+        sent = stub.requests[-1]
         assert sent["model"] == "stub-chat" and sent["messages"][-1]["content"] == "qqqzzzxx"
         assert "expand" in res.timings_ms
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_search_caches_belong_to_the_knowledge_base_and_clear_on_its_writes(kb, corpus_copy):
