@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit
+from rag_lib.search.context import Citation as ContextCitation
 
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
 MAX_QUERY = 4000
@@ -227,20 +228,15 @@ class ContextRequest(Request):
         return _lift_filters(data)
 
 
-class Citation(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    ref: str | None = Field(None, description="The marker used in the context text, e.g. [1].")
-    unit_id: str | None = None
-    path: str | None = None
-    section: str | None = None
-    score: float | None = None
+Citation = model_of(ContextCitation, "Citation", "A passage of the context: its marker, unit and source.",
+                    {"ref": "The marker used in the context text, e.g. [1]."})
 
 
 class ContextResponse(BaseModel):
     model_config = ConfigDict(extra="allow")
     query: str
     context: str = Field(description="Assembled text, each passage marked with its citation.")
-    citations: list[Citation]
+    citations: list[Citation]  # type: ignore[valid-type]
     tokens: int | None = Field(None, description="Tokens used by the context.")
     token_budget: int
     request_id: str | None = None
