@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 from conftest import SHARED_CORPUS
 
 from chat_stub import ChatStub as BaseChatStub
-from testkit import RAG, child_env, start_server
+from testkit import RAG, child_env, error_text, payload, start_server
 
 pytestmark = pytest.mark.subprocess
 
@@ -63,18 +63,6 @@ def server_env(db_url: str, tmp_path: Path, chat: ChatStub) -> dict[str, str]:
                     RAG_SEARCH__EXPANSION_MODEL="stub-chat", RAG_SEARCH__EXPANSION_BASE_URL=chat.base_url,
                RAG_EVAL__JUDGE_MODEL="stub-judge", RAG_EVAL__JUDGE_BASE_URL=chat.base_url, OPENAI_API_KEY="stub-key")
     return env
-
-
-def payload(result) -> dict:
-    assert not result.is_error, result.content
-    if result.structured_content is not None:
-        return result.structured_content
-    return json.loads(result.content[0].text)
-
-
-def error_text(result) -> str:
-    assert result.is_error
-    return " ".join(getattr(c, "text", "") for c in result.content)
 
 
 async def check_listing(client: Client, expected: set[str]) -> None:

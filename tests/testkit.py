@@ -4,6 +4,7 @@ and stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -117,3 +118,17 @@ def sensor_tick(instance, rag, cursor):
             for key in req.partition_keys:
                 instance.delete_dynamic_partition(req.partitions_def_name, key)
     return result
+
+
+def payload(result) -> dict:
+    """An MCP tool call's result as a dict (its structured content, else its JSON text)."""
+    assert not result.is_error, result.content
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+def error_text(result) -> str:
+    """An MCP tool call's error message (the call must have failed)."""
+    assert result.is_error, result.content
+    return " ".join(getattr(c, "text", "") for c in result.content)

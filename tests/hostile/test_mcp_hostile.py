@@ -12,7 +12,7 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
-from testkit import RAG, child_env, start_server
+from testkit import RAG, child_env, error_text, payload, start_server
 
 pytestmark = pytest.mark.subprocess
 
@@ -24,18 +24,6 @@ def env_for(db_url: str, tmp_path: Path) -> dict[str, str]:
     root.mkdir(exist_ok=True)
     (root / "good.md").write_text(GOOD)
     return child_env(db_url, tmp_path / ".rag", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]))
-
-
-def payload(result) -> dict:
-    assert not result.is_error, result.content
-    if result.structured_content is not None:
-        return result.structured_content
-    return json.loads(result.content[0].text)
-
-
-def error_text(result) -> str:
-    assert result.is_error, result.content
-    return " ".join(getattr(c, "text", "") for c in result.content)
 
 
 async def hostile_calls(client: Client, tmp_path: Path) -> None:
