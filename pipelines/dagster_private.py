@@ -17,7 +17,12 @@ the difference would be paid by every `rag materialize`. So, one function per pr
 - `create_location_run`: `JobSubsetSelector` and `DagsterInstance.create_run`'s internal
   signature (what GraphQL's launchPipelineExecution does before `submit_run`);
 - `code_server_runs`: the code server's gRPC client and `dagster._serdes.deserialize_value`
-  (which run processes the code server still has).
+  (which run processes the code server still has). Dagster's documented alternative, `code_servers:
+  wait_for_local_processes_on_shutdown` in dagster.yaml, would also make `rag dev` wait on Ctrl-C
+  for every run a UI launched (and fail after 30 s). Measured 2026-11-26 (load 14): when a run's
+  status was final its process was still there in one of two `rag materialize` runs, for 0.42 s;
+  without the wait the code server outlives the command by as long, reading a database that a test
+  or benchmark may be stopping.
 
 `check_names()` resolves each of them; `tests/test_dagster_private.py` runs it and each function
 against the installed Dagster, so an upgrade that renames one fails there, by name."""
