@@ -165,10 +165,12 @@ def vector_table(context: AssetExecutionContext, rag: RagResource) -> Materializ
        description="The active space's HNSW index (built after bulk loads; recall measured by its check).")
 def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     kb = rag.kb()
-    state = kb.build_hnsw_index()
+    built = kb.engine.ensure_index()
+    space = kb.engine.provider.space
+    state = kb.store.hnsw_index_state(space)
     last = state["last_build"] or {}
     return MaterializeResult(metadata={
-        "index": state["index"], "space": state["space"], "created_now": state["created_now"], "valid": state["valid"],
+        "index": state["index"], "space": space, "created_now": built["created"], "valid": state["valid"],
         "size_bytes": state["size_bytes"], "rows_indexed": int(last.get("rows_indexed") or 0),
         "build_seconds": round(float(last.get("build_seconds") or 0.0), 3),
         "m": kb.settings.search.hnsw_m, "ef_construction": kb.settings.search.hnsw_ef_construction,

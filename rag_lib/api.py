@@ -739,14 +739,8 @@ class KnowledgeBase:
             raise ValidationError("query is empty")
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
-    # ---- the index build and the data-quality checks (the hnsw_index asset and the asset checks run these;
-    # the rest of the pipeline works on `store` and `engine` directly) ----
-
-    def build_hnsw_index(self) -> dict[str, Any]:
-        """Build the active provider space's HNSW index if missing; its state plus `created_now`."""
-        space = self.provider.space
-        built = self.engine.ensure_index()
-        return {**self.store.hnsw_index_state(space), "space": space, "created_now": built["created"]}
+    # ---- data-quality checks over the whole store (the Dagster asset checks report them; the
+    # rest of the pipeline works on `store` and `engine` directly) ----
 
     def _eval_search(self, text: str) -> list[Any]:
         """One query of the configured eval set, as `rag eval` runs it (100 units deep)."""
