@@ -137,6 +137,12 @@ class SearchSettings(BaseModel):
     exact_max_rows: int = 10000
     # Rows the rarest query terms may select for full-text scoring (cost grows linearly with it)
     lexical_max_candidates: int = 2000
+    # Full-text field weights, relative to a word of the chunk's text (1.0): a query word in the
+    # section's heading, the document's ticker, its document type (sql/020). 1.0 on every field
+    # scores as before the fields were kept apart; no other value helped both dev sets (README).
+    lexical_heading_weight: float = Field(1.0, ge=0.0, le=10.0)
+    lexical_ticker_weight: float = Field(1.0, ge=0.0, le=10.0)
+    lexical_type_weight: float = Field(1.0, ge=0.0, le=10.0)
     # hybrid retrieval (rag_lib.search): reciprocal rank fusion of semantic and lexical candidates
     rrf_k: int = 60
     candidate_depth: int = 50  # chunks per candidate list (hnsw.ef_search is raised to at least this)

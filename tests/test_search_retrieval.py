@@ -10,6 +10,7 @@ import pytest
 from chat_stub import ChatStub
 
 from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.models import SearchFilters
 
 MODES = ("semantic", "lexical", "hybrid")
 PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
@@ -56,6 +57,48 @@ def test_chunk_rows_keep_their_text_search_vectors_inline(corpus_kb):
             " OR pg_column_toast_chunk_id(tsv_simple) IS NOT NULL").fetchone()[0]
         options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'rag_chunks'").fetchone()[0]
     assert out_of_line == 0 and "toast_tuple_target=8160" in options
+
+
+def test_heading_weight_lifts_sections_whose_heading_the_query_names(corpus_kb):
+    def headed(query: str) -> int:  # of the top 5, sections whose heading holds every query word
+        hits = corpus_kb.search(query, mode="lexical", top_k=5).hits
+        return sum(all(w in (h.metadata.get("section_title") or "").lower() for w in query.split()) for h in hits)
+
+    plain = {q: headed(q) for q in ("risk management", "troubleshooting")}
+    corpus_kb.settings.search.lexical_heading_weight = 5.0
+    weighted = {q: headed(q) for q in plain}
+    assert all(weighted[q] >= 4 for q in plain), weighted
+    assert all(plain[q] < weighted[q] for q in plain), (plain, weighted)  # by default a heading word counts like any other
+
+
+def test_equal_field_weights_score_like_one_field(corpus_kb):
+    """Upgrading to the weighted columns (sql/020) changes no score at the default weights: the fields
+    hold the words the one-field vectors held (the `[doc_type] [ticker] [section]` prefix and the text)."""
+    from rag_lib.search.lexical import TermStatistics, plan_terms
+    from rag_lib.store.lexical import tsquery_literal
+
+    store = corpus_kb.store
+    query = "NVDA stop loss risk management 145.50"
+    planned = plan_terms(store, TermStatistics(), query, "default", 10_000)
+    scored = store.lexical_search(planned.terms, SearchFilters(collection="default"), 20, match=planned.match)
+    assert len(scored) == 20
+    parts, params = [], []
+    for config, pairs in planned.terms.items():
+        for lex, weight in pairs:
+            parts.append(f"{weight:.6f} * ts_rank(to_tsvector('{config}', embed_text), %s::tsquery, 1)")
+            params.append(tsquery_literal(lex))
+    with store.db.connection() as conn:
+        one_field = dict(conn.execute(f"SELECT chunk_id, {' + '.join(parts)} FROM rag_chunks WHERE chunk_id = ANY(%s)",
+                                      [*params, [h.chunk_id for h, _ in scored]]).fetchall())
+    assert all(abs(raw - one_field[h.chunk_id]) < 1e-4 * max(1.0, raw) for h, raw in scored)
+
+
+def test_global_question_keeps_the_answering_documents_sections_together(corpus_kb):
+    """A question over a whole document ("every risk ... lists") wants its many sections; global
+    questions no longer push a document's third and later units behind other documents' first two."""
+    res = corpus_kb.search("summary of every risk the PFE analysis lists", mode="hybrid", top_k=10)
+    assert res.plan["kind"] == "global"
+    assert sum(h.path == PFE for h in res.hits) >= 5
 
 
 @pytest.mark.parametrize("mode", MODES)

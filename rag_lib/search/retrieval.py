@@ -133,16 +133,6 @@ def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilt
     return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
 
 
-def _spread(hits: list[SearchHit], per_document: int = 2) -> list[SearchHit]:
-    """Global questions want many documents: units past the first few of a document move back."""
-    seen: dict[str, int] = {}
-    head, tail = [], []
-    for hit in hits:
-        seen[hit.path] = seen.get(hit.path, 0) + 1
-        (head if seen[hit.path] <= per_document else tail).append(hit)
-    return head + tail
-
-
 def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
     """Trend questions read best oldest to newest; undated results keep their place at the end."""
     return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
@@ -289,8 +279,9 @@ def search(
         timings["rerank"] = round((time.perf_counter() - t_r) * 1000, 2)
     if group:
         ranked = group_by_unit(ranked)
-    if plan.kind == "global":
-        ranked = _spread(ranked)
+    # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
+    # later units behind every other document's first two (as they once did) buried the sections
+    # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
     hits = ranked[:top_k]
     if plan.kind == "trend":
         hits = _by_date(hits)

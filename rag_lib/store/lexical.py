@@ -13,13 +13,22 @@ from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
 CONFIGS = {"english": "tsv", "simple": "tsv_simple"}
 
 
+def field_weights(search_settings) -> sql.Composable:
+    """ts_rank's weights array {D, C, B, A} (text, document type, ticker, section heading; sql/020)
+    from the settings, which are relative to the text; ts_rank takes none above 1."""
+    raw = [1.0, search_settings.lexical_type_weight, search_settings.lexical_ticker_weight,
+           search_settings.lexical_heading_weight]
+    top = max(raw)
+    return sql.SQL("{}::float4[]").format(sql.Literal("{" + ",".join(f"{0.1 * w / top:.6f}" for w in raw) + "}"))
+
+
 def tsquery_literal(lexeme: str) -> str:
     """A lexeme as a quoted tsquery operand (already normalised, so no config is applied)."""
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 class LexicalStore:
-    """Mixin: needs `self.db` (Connections)."""
+    """Mixin: needs `self.db` (Connections) and `self.settings`."""
 
     def query_lexemes(self, text: str, config: str = "english") -> list[str]:
         """The distinct lexemes Postgres derives from `text` under `config`, in query order."""
@@ -96,12 +105,13 @@ class LexicalStore:
         `simple` vectors, or (when `websearch` is given) the user's own query syntax, matched strictly.
         `match` (lexemes per config) selects the candidate rows; by default every weighted term does."""
         where, params = _filter_sql(filters)
+        weights = field_weights(self.settings.search)
         if websearch is not None:
             match = sql.SQL("(c.tsv @@ websearch_to_tsquery('english', %s) OR c.tsv_simple @@ websearch_to_tsquery('simple', %s))")
             score = sql.SQL(
-                "ts_rank_cd(c.tsv, websearch_to_tsquery('english', %s), 1)"
-                " + ts_rank_cd(c.tsv_simple, websearch_to_tsquery('simple', %s), 1)"
-            )
+                "ts_rank_cd({w}, c.tsv, websearch_to_tsquery('english', %s), 1)"
+                " + ts_rank_cd({w}, c.tsv_simple, websearch_to_tsquery('simple', %s), 1)"
+            ).format(w=weights)
             score_params: list[Any] = [websearch, websearch]
             match_params: list[Any] = [websearch, websearch]
         else:
@@ -117,9 +127,11 @@ class LexicalStore:
                     matches.append(col + sql.SQL(" @@ %s::tsquery"))
                     match_params.append(" | ".join(tsquery_literal(lex) for lex in selecting))
                 # BM25-like: IDF-weighted sum of per-term ranks (ts_rank normalisation 1 saturates tf
-                # and divides by 1 + log(length)); inline, as a SQL function call per row costs more.
+                # and divides by 1 + log(length); the field weights scale a term found in the heading,
+                # ticker or type); inline, as a SQL function call per row costs more.
                 for lex, weight in pairs:
-                    scores.append(sql.SQL("{} * ts_rank({}, %s::tsquery, 1)").format(sql.Literal(round(weight, 6)), col))
+                    scores.append(sql.SQL("{} * ts_rank({}, {}, %s::tsquery, 1)").format(
+                        sql.Literal(round(weight, 6)), weights, col))
                     score_params.append(tsquery_literal(lex))
             if not matches:
                 return []
