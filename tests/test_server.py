@@ -548,3 +548,31 @@ def test_compatibility_routes_are_tagged_in_openapi(client: TestClient):
     from rag_lib.models import SEED_HIT_NAMES, SearchHit
     assert set(hit) == {"rank"} | {f.name for f in fields(SearchHit)} | set(SEED_HIT_NAMES)
     assert Settings().server.port == 8081
+
+
+def test_search_response_carries_the_plan(client: TestClient, api_settings: Settings, provider):
+    """What the query was classified as, and which tickers it routed to, reach HTTP and MCP clients:
+    the library's SearchResult carries it, and the response models once dropped it."""
+    import anyio
+    from mcp import Client
+
+    from rag_lib.mcp_server import create_mcp
+    from testkit import payload
+
+    query = {"query": "Compare NVDA vs AMD earnings", "top_k": 3}
+    body = client.post("/api/rag/search", json=query).json()
+    assert body["plan"]["kind"] == "comparison" and set(body["plan"]["tickers"]) == {"NVDA", "AMD"}
+    assert body["results"] and body["count"] == len(body["results"])  # the other fields are unchanged
+    spec = client.get("/openapi.json").json()["components"]["schemas"]
+    assert {"kind", "tickers", "doc_types"} <= set(spec["SearchPlan"]["properties"])
+
+    kb = KnowledgeBase(api_settings, provider=provider)
+
+    async def over_mcp() -> dict:
+        async with Client(create_mcp(lambda: kb)) as mcp_client:
+            return payload(await mcp_client.call_tool("rag_search", query))
+    try:
+        found = anyio.run(over_mcp)
+    finally:
+        kb.close()
+    assert found["plan"] == body["plan"] and found["results"]

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit
+from rag_lib.search.classify import QueryPlan
 from rag_lib.search.context import Citation as ContextCitation
 
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
@@ -197,6 +198,15 @@ def _search_hit_model() -> type[BaseModel]:
 
 SearchHitOut = _search_hit_model()
 
+# The library's QueryPlan as clients see it: one definition, so a field the library adds shows up here too.
+SearchPlan = model_of(QueryPlan, "SearchPlan", "How the query was read: its kind and the tickers and document "
+                      "types it names (they boost matching hits; a comparison also searches each ticker).", {
+                          "query": "The query as classified.",
+                          "kind": "retrieval | comparison | relationship | trend | global",
+                          "tickers": "Tickers the query names, or that entity linking found (see `linked`).",
+                          "doc_types": "Document types the query names.",
+                          "linked": "Tickers entity linking added, with their similarity to the query."})
+
 
 class SearchResponse(BaseModel):
     query: str
@@ -207,6 +217,8 @@ class SearchResponse(BaseModel):
     reranked: bool = Field(False, description="Whether a second-stage reranker reordered the results.")
     rerank_note: str | None = Field(None, description="When reranking was asked for but is not configured: "
                                     "which setting turns it on.")
+    plan: SearchPlan | None = Field(None, description="How the query was classified and routed "  # type: ignore[valid-type]
+                                    "(null when the library made no plan).")
     request_id: str | None = None
 
 
