@@ -135,7 +135,8 @@ class SearchSettings(BaseModel):
     # Filters leaving at most this many chunks are ranked exactly (recall 1; ~26 ms for 4,840 rows on
     # 2 cores, vs ~95 ms and recall 0.49 for a graph walk that starts far from the filtered rows).
     exact_max_rows: int = 10000
-    # Rows the rarest query terms may select for full-text scoring (cost grows linearly with it)
+    # Rows the rarest query terms may select for full-text scoring (cost grows linearly with it); a
+    # query of common words only scores at most this many rows holding all of them
     lexical_max_candidates: int = 2000
     # Full-text field weights, relative to a word of the chunk's text (1.0): a query word in the
     # section's heading, the document's ticker, its document type (sql/020). 1.0 on every field
@@ -143,6 +144,9 @@ class SearchSettings(BaseModel):
     lexical_heading_weight: float = Field(1.0, ge=0.0, le=10.0)
     lexical_ticker_weight: float = Field(1.0, ge=0.0, le=10.0)
     lexical_type_weight: float = Field(1.0, ge=0.0, le=10.0)
+    # Vectors of this many recent query texts are kept per process (a repeated query skips the
+    # model: ~1.5 kB each at 384 dimensions); 0 turns the cache off
+    query_cache_size: int = Field(1024, ge=0)
     # hybrid retrieval (rag_lib.search): reciprocal rank fusion of semantic and lexical candidates
     rrf_k: int = 60
     candidate_depth: int = 50  # chunks per candidate list (hnsw.ef_search is raised to at least this)
@@ -255,6 +259,10 @@ class ServerSettings(BaseModel):
     # Ingests (uploads, by-path embeds, stored texts) run at once per server, off the request thread
     # pool, so a long ingest never queues searches behind it; more wait their turn.
     ingest_workers: int = Field(1, ge=1, le=16)
+    # Server processes (`rag serve`): searches are CPU work in Python, which one process runs on one
+    # core at a time; each process loads the model and opens its own pool (`pool_max_size` each), and
+    # ingest_workers and the upload quota's check apply per process.
+    workers: int = Field(1, ge=1, le=64)
 
 
 class GraphSettings(BaseModel):

@@ -32,10 +32,18 @@ def serve(
                                        "127.0.0.1). Non-loopback needs API keys."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default settings.server.port, 8081)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Server processes (default "
+                                          "settings.server.workers, 1); each loads the model."),
 ) -> None:
     """Run the HTTP API (FastAPI + uvicorn). Keys come from $RAG_API_KEYS / $RAG_API_READ_ONLY_KEYS."""
+    import os
+
+    from rag_lib.config import get_settings
     from rag_lib.server import serve as run
 
+    if workers is not None:  # through the environment, which the worker processes read too
+        os.environ["RAG_SERVER__WORKERS"] = str(workers)
+        get_settings.cache_clear()
     run(host=host, port=port, log_level=log_level)
 
 

@@ -76,14 +76,15 @@ class LexicalQuery:
 
     terms: dict[str, list[tuple[str, float]]]
     match: dict[str, list[str]]
+    conjunctive: bool = False  # candidates hold every `match` lexeme of a config, not any
 
 
 def plan_terms(store, stats: TermStatistics, query: str, collection: str | None, max_candidates: int) -> LexicalQuery:
     """All query lexemes score; the rarest select candidates until their document frequencies add up
-    to `max_candidates` (max-score style pruning: rows holding only common terms rank low anyway)."""
-    english = store.query_lexemes(query, "english")
-    exact = exact_tokens(query)
-    simple = store.query_lexemes(" ".join(exact), "simple") if exact else []
+    to `max_candidates` (max-score style pruning: rows holding only common terms rank low anyway).
+    When even the rarest term is that common (a query of common words only), candidates are the rows
+    holding all the terms, which rank highest; the store caps them at `max_candidates` either way."""
+    english, simple = store.query_lexemes_pair(query, " ".join(exact_tokens(query)))
     terms: dict[str, list[tuple[str, float]]] = {}
     by_rarity: list[tuple[int, str, str]] = []
     for config, lexemes in (("english", english), ("simple", simple)):
@@ -93,8 +94,13 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
         terms[config] = [(lex, info[lex][0]) for lex in lexemes]
         by_rarity += [(info[lex][1], config, lex) for lex in lexemes]
     match: dict[str, list[str]] = {}
+    ranked = sorted(by_rarity)
+    if len(ranked) > 1 and ranked[0][0] > max_candidates:
+        for _, config, lex in ranked:
+            match.setdefault(config, []).append(lex)
+        return LexicalQuery(terms, match, conjunctive=True)
     budget = 0
-    for df, config, lex in sorted(by_rarity):
+    for df, config, lex in ranked:
         if match and budget + df > max_candidates:
             break
         match.setdefault(config, []).append(lex)
@@ -102,12 +108,19 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
     return LexicalQuery(terms, match)
 
 
-def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilters, limit: int) -> list[tuple[SearchHit, float]]:
-    """Chunks with their raw lexical scores, best first."""
+def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilters, limit: int,
+                   timings: dict[str, float] | None = None) -> list[tuple[SearchHit, float]]:
+    """Chunks with their raw lexical scores, best first. `timings` gets the ms spent planning the
+    terms (lexemes and their statistics) under `lexical_terms`."""
+    cap = store.settings.search.lexical_max_candidates
     if is_websearch(query):
-        return store.lexical_search({}, filters, limit, websearch=query)
-    planned = plan_terms(store, stats, query, filters.collection, store.settings.search.lexical_max_candidates)
-    return store.lexical_search(planned.terms, filters, limit, match=planned.match)
+        return store.lexical_search({}, filters, limit, websearch=query, max_candidates=cap)
+    t0 = time.perf_counter()
+    planned = plan_terms(store, stats, query, filters.collection, cap)
+    if timings is not None:
+        timings["lexical_terms"] = round(timings.get("lexical_terms", 0.0) + (time.perf_counter() - t0) * 1000, 2)
+    return store.lexical_search(planned.terms, filters, limit, match=planned.match,
+                                conjunctive=planned.conjunctive, max_candidates=cap)
 
 
 def normalise(score: float) -> float:

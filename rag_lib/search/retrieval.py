@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+import numpy as np
 
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import ValidationError
@@ -55,6 +61,33 @@ class SearchOptions:
         return cls(**{n: getattr(s, n) for n in names if hasattr(s, n)})
 
 
+class QueryVectors:
+    """The vectors of recent query texts per embedding space, least recently used dropped first:
+    a repeated query (a refreshed page, a popular question, an agent's retry) skips the model."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def embed(self, provider: EmbeddingProvider, texts: list[str]) -> np.ndarray:
+        keys = [(provider.space, t) for t in texts]
+        with self._lock:
+            known = {k: self._vectors[k] for k in keys if k in self._vectors}
+            for k in known:
+                self._vectors.move_to_end(k)
+        missing = [k[1] for k in keys if k not in known]
+        if missing:
+            fresh = dict(zip(missing, provider.embed(missing)))
+            with self._lock:
+                for text, vec in fresh.items():
+                    self._vectors[(provider.space, text)] = vec
+                while len(self._vectors) > self.size:
+                    self._vectors.popitem(last=False)
+            known.update({(provider.space, t): v for t, v in fresh.items()})
+        return np.stack([known[k] for k in keys])
+
+
 class SearchCaches:
     """What searches on one database reuse between queries: the term statistics (BM25 document
     frequencies), the tickers each collection knows (query routing), both re-checked every
@@ -66,6 +99,15 @@ class SearchCaches:
         self.terms = lexical.TermStatistics()
         self._tickers: dict[str | None, tuple[float, set[str]]] = {}
         self._profiles: dict[tuple[str | None, str], tuple[float, profiles.Profiles]] = {}
+        self._queries: QueryVectors | None = None  # kept by clear(): a query's vector does not depend on the data
+
+    def embed(self, provider: EmbeddingProvider, texts: list[str], size: int) -> np.ndarray:
+        """`provider.embed(texts)`, from the last `size` query texts' vectors where they are (0: never)."""
+        if size <= 0:
+            return provider.embed(texts)
+        if self._queries is None or self._queries.size != size:
+            self._queries = QueryVectors(size)
+        return self._queries.embed(provider, texts)
 
     def known_tickers(self, store, collection: str | None) -> set[str]:
         now = time.monotonic()
@@ -113,6 +155,16 @@ def _hints(hits: list[SearchHit], plan: QueryPlan, opts: SearchOptions) -> list[
     named = [t for t in plan.tickers if t not in plan.linked]
     hits = boost(hits, named, plan.doc_types, opts.hint_boost)
     return boost(hits, list(plan.linked), [], opts.link_boost) if plan.linked else hits
+
+
+@contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the block's wall time in ms to `timings[stage]` (each stage of a search is reported)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = round(timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 2)
 
 
 def _validate(query: str, mode: str, top_k: int) -> None:
@@ -167,7 +219,8 @@ def search(
     space = store.active_space() if needs_vectors else None
     if needs_vectors and space is None:
         return SearchResult(query, mode, [], timings)
-    plan = plan_query(store, query, filters.collection, caches) if opts.routing else QueryPlan(query)
+    with _timed(timings, "plan"):
+        plan = plan_query(store, query, filters.collection, caches) if opts.routing else QueryPlan(query)
     # Grouping collapses chunks into units, so fetch deeper when many units are wanted.
     depth = max(opts.candidate_depth, top_k * (2 if group else 1))
 
@@ -183,7 +236,7 @@ def search(
     vectors = None
     if mode == "semantic":
         t0 = time.perf_counter()
-        vectors = provider.embed([q for q, _ in queries])
+        vectors = caches.embed(provider, [q for q, _ in queries], store.settings.search.query_cache_size)
         timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
 
     def semantic_lists(depth: int) -> list[Candidates]:
@@ -207,7 +260,7 @@ def search(
         stats = caches.terms
         for q, qw in queries:
             for f, fw in variants:
-                scored = lexical.lexical_search(store, stats, q, f, depth)
+                scored = lexical.lexical_search(store, stats, q, f, depth, timings)
                 for hit, raw in scored:
                     hit.score = lexical.normalise(raw)
                 lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
@@ -224,7 +277,7 @@ def search(
         nonlocal vectors
         if vectors is None:
             t0 = time.perf_counter()
-            vectors = provider.embed([q for q, _ in queries])
+            vectors = caches.embed(provider, [q for q, _ in queries], store.settings.search.query_cache_size)
             timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
         sem = semantic_lists(depth)
         return sem + future.result()
@@ -238,7 +291,7 @@ def search(
     if min_similarity > 0:  # a threshold holds for every candidate, whichever list found it
         if vectors is None:  # lexical mode
             t0 = time.perf_counter()
-            vectors = provider.embed([query])
+            vectors = caches.embed(provider, [query], store.settings.search.query_cache_size)
             timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
         t0 = time.perf_counter()
         lists = _with_similarity(store, space["space"], vectors[0], lists, min_similarity)
@@ -246,17 +299,19 @@ def search(
 
     t0 = time.perf_counter()
     if vectors is not None:
-        plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
-        timings["link"] = round((time.perf_counter() - t0) * 1000, 2)
-    if len(lists) == 1:
-        ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
-    elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
-        ranked = convex(lists, opts.convex_alpha)
-    else:
-        ranked = rrf(lists, opts.rrf_k)
-    ranked = _hints(ranked, plan, opts)
+        with _timed(timings, "link"):
+            plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
+    with _timed(timings, "fusion"):
+        if len(lists) == 1:
+            ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
+        elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
+            ranked = convex(lists, opts.convex_alpha)
+        else:
+            ranked = rrf(lists, opts.rrf_k)
+        ranked = _hints(ranked, plan, opts)
     if mode == "hybrid":
-        ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
+        with _timed(timings, "evidence"):
+            ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
@@ -277,23 +332,25 @@ def search(
             hit.rerank_score = float(score)  # the fused `score` stays beside it
         ranked = sorted(head, key=lambda h: -(h.rerank_score or 0.0)) + ranked[opts.rerank_depth:]
         timings["rerank"] = round((time.perf_counter() - t_r) * 1000, 2)
-    if group:
-        ranked = group_by_unit(ranked)
-    # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
-    # later units behind every other document's first two (as they once did) buried the sections
-    # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
-    hits = ranked[:top_k]
-    if plan.kind == "trend":
-        hits = _by_date(hits)
+    with _timed(timings, "group"):
+        if group:
+            ranked = group_by_unit(ranked)
+        # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
+        # later units behind every other document's first two (as they once did) buried the sections
+        # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
+        hits = ranked[:top_k]
+        if plan.kind == "trend":
+            hits = _by_date(hits)
     if min_similarity <= 0 and vectors is not None:
         # no threshold: only the hits returned need their cosine, not every candidate
         t_s = time.perf_counter()
         hits = _with_similarity(store, space["space"], vectors[0], [Candidates("result", hits, 1.0)], 0.0)[0].hits
         timings["similarity"] = round((time.perf_counter() - t_s) * 1000, 2)
-    for hit in hits:
-        hit.excerpt = excerpt(hit.text, query)
+    with _timed(timings, "excerpts"):
+        for hit in hits:
+            hit.excerpt = excerpt(hit.text, query)
     timings["search"] = round(timings.get("semantic", 0) + timings.get("lexical", 0), 2)  # database time
-    timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)
+    timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)  # everything after retrieval
     timings["total"] = round((time.perf_counter() - t_start) * 1000, 2)
     return SearchResult(query, mode, hits, timings, plan=plan.to_dict(), reranked=reranker is not None,
                         expanded=expansions)

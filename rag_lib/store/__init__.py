@@ -29,6 +29,9 @@ class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, Sta
         """`read_url`: a read-only store on that server (a replica for searches), never migrated."""
         self.settings = settings
         self.db = Connections(settings, read_url=read_url)
+        # The store's own short-lived answers (whether a collection filter is ranked exactly). An
+        # attribute of the store, so the per-search pinned views (embedding/spaces.py) share it.
+        self.scan_decisions: dict = {}
 
     def close(self) -> None:
         self.db.close()

@@ -198,5 +198,17 @@ class Connections:
         with self.pool.connection() as conn:
             yield conn
 
+    @contextmanager
+    def reading(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in autocommit for reads that need no transaction: each statement is
+        one round trip, where a transaction adds a BEGIN and a COMMIT (three per search query)."""
+        with self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                if not conn.broken:  # a broken one is discarded by the pool
+                    conn.autocommit = False
+
     def close(self) -> None:
         self.pool.close()

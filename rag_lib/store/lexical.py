@@ -34,12 +34,21 @@ class LexicalStore:
         """The distinct lexemes Postgres derives from `text` under `config`, in query order."""
         if config not in CONFIGS:
             raise ValueError(f"unknown text-search config {config}")
-        with self.db.connection() as conn:
+        with self.db.reading() as conn:
             rows = conn.execute(
                 "SELECT lexeme FROM unnest(to_tsvector(%s::regconfig, %s)) ORDER BY positions[1]",
                 (config, text),
             ).fetchall()
         return [r[0] for r in rows]
+
+    def query_lexemes_pair(self, english: str, simple: str) -> tuple[list[str], list[str]]:
+        """`query_lexemes(english, "english")` and `query_lexemes(simple, "simple")` in one round trip."""
+        with self.db.reading() as conn:
+            row = conn.execute(
+                "SELECT ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY positions[1]),"
+                " ARRAY(SELECT lexeme FROM unnest(to_tsvector('simple', %s)) ORDER BY positions[1])",
+                (english, simple)).fetchone()
+        return list(row[0]), list(row[1])
 
     def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int) -> dict[str, int]:
         """Chunks containing each lexeme, of the collection's `total`. Common lexemes take their share
@@ -75,7 +84,7 @@ class LexicalStore:
         """(documents, chunks, last publish) of the collection: changes whenever documents are published
         or deleted (the term statistics cache key; the chunk count is the collection size for IDF)."""
         where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
-        with self.db.connection() as conn:
+        with self.db.reading() as conn:
             row = conn.execute(
                 sql.SQL(
                     "SELECT count(*), coalesce(sum(chunk_count), 0), coalesce(max(ingested_at)::text, '') FROM rag_documents {}"
@@ -86,7 +95,7 @@ class LexicalStore:
 
     def known_tickers(self, collection: str | None) -> set[str]:
         where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
-        with self.db.connection() as conn:
+        with self.db.reading() as conn:
             rows = conn.execute(
                 sql.SQL("SELECT DISTINCT ticker FROM rag_documents WHERE ticker IS NOT NULL {}").format(where),
                 [collection] if collection else [],
@@ -100,10 +109,14 @@ class LexicalStore:
         limit: int,
         websearch: str | None = None,
         match: dict[str, Sequence[str]] | None = None,
+        conjunctive: bool = False,
+        max_candidates: int | None = None,
     ) -> list[tuple[SearchHit, float]]:
         """Chunks ranked by full text: the IDF-weighted sum of per-term ranks over the `english` and
         `simple` vectors, or (when `websearch` is given) the user's own query syntax, matched strictly.
-        `match` (lexemes per config) selects the candidate rows; by default every weighted term does."""
+        `match` (lexemes per config) selects the candidate rows, holding any of them (all of them
+        when `conjunctive`); by default every weighted term does. At most `max_candidates` rows are
+        scored, so a term found in most chunks costs the same as a rare one."""
         where, params = _filter_sql(filters)
         weights = field_weights(self.settings.search)
         if websearch is not None:
@@ -125,7 +138,7 @@ class LexicalStore:
                 selecting = [lex for lex, _ in pairs] if match is None else list(match.get(config, ()))
                 if selecting:
                     matches.append(col + sql.SQL(" @@ %s::tsquery"))
-                    match_params.append(" | ".join(tsquery_literal(lex) for lex in selecting))
+                    match_params.append((" & " if conjunctive else " | ").join(tsquery_literal(lex) for lex in selecting))
                 # BM25-like: IDF-weighted sum of per-term ranks (ts_rank normalisation 1 saturates tf
                 # and divides by 1 + log(length); the field weights scale a term found in the heading,
                 # ticker or type); inline, as a SQL function call per row costs more.
@@ -137,12 +150,13 @@ class LexicalStore:
                 return []
             match = sql.SQL("(") + sql.SQL(" OR ").join(matches) + sql.SQL(")")
             score = sql.SQL(" + ").join(scores)
+        # candidates first (capped), then scored: the cap bounds the rows read and ranked per query
         query = sql.SQL(
-            "SELECT {cols}, {score} AS lex_score FROM rag_chunks c WHERE {where} AND {match}"
-            " ORDER BY lex_score DESC, c.chunk_id LIMIT %s"
+            "SELECT {cols}, {score} AS lex_score FROM (SELECT * FROM rag_chunks c WHERE {where} AND {match}"
+            " LIMIT %s) c ORDER BY lex_score DESC, c.chunk_id LIMIT %s"
         ).format(cols=HIT_COLUMNS, score=score, where=where, match=match)
-        with self.db.connection() as conn:
-            cur = conn.execute(query, [*score_params, *params, *match_params, limit])
+        with self.db.reading() as conn:
+            cur = conn.execute(query, [*score_params, *params, *match_params, max_candidates, limit])
             cols = [d.name for d in cur.description]
             rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         return [(hit_from_row(r, 0.0), float(r["lex_score"])) for r in rows]

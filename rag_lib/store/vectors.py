@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Sequence
@@ -74,6 +75,13 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
     return sql.SQL(" AND ").join(parts), params
 
 
+SCAN_TTL = 5.0  # seconds a collection's exact-or-HNSW decision is reused (a collection grows in steps)
+
+
+def _collection_only(filters: SearchFilters) -> bool:
+    return bool(filters.collection) and dataclasses.replace(filters, collection=None) == SearchFilters()
+
+
 HIT_COLUMNS = sql.SQL(
     "c.chunk_id, c.text, c.doc_id, c.path, c.section, c.section_path, c.unit_id, c.doc_type,"
     " c.collection, c.ticker, c.doc_date, c.metadata"
@@ -95,7 +103,7 @@ class VectorStore:
     # ---- spaces --------------------------------------------------------------------------
 
     def active_space(self) -> dict[str, Any] | None:
-        with self.db.connection() as conn:
+        with self.db.reading() as conn:
             row = conn.execute(
                 "SELECT space, model, dimensions, provider FROM rag_spaces WHERE status = 'active'"
             ).fetchone()
@@ -216,13 +224,23 @@ class VectorStore:
         with self.db.connection() as conn:
             return self._scan_for(conn, *_filter_sql(filters))
 
-    def _scan_for(self, conn: psycopg.Connection, where: sql.Composable, params: list[Any]) -> str:
+    def _scan_for(self, conn: psycopg.Connection, where: sql.Composable, params: list[Any],
+                  filters: SearchFilters | None = None) -> str:
         if not params:
             return "hnsw"
+        # A filter on the collection alone (every KnowledgeBase search has one) is decided once per
+        # SCAN_TTL: counting it reads up to exact_max_rows index entries per search otherwise.
+        key = ("scan", filters.collection) if filters is not None and _collection_only(filters) else None
+        now = time.monotonic()
+        if key is not None and (hit := self.scan_decisions.get(key)) and now - hit[0] < SCAN_TTL:
+            return hit[1]
         cap = self.settings.search.exact_max_rows
         # counted up to cap + 1: an index-only scan for the usual filters, well under a millisecond
         query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
-        return "exact" if conn.execute(query, [*params, cap + 1]).fetchone()[0] <= cap else "hnsw"
+        scan = "exact" if conn.execute(query, [*params, cap + 1]).fetchone()[0] <= cap else "hnsw"
+        if key is not None:
+            self.scan_decisions[key] = (now, scan)
+        return scan
 
     def semantic_search(
         self,
@@ -239,8 +257,10 @@ class VectorStore:
         ranked exactly, which finds what a graph walk from the query misses, and sooner."""
         where, params = _filter_sql(filters)
         s = self.settings.search
-        with self.db.connection() as conn, conn.transaction():
-            exact = exact or self._scan_for(conn, where, params) == "exact"
+        with self.db.reading() as conn:
+            exact = exact or self._scan_for(conn, where, params, filters) == "exact"
+        with self.db.connection() as conn, conn.pipeline(), conn.transaction():
+            # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip
             local = {"jit": "off"}  # compiling costs more than it saves on these queries
             if exact:
                 # The untyped expression matches no HNSW index (they are on embedding::vector(d)), so
@@ -259,8 +279,8 @@ class VectorStore:
                 " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
             ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
             cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
-            cols = [d.name for d in cur.description]
-            rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+        cols = [d.name for d in cur.description]
+        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         hits = [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]
         for hit, row in zip(hits, rows):
             hit.similarity = 1.0 - float(row["distance"])
@@ -271,7 +291,7 @@ class VectorStore:
         full text, or by another query, get the same measure as semantic hits)."""
         if not chunk_ids:
             return {}
-        with self.db.connection() as conn:
+        with self.db.reading() as conn:
             rows = conn.execute(
                 "SELECT chunk_id, 1 - (embedding <=> %s::vector) FROM rag_chunk_vectors"
                 " WHERE space = %s AND chunk_id = ANY(%s)", [vector, space, list(chunk_ids)]).fetchall()
