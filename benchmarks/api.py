@@ -2,6 +2,15 @@
 concurrent clients for N seconds each, against the shared corpus; the in-process search p95 is
 measured in the same script for comparison. Prints ONE JSON line.
 
+CPU per request: the CPU time (user + system, from /proc via psutil) that the server's processes,
+the database server's processes and this client spent during a level, divided by its requests; the
+load average is read before and after each level (the machine is shared).
+
+`--compare-src DIR` first runs the same levels against a server running the code in DIR (e.g. a
+checkout of an older commit), so old and new are compared as ratios within one run.
+`--workers N` sets server.workers; `--query-cache 0` turns the query-vector cache off (each request
+then encodes its query: the benchmark cycles through the same queries, which the cache would hit).
+
     .venv/bin/python benchmarks/api.py [--seconds 30] [--levels 1,8,32] [--mode hybrid] [--corpus DIR]
 
 Database: $RAG_DATABASE_URL, else database `rag_bench_api` on the embedded server (.rag/pgdata);
@@ -26,6 +35,8 @@ from _bench_db import start_server  # noqa: E402
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import psycopg  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -87,6 +98,61 @@ def summary(latencies: list[float]) -> dict:
             "p99_ms": pct(latencies, 99)}
 
 
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def postmaster(url: str) -> int | None:
+    """The pid of the database server behind `url` when it runs on this machine (the embedded one)."""
+    try:
+        with psycopg.connect(url) as conn:
+            data_dir = conn.execute("SHOW data_directory").fetchone()[0]  # superusers only
+        return int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
+    except (psycopg.Error, OSError, ValueError):
+        return None  # a server elsewhere: its CPU is not counted
+
+
+def measured_level(base: str, queries: list[str], mode: str, clients: int, seconds: float, server_pid: int,
+                   db_pid: int | None) -> dict:
+    """One level with the CPU its requests cost (server, database, client) and the load around it."""
+    server_procs = tree(server_pid)
+    db_procs = tree(db_pid) if db_pid else []
+    before = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0])
+    level = asyncio.run(load(base, queries, mode, clients, seconds))
+    after = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0])
+    n = max(level["requests"], 1)
+    cpu = {name: round((a - b) * 1000 / n, 2) for name, a, b in zip(("server", "database", "client"), after, before)}
+    cpu["total"] = round(sum(cpu.values()), 2)
+    level["cpu_ms_per_request"] = cpu
+    level["loadavg_1m"] = [round(before[3], 2), round(after[3], 2)]
+    return level
+
+
+def run_server(url: str, mode: str, queries: list[str], levels: list[int], seconds: float, env_extra: dict,
+               db_pid: int | None) -> list[dict]:
+    # the server's env keeps this process's settings (e.g. RAG_EMBEDDING__*) and adds the bench key
+    env = {**os.environ, "RAG_DATABASE_URL": url, "RAG_API_KEYS": KEY, **env_extra}
+    server = start_server(["serve", "--log-level", "warning"], env,
+                          Path(tempfile.mkdtemp(prefix="rag-api-bench-")) / "server.log")
+    try:
+        asyncio.run(load(server.url, queries, mode, 2, 3))  # warm-up: pool connections, caches
+        return [measured_level(server.url, queries, mode, n, seconds, server.proc.pid, db_pid) for n in levels]
+    finally:
+        server.stop(timeout=20)
+
+
 async def load(base: str, queries: list[str], mode: str, clients: int, seconds: float) -> dict:
     """`clients` concurrent loops, each sending one search at a time until the time is up."""
     latencies: list[float] = []
@@ -126,29 +192,40 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--mode", default=None, help=f"semantic | lexical | hybrid (default: {DEFAULT_MODE})")
     parser.add_argument("--corpus", type=Path, default=SHARED, help="ingested when the database is empty")
+    parser.add_argument("--workers", type=int, default=None, help="server.workers (default: the settings')")
+    parser.add_argument("--query-cache", type=int, default=None, help="search.query_cache_size (0: off)")
+    parser.add_argument("--compare-src", type=Path, default=None,
+                        help="also run the levels against a server running the code in this folder, first")
     args = parser.parse_args()
     mode = args.mode or DEFAULT_MODE
     url = prepare_db(args.corpus)
     queries = load_queries()
+    db_pid = postmaster(url)
+    counts = [int(n) for n in args.levels.split(",")]
+    extra = {k: str(v) for k, v in (("RAG_SERVER__WORKERS", args.workers),
+                                    ("RAG_SEARCH__QUERY_CACHE_SIZE", args.query_cache)) if v is not None}
+    compared = None
+    if args.compare_src:
+        compared = run_server(url, mode, queries, counts, args.seconds,
+                              {"PYTHONPATH": str(args.compare_src.resolve())}, db_pid)
     # half before and half after the HTTP levels, so a shared machine's load swings hit both alike
     local_ms = in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
-    # the server's env keeps this process's settings (e.g. RAG_EMBEDDING__*) and adds the bench key
-    server = start_server(["serve", "--log-level", "warning"], {**os.environ, "RAG_DATABASE_URL": url,
-                          "RAG_API_KEYS": KEY}, Path(tempfile.mkdtemp(prefix="rag-api-bench-")) / "server.log")
-    base = server.url
-    try:
-        asyncio.run(load(base, queries, mode, 2, 3))  # warm-up: pool connections, JIT-free paths
-        levels = [asyncio.run(load(base, queries, mode, int(n), args.seconds)) for n in args.levels.split(",")]
-    finally:
-        server.stop(timeout=20)
+    levels = run_server(url, mode, queries, counts, args.seconds, extra, db_pid)
     local_ms += in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
     local = summary(local_ms)
     at8 = next((lv for lv in levels if lv["clients"] == 8), None)
     out = {
         "benchmark": "api_search", "mode": mode, "seconds_per_level": args.seconds, "queries": len(queries),
-        "cpus": os.cpu_count(), "in_process": local, "http": levels,
+        "cpus": os.cpu_count(), "server_env": extra, "in_process": local, "http": levels,
         "p95_ratio_8_clients_vs_in_process": round(at8["p95_ms"] / local["p95_ms"], 2) if at8 and local["p95_ms"] else None,
         "errors": sum(lv["errors"] for lv in levels),
+        **({"compared": {"src": str(args.compare_src), "http": compared,
+                         "rps_ratio": {lv["clients"]: round(lv["rps"] / old["rps"], 2) if old["rps"] else None
+                                       for lv, old in zip(levels, compared)},
+                         "cpu_ratio": {lv["clients"]: round(lv["cpu_ms_per_request"]["total"]
+                                                            / old["cpu_ms_per_request"]["total"], 2)
+                                       if old["cpu_ms_per_request"]["total"] else None
+                                       for lv, old in zip(levels, compared)}}} if compared else {}),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # the machine is shared: read numbers with this
     }
     print(json.dumps(out))

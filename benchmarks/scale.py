@@ -20,7 +20,15 @@ of `KnowledgeBase.search` semantic and hybrid (query embedding included) over --
 recall@10 of the store's semantic query (the HNSW path search uses) against exact brute force in numpy
 over the same float32 vectors.
 
-    nice -n 19 .venv/bin/python benchmarks/scale.py [--chunks 1000000] [--types vector,halfvec]
+Per search stage (query embedding, semantic, lexical, fusion, grouping, excerpts, ...): the p50/p95 of
+each key of `SearchResult.timings`, and `outside_engine` (the wall time of `KnowledgeBase.search` minus
+the engine's own total: pinning the space, metrics).
+
+`--keep DIR` keeps the server and the loaded chunks in DIR: a later run with the same --chunks skips
+the load, and with --reuse-index keeps an HNSW index built with the same settings (for re-measuring
+search after a code change without rebuilding).
+
+    nice -n 19 .venv/bin/python benchmarks/scale.py [--chunks 1000000] [--types vector,halfvec] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -37,9 +45,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from _textgen import MarkovText  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -47,8 +57,10 @@ from pgvector.psycopg import register_vector  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
 from rag_lib.eval import percentile  # noqa: E402
 from rag_lib.models import SearchFilters  # noqa: E402
+from rag_lib.store.vectors import index_name  # noqa: E402
 
 COLLECTION = "bench"
 PER_DOC = 10
@@ -182,6 +194,25 @@ def load(conn: psycopg.Connection, n_chunks: int, passages: list[str], synth: Sy
                           "load_rows_per_s": round(len(ids) / total), "copy_rows_per_s": round(len(ids) / (total - gen_seconds))}
 
 
+def load_all(url: str, args, passages: list[str], synth: Synth, space: str, dims: int,
+             result: dict) -> tuple[np.ndarray, list[str]]:
+    """The bulk load with the GIN indexes dropped, then rebuilt, then VACUUM ANALYZE."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        register_vector(conn)
+        for gin in ("rag_chunks_tsv", "rag_chunks_tsv_simple"):
+            conn.execute(f"DROP INDEX {gin}")
+        vectors, ids, timings = load(conn, args.chunks, passages, synth, space, dims, args.seed)
+        result["load"] = timings
+        t0 = time.perf_counter()
+        conn.execute("CREATE INDEX rag_chunks_tsv ON rag_chunks USING gin (tsv)")
+        conn.execute("CREATE INDEX rag_chunks_tsv_simple ON rag_chunks USING gin (tsv_simple)")
+        result["load"]["gin_build_seconds"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        conn.execute("VACUUM ANALYZE rag_documents, rag_chunks, rag_chunk_vectors")
+        result["load"]["vacuum_analyze_seconds"] = round(time.perf_counter() - t0, 1)
+    return vectors, ids
+
+
 def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
     """(row indexes, cosines) of each query's k nearest rows by brute force, best first."""
     best_i = np.zeros((len(queries), 0), dtype=np.int64)
@@ -217,6 +248,121 @@ def sizes(conn: psycopg.Connection, index: str) -> dict:
     return out
 
 
+@contextmanager
+def kept_server(folder: Path):
+    """(admin URL, folder) of a server kept in `folder` between runs; stopped (not deleted) on exit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    admin = start_embedded(folder / "pgdata")
+    try:
+        yield admin, folder
+    finally:
+        stop_embedded(folder / "pgdata")
+
+
+def server_cpu(pgdata: Path) -> float:
+    """CPU seconds (user + system) the database server's processes have used so far."""
+    root = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def per_search(fn, items: list, pgdata: Path) -> dict:
+    """Mean wall time and CPU (this process; the database server's processes) per call of fn(item)."""
+    cpu0, db0, t0 = time.process_time(), server_cpu(pgdata), time.perf_counter()
+    for item in items:
+        fn(item)
+    n = max(len(items), 1)
+    return {"wall_ms": round((time.perf_counter() - t0) * 1000 / n, 2),
+            "python_cpu_ms": round((time.process_time() - cpu0) * 1000 / n, 2),
+            "database_cpu_ms": round((server_cpu(pgdata) - db0) * 1000 / n, 2)}
+
+
+def components(kb: KnowledgeBase, queries: list[str], pgdata: Path) -> dict:
+    """Each part of a search on its own, the same queries each time: what the CPU goes to."""
+    from rag_lib.search import lexical
+
+    store, provider = kb.search_context()
+    stats, cap = lexical.TermStatistics(), kb.settings.search.lexical_max_candidates
+    space = store.active_space()
+    filters = SearchFilters(collection=COLLECTION)
+    out = {"queries": len(queries)}
+    out["terms_cold"] = per_search(lambda q: lexical.plan_terms(store, stats, q, COLLECTION, cap), queries, pgdata)
+    out["terms_warm"] = per_search(lambda q: lexical.plan_terms(store, stats, q, COLLECTION, cap), queries, pgdata)
+    plans = {q: lexical.plan_terms(store, stats, q, COLLECTION, cap) for q in queries}
+    out["lexical_query"] = per_search(lambda q: store.lexical_search(
+        plans[q].terms, filters, 50, match=plans[q].match, conjunctive=plans[q].conjunctive, max_candidates=cap),
+        queries, pgdata)
+    out["embed"] = per_search(lambda q: provider.embed([q]), queries, pgdata)
+    vectors = {q: provider.embed([q])[0] for q in queries}
+    out["semantic_query"] = per_search(lambda q: store.semantic_search(
+        vectors[q], space["space"], space["dimensions"], filters, 50), queries, pgdata)
+    out["pin_space"] = per_search(lambda q: kb.search_context(), queries, pgdata)
+    for mode in ("semantic", "hybrid"):
+        out[f"search_{mode}"] = per_search(lambda q: kb.search(q, mode=mode, collection=COLLECTION), queries, pgdata)
+    out["scored_terms_per_query"] = round(sum(len(t) for p in plans.values() for t in p.terms.values()) / len(plans), 1)
+    out["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def term_queries(kb: KnowledgeBase, url: str, pgdata: Path, repeats: int = 20) -> dict:
+    """Full-text cost at both ends: a query of only the three most common lexemes (each in a large
+    share of the chunks) and one of three rare ones, lexical and hybrid, p50/p95 over `repeats`."""
+    with psycopg.connect(url) as conn:
+        elems, freqs = conn.execute(
+            "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats"
+            " WHERE tablename = 'rag_chunks' AND attname = 'tsv'").fetchone()
+        common = [e for _, e in sorted(zip(freqs, elems), reverse=True)[:3]]
+        rare = [r[0] for r in conn.execute(
+            "SELECT word FROM ts_stat('SELECT tsv FROM rag_chunks TABLESAMPLE SYSTEM (1)')"
+            " WHERE ndoc = 1 AND word ~ '^[a-z]{6,}$' ORDER BY word LIMIT 3").fetchall()]
+    out: dict = {}
+    for name, words in (("common", common), ("rare", rare)):
+        text = " ".join(words)
+        entry: dict = {"query": text, "share_of_chunks": [round(f, 3) for f, e in sorted(zip(freqs, elems), reverse=True)[:3]]
+                       if name == "common" else None}
+        for mode in ("lexical", "hybrid"):
+            lat, hits = [], 0
+            cpu0 = (time.process_time(), server_cpu(pgdata))
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                hits = len(kb.search(text, mode=mode, collection=COLLECTION, top_k=10).hits)
+                lat.append((time.perf_counter() - t0) * 1000)
+            entry[mode] = {"p50": round(percentile(lat, 50), 1), "p95": round(percentile(lat, 95), 1), "hits": hits,
+                           "python_cpu_ms": round((time.process_time() - cpu0[0]) * 1000 / repeats, 2),
+                           "database_cpu_ms": round((server_cpu(pgdata) - cpu0[1]) * 1000 / repeats, 2),
+                           "loadavg_1m": round(os.getloadavg()[0], 2)}
+        out[name] = entry
+    # the same common query's full-text SQL as selected before the cap (the rarest term's rows, all
+    # of them scored) against now (the rows holding every term, at most the cap), in this run
+    from rag_lib.search import lexical
+
+    store, cap = kb.store, kb.settings.search.lexical_max_candidates
+    stats, filters = lexical.TermStatistics(), SearchFilters(collection=COLLECTION)
+    plan = lexical.plan_terms(store, stats, " ".join(common), COLLECTION, cap)
+    rarest = min(plan.terms["english"], key=lambda t: -t[1])[0]  # highest IDF
+    runs = {"uncapped_rarest_term": dict(match={"english": [rarest]}),
+            "capped_all_terms": dict(match=plan.match, conjunctive=plan.conjunctive, max_candidates=cap)}
+    out["common_sql"] = {name: per_search(lambda _: store.lexical_search(plan.terms, filters, 50, **kw), range(repeats),
+                                          pgdata) for name, kw in runs.items()}
+    return out
+
+
+def stage_summary(timings: list[dict], walls: list[float]) -> dict:
+    """p50/p95 in ms of each stage the engine timed, and of the time outside the engine."""
+    keys = sorted({k for t in timings for k in t})
+    out = {k: {"p50": round(percentile([t.get(k, 0.0) for t in timings], 50), 2),
+               "p95": round(percentile([t.get(k, 0.0) for t in timings], 95), 2)} for k in keys}
+    outside = [w - t.get("total", 0.0) for t, w in zip(timings, walls)]
+    out["outside_engine"] = {"p50": round(percentile(outside, 50), 2), "p95": round(percentile(outside, 95), 2)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=1_000_000)
@@ -230,6 +376,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/rag_scale_anchors.npy"))
     ap.add_argument("--out", type=Path, default=None, help="partial results after each phase")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the server and loaded chunks in this folder")
+    ap.add_argument("--reuse-index", action="store_true", help="with --keep: keep an index built with these settings")
+    ap.add_argument("--modes", default="semantic,hybrid")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
 
@@ -246,7 +395,12 @@ def main() -> None:
             args.out.write_text(json.dumps(result, default=str) + "\n")
         log(f"phase {phase} done")
 
-    with scratch_server("rag-scale-") as (admin, work):
+    state = args.keep / f"loaded-{args.chunks}.npz" if args.keep else None
+    server = kept_server(args.keep) if args.keep else scratch_server("rag-scale-")
+    with server as (admin, work):
+        if state is None or not state.exists():
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute("DROP DATABASE IF EXISTS scale")
         url = create_database(admin, "scale")
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"ALTER DATABASE scale SET maintenance_work_mem = '{args.maintenance_work_mem}'")
@@ -257,6 +411,9 @@ def main() -> None:
         settings = Settings(database_url=url, home=work / "home")
         if args.ef_construction:
             settings.search.hnsw_ef_construction = args.ef_construction
+        if "query_cache_size" in type(settings.search).model_fields:
+            # each query is searched once per mode: a cached vector would hide the encoding's cost
+            settings.search.query_cache_size = 0
         kb = KnowledgeBase(settings)
         kb.init()
         space = kb.store.active_space()
@@ -275,20 +432,16 @@ def main() -> None:
         checkpoint("anchors")
 
         with psycopg.connect(url, autocommit=True) as conn:
-            register_vector(conn)
             result["server"]["pgvector"] = conn.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
-            for gin in ("rag_chunks_tsv", "rag_chunks_tsv_simple"):
-                conn.execute(f"DROP INDEX {gin}")
-            vectors, ids, timings = load(conn, args.chunks, passages, synth, space["space"], dims, args.seed)
-            result["load"] = timings
-            t0 = time.perf_counter()
-            conn.execute("CREATE INDEX rag_chunks_tsv ON rag_chunks USING gin (tsv)")
-            conn.execute("CREATE INDEX rag_chunks_tsv_simple ON rag_chunks USING gin (tsv_simple)")
-            result["load"]["gin_build_seconds"] = round(time.perf_counter() - t0, 1)
-            t0 = time.perf_counter()
-            conn.execute("VACUUM ANALYZE rag_documents, rag_chunks, rag_chunk_vectors")
-            result["load"]["vacuum_analyze_seconds"] = round(time.perf_counter() - t0, 1)
+        if state is not None and state.exists():
+            kept = np.load(state)
+            vectors, ids = kept["vectors"], list(kept["ids"])
+            result["load"] = {"reused": str(args.keep)}
+        else:
+            vectors, ids = load_all(url, args, passages, synth, space["space"], dims, result)
+            if state is not None:
+                np.savez(state, vectors=vectors, ids=np.array(ids))
         n = len(ids)
         result["chunks"] = n
         sample = np.random.default_rng(1).choice(n, 2000, replace=False)
@@ -309,11 +462,21 @@ def main() -> None:
         result["by_type"] = {}
         for vtype in types:
             settings.search.vector_type = vtype
-            kb.store.drop_hnsw_index(space["space"])
-            log(f"building HNSW ({vtype}) over {n} rows")
-            t0 = time.perf_counter()
-            built = kb.store.ensure_hnsw_index(space["space"], dims, rebuild=True)
-            out: dict = {"build_seconds": round(time.perf_counter() - t0, 1), "loadavg_after_build": os.getloadavg()[0]}
+            with psycopg.connect(url) as conn:
+                current = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))",
+                                       (index_name(space["space"]),)).fetchone()[0] or ""
+            wanted = (f"{vtype}_cosine_ops", f"ef_construction='{settings.search.hnsw_ef_construction}'")
+            out: dict = {}
+            if args.reuse_index and all(w in current for w in wanted):
+                built = {"index": index_name(space["space"])}
+                out["build_seconds"] = "reused"
+            else:
+                kb.store.drop_hnsw_index(space["space"])
+                log(f"building HNSW ({vtype}) over {n} rows")
+                t0 = time.perf_counter()
+                built = kb.store.ensure_hnsw_index(space["space"], dims, rebuild=True)
+                out.update({"build_seconds": round(time.perf_counter() - t0, 1),
+                            "loadavg_after_build": os.getloadavg()[0]})
             with psycopg.connect(url, autocommit=True) as conn:
                 out.update(sizes(conn, built["index"]))
                 out["hnsw_def"] = conn.execute("SELECT pg_get_indexdef(to_regclass(%s))", (built["index"],)).fetchone()[0]
@@ -331,13 +494,25 @@ def main() -> None:
                 found += len(want & {h.chunk_id for h in hits})
             out["recall_at_10"] = round(found / (10 * len(qvecs)), 4)
             out["store_semantic_ms"] = {"p50": round(percentile(lat_store, 50), 1), "p95": round(percentile(lat_store, 95), 1)}
-            for mode in ("semantic", "hybrid"):
-                lat = []
+            for mode in args.modes.split(","):
+                load_before = round(os.getloadavg()[0], 2)
+                lat, stages = [], []
+                # CPU per search: much less sensitive than wall time to a busy machine's other jobs
+                cpu0 = (time.process_time(), server_cpu(work / "pgdata"))
                 for text in queries:
                     t0 = time.perf_counter()
-                    kb.search(text, mode=mode, collection=COLLECTION, top_k=10)
+                    res = kb.search(text, mode=mode, collection=COLLECTION, top_k=10)
                     lat.append((time.perf_counter() - t0) * 1000)
-                out[f"{mode}_ms"] = {"p50": round(percentile(lat, 50), 1), "p95": round(percentile(lat, 95), 1)}
+                    stages.append(res.timings_ms)
+                out[f"{mode}_ms"] = {"p50": round(percentile(lat, 50), 1), "p95": round(percentile(lat, 95), 1),
+                                     "loadavg_1m": [load_before, round(os.getloadavg()[0], 2)]}
+                out[f"{mode}_stages_ms"] = stage_summary(stages, lat)
+                cpu1 = (time.process_time(), server_cpu(work / "pgdata"))
+                out[f"{mode}_cpu_ms_per_search"] = {
+                    "python": round((cpu1[0] - cpu0[0]) * 1000 / len(queries), 2),
+                    "database": round((cpu1[1] - cpu0[1]) * 1000 / len(queries), 2)}
+            out["term_queries"] = term_queries(kb, url, work / "pgdata")
+            out["components"] = components(kb, queries[:40], work / "pgdata")
             checkpoint(f"search-{vtype}")
         kb.close()
     result["phase"] = "done"
