@@ -1,5 +1,5 @@
 """What keeps a search's cost bounded as the corpus grows (issue 32): full-text candidates are capped
-for common and rare terms alike."""
+for common and rare terms alike, and a repeated query is not encoded again."""
 
 from __future__ import annotations
 
@@ -39,3 +39,15 @@ def test_rare_terms_still_select_every_row_holding_them(corpus_kb):
     assert 0 < rare <= 2000
     hits = corpus_kb.search("rvol", mode="lexical", top_k=1000, group=False).hits
     assert len(hits) == rare
+
+
+def test_a_repeated_query_is_encoded_once(corpus_kb):
+    provider = corpus_kb.provider
+    before = provider.calls
+    corpus_kb.search("gap fill after earnings", mode="hybrid")
+    cached = corpus_kb.search("gap fill after earnings", mode="semantic")
+    assert provider.calls == before + 1  # the second search took the vector from the query cache
+    corpus_kb.settings.search.query_cache_size = 0
+    encoded = corpus_kb.search("gap fill after earnings", mode="semantic")
+    assert provider.calls == before + 2  # off: every search encodes
+    assert [(h.chunk_id, h.similarity) for h in cached.hits] == [(h.chunk_id, h.similarity) for h in encoded.hits]
