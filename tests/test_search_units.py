@@ -10,7 +10,7 @@ import pytest
 from rag_lib.models import SearchHit
 from rag_lib.search.classify import classify
 from rag_lib.search.context import assemble, quote_in_text
-from rag_lib.search.fusion import Candidates, boost, rrf
+from rag_lib.search.fusion import Candidates, boost, date_boost, rrf
 from rag_lib.search.lexical import exact_tokens, is_websearch
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -114,3 +114,15 @@ def test_assemble_budget_dedupe_order_and_citations():
     assert d["citations"][0]["unit_id"] == "doc1.yaml#intro" and d["tokens"] <= d["token_budget"]
     tiny = assemble("q", "hybrid", hits, count, 5, positions)
     assert tiny.citations == [] and tiny.tokens == 0
+
+
+def test_a_month_or_day_the_query_names_is_a_soft_boost():
+    assert classify("AMD vs NVDA price targets in the January 2025 analyses", KNOWN).dates == ["2025-01-01", "2025-01-31"]
+    assert classify("META support: 21:15 vs 21:30 analysis on Feb 20 2026", KNOWN).dates == ["2026-02-20", "2026-02-20"]
+    assert classify("what happened in february 2024", KNOWN).dates == ["2024-02-01", "2024-02-29"]
+    assert classify("stop loss rules for 2025 trades", KNOWN).dates == []  # a year alone is not a date hint
+    jan, feb, undated = (hit("jan", score=0.50, date=dt.date(2025, 1, 22)), hit("feb", score=0.55, date=dt.date(2026, 2, 20)),
+                         hit("undated", score=0.52))
+    ranked = date_boost([feb, undated, jan], ["2025-01-01", "2025-01-31"], 0.15)
+    assert [h.chunk_id for h in ranked] == ["jan", "feb", "undated"]  # raised, nothing dropped
+    assert jan.score == pytest.approx(0.575) and feb.score == 0.55 and undated.score == 0.52

@@ -3,6 +3,8 @@ Hints become soft boosts and routing choices, never hard filters."""
 
 from __future__ import annotations
 
+import calendar
+import datetime as dt
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +28,10 @@ _RELATIONSHIP = re.compile(r"\b(depend(s|ent|ence)? on|relationship|related to|r
                            r"|affect(s|ed)?|linked|connection between|exposure to|driven by|influence[sd]?)\b", re.I)
 _GLOBAL = re.compile(r"\b(all|every|each|list|overview|summar(y|ise|ize)|across|which (trades|stocks|analyses|documents)"
                      r"|any of|in general|overall|themes?)\b", re.I)
+
+_MONTHS = {name.lower(): n for names in (calendar.month_name, calendar.month_abbr) for n, name in enumerate(names) if name}
+# "February 2026", "Feb 20 2026", "January 20th, 2025": a month (and day) the question dates itself by
+_DATE = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?,?\s+((?:19|20)\d\d)\b", re.I)
 
 # Words that point at a document type (soft boost only).
 DOC_TYPE_HINTS: dict[str, tuple[str, ...]] = {
@@ -51,6 +57,7 @@ class QueryPlan:
     tickers: list[str] = field(default_factory=list)
     doc_types: list[str] = field(default_factory=list)
     linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
+    dates: list[str] = field(default_factory=list)  # [first, last] ISO day of a month or day the query names
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +71,19 @@ def find_tickers(query: str, known: set[str]) -> list[str]:
         if upper in known and (token.isupper() or token.lower() not in _COMMON) and upper not in found:
             found.append(upper)
     return found
+
+
+def find_dates(query: str) -> list[str]:
+    """The first month or day the query names, as [first, last] ISO dates (empty when none)."""
+    m = _DATE.search(query)
+    if not m:
+        return []
+    month, year = _MONTHS[m.group(1).lower()], int(m.group(3))
+    last = calendar.monthrange(year, month)[1]
+    if m.group(2) and 1 <= int(m.group(2)) <= last:
+        day = dt.date(year, month, int(m.group(2))).isoformat()
+        return [day, day]
+    return [dt.date(year, month, 1).isoformat(), dt.date(year, month, last).isoformat()]
 
 
 def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
@@ -91,4 +111,4 @@ def classify(query: str, known_tickers: set[str] | None = None, known_types: set
         kind = "global"
     else:
         kind = "retrieval"
-    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types)
+    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query))

@@ -3,6 +3,7 @@ parent-document evidence, the knowledge graph's list, and soft boosts from query
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
@@ -79,6 +80,18 @@ def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], facto
         if doc_types and hit.doc_type in doc_types:
             bonus += factor / 2
         hit.score = min(1.0, hit.score * (1.0 + bonus))  # only raises: min_similarity still holds
+    return sorted(hits, key=lambda h: -h.score)
+
+
+def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[SearchHit]:
+    """Raise hits from documents dated within the [first, last] ISO days the query names, like a
+    named ticker: "the January 2025 analyses" prefers January 2025's. A nudge, never a filter."""
+    if factor <= 0 or not dates:
+        return hits
+    first, last = (dt.date.fromisoformat(d) for d in dates)
+    for hit in hits:
+        if hit.doc_date is not None and first <= hit.doc_date <= last:
+            hit.score = min(1.0, hit.score * (1.0 + factor))
     return sorted(hits, key=lambda h: -h.score)
 
 

@@ -21,7 +21,7 @@ from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify
-from rag_lib.search.fusion import Candidates, boost, convex, document_evidence, graph_candidates, rrf
+from rag_lib.search.fusion import Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -151,9 +151,9 @@ def link_query(store, plan: QueryPlan, vector, space: str, collection: str | Non
 
 
 def _hints(hits: list[SearchHit], plan: QueryPlan, opts: SearchOptions) -> list[SearchHit]:
-    """Soft boosts: named tickers and document types by `hint_boost`, linked tickers by `link_boost`."""
+    """Soft boosts: named tickers, document types and dates by `hint_boost`, linked tickers by `link_boost`."""
     named = [t for t in plan.tickers if t not in plan.linked]
-    hits = boost(hits, named, plan.doc_types, opts.hint_boost)
+    hits = date_boost(boost(hits, named, plan.doc_types, opts.hint_boost), plan.dates, opts.hint_boost)
     return boost(hits, list(plan.linked), [], opts.link_boost) if plan.linked else hits
 
 
