@@ -12,9 +12,11 @@ Both models then ingest the same corpus into their own database on the reusable 
 are scored with `rag_lib.eval` (`evaluate_kb`, per query type), semantic and hybrid. Prints ONE
 JSON line.
 
-    .venv/bin/python benchmarks/adapt_model.py --corpus tradegent [--max-pairs 2000] [--steps 60]
-    .venv/bin/python benchmarks/adapt_model.py --corpus scifact --split test
-    .venv/bin/python benchmarks/adapt_model.py --corpus tradegent --max-pairs 64 --steps 2 --skip-eval  # a smoke run
+What the README reports (2026-11-26, not adopted; the defaults are that run's recipe):
+
+    .venv/bin/python benchmarks/adapt_model.py --corpus tradegent
+    .venv/bin/python benchmarks/adapt_model.py --corpus scifact --docs 600 --steps 20
+    .venv/bin/python benchmarks/adapt_model.py --corpus FOLDER --queries Q.jsonl --qrels QRELS.tsv --steps 1  # a smoke run
 """
 
 from __future__ import annotations
@@ -225,12 +227,12 @@ def main() -> None:
     parser.add_argument("--queries", type=Path, default=None, help="a BEIR queries.jsonl for a folder corpus")
     parser.add_argument("--qrels", type=Path, default=None, help="its qrels.tsv (section units)")
     parser.add_argument("--max-pairs", type=int, default=4000, help="training pairs sampled from the corpus")
-    parser.add_argument("--steps", type=int, default=80, help="optimizer steps (batches)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per text while training")
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps (batches)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--max-seq-length", type=int, default=64, help="tokens per text while training")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--train-layers", type=int, default=6, help="top transformer layers that learn (of 6)")
+    parser.add_argument("--train-layers", type=int, default=2, help="top transformer layers that learn (of 6)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--modes", default="semantic,hybrid")
     parser.add_argument("--skip-base", action="store_true", help="do not (re)score the base model")
