@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import types
+import typing
 from collections.abc import Mapping
+from difflib import get_close_matches
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -609,6 +612,47 @@ def _seed_embedding(value: dict[str, Any], env: Mapping[str, str], out: dict[str
     out["embedding"] = emb
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (itself, in a list, or optional), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType):
+        return next((m for m in map(_model_in, typing.get_args(annotation)) if m is not None), None)
+    return None
+
+
+def unknown_keys(values: Mapping[str, Any], model: type[BaseModel], where: str = "") -> list[tuple[str, str | None]]:
+    """Keys of `values` (nested sections and lists of them too) that `model` has no field for, as
+    (dotted path, the closest field's path or None)."""
+    out: list[tuple[str, str | None]] = []
+    for key, value in values.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            near = get_close_matches(str(key), list(model.model_fields), n=1)
+            out.append((where + str(key), where + near[0] if near else None))
+            continue
+        inner = _model_in(field.annotation)
+        if inner is None:
+            continue
+        if isinstance(value, Mapping):
+            out += unknown_keys(value, inner, f"{where}{key}.")
+        elif isinstance(value, list):
+            for n, item in enumerate(value):
+                if isinstance(item, Mapping):
+                    out += unknown_keys(item, inner, f"{where}{key}[{n}].")
+    return out
+
+
+def _seed_suggestion(dotted: str) -> str | None:
+    """The closest known key of a seed-format section (`chunking.`, `features.`, `embedding.`)."""
+    section, _, key = dotted.rpartition(".")
+    known = {"chunking": list(ChunkSettings.model_fields), "features": list(SEED_FEATURES),
+             "embedding": [*EmbeddingSettings.model_fields, "default_provider", "fallback_chain", "timeout_seconds"],
+             }.get(section, ["base_url", "model", "dimensions", "api_key"] if section.startswith("embedding.") else [])
+    near = get_close_matches(key, known, n=1)
+    return f"{section}.{near[0]}" if near else None
+
+
 class ConfigFileSource(PydanticBaseSettingsSource):
     """rag.yaml (or $RAG_CONFIG), in our format or the seeds' config.yaml format. Each key that maps
     onto no setting is named in one warning (its value never is)."""
@@ -632,6 +676,11 @@ class ConfigFileSource(PydanticBaseSettingsSource):
         if not isinstance(data, dict):
             raise ConfigError(f"{self.path}: the settings file must be a mapping of setting names")
         values, ignored = seed_config_values(data)
+        unknown = unknown_keys(values, Settings) + [
+            (key, _seed_suggestion(key)) for key in ignored if "." in key and " (" not in key and key not in _IGNORED_WHY]
+        if unknown:  # a typo in a section would otherwise leave its default in force without a word
+            named = "; ".join(f"{key}" + (f" (did you mean {near}?)" if near else "") for key, near in unknown)
+            raise ConfigError(f"{self.path}: unknown setting {named}: correct or remove it (README, Configuration)")
         for entry in ignored:
             key, _, why = entry.partition(" (")
             why = why[:-1] if why else _IGNORED_WHY.get(key, "no setting of ours matches it")

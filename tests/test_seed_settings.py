@@ -240,3 +240,27 @@ def test_seed_config_same_space_fallback_is_kept(monkeypatch, tmp_path, caplog):
     assert e.api_key_env == "OPENAI_API_KEY"  # a literal key is not a setting: named, never shown
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "embedding.openai.api_key" in warned and "sk-literal-secret" not in warned
+
+
+def test_unknown_nested_keys_in_the_settings_file_are_errors(monkeypatch, tmp_path):
+    """A typo inside a section (ours, a list of them, or a seed-format one) stops loading with the key's
+    path, the file and the closest real key, instead of leaving the default in force unannounced."""
+    path = tmp_path / "rag.yaml"
+    monkeypatch.setenv("RAG_CONFIG", str(path))
+    cases = {
+        "search:\n  top_k: 5\n  fusionn: convex\n": ("search.fusionn", "search.fusion"),
+        "pipeline:\n  schedules: {reconcil: '0 1 * * *'}\n": ("pipeline.schedules.reconcil", "pipeline.schedules.reconcile"),
+        "pipeline:\n  roots: [{path: /tmp, colection: x}]\n": ("pipeline.roots[0].colection", "pipeline.roots[0].collection"),
+        "embedding:\n  reembed: {batch_sise: 10}\n": ("embedding.reembed.batch_sise", "embedding.reembed.batch_size"),
+        "chunking:\n  max_tokns: 300\n": ("chunking.max_tokns", "chunking.max_tokens"),
+        "server:\n  zzz_unheard_of: 1\n": ("server.zzz_unheard_of", None),
+    }
+    for text, (key, near) in cases.items():
+        path.write_text(text)
+        with pytest.raises(ConfigError) as caught:
+            Settings()
+        message = str(caught.value)
+        assert str(path) in message and key in message, message
+        assert (f"did you mean {near}?" in message) if near else ("did you mean" not in message), message
+    path.write_text("search:\n  top_k: 5\n  fusion: rrf\npipeline:\n  roots: [{path: /tmp, collection: x}]\n")
+    assert Settings().search.top_k == 5  # known keys still load
