@@ -64,7 +64,7 @@ def run_ingest(admin: str, db: str, home: Path, corpus: Path, stub: StubProcess,
         started = time.perf_counter()
         report = kb.ingest([corpus], force=force)
         seconds = time.perf_counter() - started
-        usage = kb.store.run_usage(kb.engine.run_id)
+        usage = kb.store.run_usage(kb.engine.embedder.run_id)
     assert report.count("failed") == 0, report.to_dict()
     return {
         "seconds": round(seconds, 2),

@@ -165,7 +165,7 @@ def vector_table(context: AssetExecutionContext, rag: RagResource) -> Materializ
        description="The active space's HNSW index (built after bulk loads; recall measured by its check).")
 def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     kb = rag.kb()
-    built = kb.engine.ensure_index()
+    built = kb.engine.publisher.ensure_index()
     space = kb.engine.provider.space
     state = kb.store.hnsw_index_state(space)
     last = state["last_build"] or {}

@@ -152,7 +152,7 @@ class KnowledgeBase:
         loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits).
         The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
         location watches them."""
-        self.engine.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
+        self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
         with self.recording_metrics():
             report = run_ingest(

@@ -16,6 +16,7 @@ import yaml
 
 from rag_lib.config import ParseLimits
 from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_rel_path, refused_digest, walk  # noqa: F401
+from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
 from rag_lib.models import Document, Skipped
@@ -356,7 +357,8 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
     if is_template(body):
         return skip("template", "template with {PLACEHOLDER} values, not a real document", digest)
     meta = _yaml_metadata(body, rel)
-    return [Document(path=rel, format="yaml", content_hash=digest, body=body, **meta, **common)]
+    return [Document(path=rel, format="yaml", content_hash=digest, body=body, key_lines=key_lines(text),
+                     **meta, **common)]
 
 
 def _check_markdown_sections(text: str, limits: ParseLimits) -> LimitExceeded | None:

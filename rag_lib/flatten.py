@@ -194,7 +194,7 @@ def _top_key(line: str) -> str | None:
     return key or None
 
 
-def _key_lines(raw_text: str) -> dict[str, int]:
+def key_lines(raw_text: str) -> dict[str, int]:
     """Line number (1-based) of each top-level key in the YAML source, for source positions."""
     found: dict[str, int] = {}
     for number, line in enumerate(raw_text.splitlines(), start=1):
@@ -205,7 +205,7 @@ def _key_lines(raw_text: str) -> dict[str, int]:
 
 
 def flatten_yaml(doc: Document, mapping: SectionMapping, raw_text: str | None = None) -> list[Section]:
-    lines_of = _key_lines(raw_text) if raw_text else {}
+    lines_of = key_lines(raw_text) if raw_text else doc.key_lines
     sections: list[Section] = []
     for key, value in doc.body.items():
         key = str(key)

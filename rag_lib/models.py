@@ -48,6 +48,9 @@ class Document:
     source_path: str | None = None
     size_bytes: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    # YAML: the 1-based line of each top-level key, noted while the text is at hand (load), so
+    # flattening gives source positions without reading the file again
+    key_lines: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

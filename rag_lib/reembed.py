@@ -20,8 +20,8 @@ import numpy as np
 
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
-from rag_lib.ingest.stages import check_vectors
-from rag_lib.errors import DimensionMismatchError, EmbeddingError, NotFoundError, ValidationError
+from rag_lib.ingest.stages import Embedder
+from rag_lib.errors import EmbeddingError, NotFoundError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.store import Store
 
@@ -111,36 +111,16 @@ class Reembedder:
         """Vectors for every live chunk missing from the space, batch by batch (each batch is one
         transaction; a failed batch writes nothing and the next run resumes where this one stopped)."""
         batch = max(1, self.settings.embedding.reembed.batch_size)
-        dims = self.target.dimensions
-        prices = self.settings.embedding.prices
-        cache_model = self.settings.embedding.cache_model(self.target.model)
+        embedder = Embedder(self.settings, self.store, self.target, model=self.target.model,
+                            dimensions=self.target.dimensions, kind="reembed")
+        embedder.begin_run("reembed", self.run_id)
         while rows := self.store.missing_chunks(self.space, batch):
-            hashes = {h: text for _, h, text in rows}
-            cached = self.store.cache_get(list(hashes), cache_model, dims)
-            todo = [h for h in hashes if h not in cached]
-            usage: list = []
-            if todo:
-                try:
-                    fresh, usage = self.target.embed_counted([hashes[h] for h in todo])
-                except EmbeddingError as exc:
-                    self.store.record_embedding(self.run_id, "reembed", self.space, len(hashes) - len(todo),
-                                                len(todo), getattr(exc, "usage", []), prices)
-                    raise
-                problems = check_vectors(fresh, dims)
-                if problems:
-                    raise DimensionMismatchError(
-                        f"{getattr(self.target, 'label', self.target.name)} returned bad vectors for {self.space}: "
-                        f"{'; '.join(problems)}; nothing was written"
-                    )
-                new = dict(zip(todo, fresh))
-                self.store.cache_put(new, cache_model, dims)
-                cached.update(new)
-            self.store.record_embedding(self.run_id, "reembed", self.space, len(hashes) - len(todo), len(todo),
-                                        usage, prices)
-            written = self.store.write_space_vectors(self.space, dims, [(cid, cached[h]) for cid, h, _ in rows])
+            got = embedder.vectors({h: text for _, h, text in rows})
+            written = self.store.write_space_vectors(self.space, self.target.dimensions,
+                                                     [(cid, got.vectors[h]) for cid, h, _ in rows])
             report.filled += written
-            report.from_cache += len(hashes) - len(todo)
-            report.embedded += len(todo)
+            report.from_cache += len(got.vectors) - len(got.fresh)
+            report.embedded += len(got.fresh)
             if self.progress:
                 info = self.store.get_space(self.space)
                 self.progress(info["vectors"], info["chunks"])

@@ -43,7 +43,7 @@ def test_cache_hits_make_no_requests_and_usage_is_recorded(settings, stub, corpu
     with open_kb(s) as kb:
         report = kb.ingest([root])
         assert report.count("failed") == 0 and report.embedded > 0
-        first = kb.store.run_usage(kb.engine.run_id)
+        first = kb.store.run_usage(kb.engine.embedder.run_id)
     assert stub.requests == first["requests"] > 0
     assert first["cache_misses"] == stub.inputs == report.embedded
     (row,) = first["providers"]
@@ -54,7 +54,7 @@ def test_cache_hits_make_no_requests_and_usage_is_recorded(settings, stub, corpu
     requests_before = stub.requests
     with open_kb(s) as kb:  # a second run over the same files: every vector from the cache
         report = kb.ingest([root], force=True)
-        second = kb.store.run_usage(kb.engine.run_id)
+        second = kb.store.run_usage(kb.engine.embedder.run_id)
         status = kb.status()
     assert stub.requests == requests_before  # counted server-side: no request at all
     assert report.cache_hits == report.chunks > 0 and report.embedded == 0
@@ -78,7 +78,7 @@ def test_a_failed_provider_writes_nothing_and_keeps_the_old_version(settings, st
         after = kb.show(FILES[0])
         assert after["content_hash"] == before["content_hash"]
         assert [c["chunk_id"] for c in after["chunks"]] == [c["chunk_id"] for c in before["chunks"]]
-        run = kb.store.run_usage(kb.engine.run_id)
+        run = kb.store.run_usage(kb.engine.embedder.run_id)
         assert run["providers"][0]["failures"] == 1 and run["retries"] == 2
 
 
@@ -103,7 +103,7 @@ def test_fallback_within_the_space_during_ingest(settings, stub, corpus_copy):
         with open_kb(s) as kb:
             report = kb.ingest([root])
             assert report.count("new") == 1 and backup.inputs == report.embedded
-            run = kb.store.run_usage(kb.engine.run_id)
+            run = kb.store.run_usage(kb.engine.embedder.run_id)
     assert run["requests"] == stub.requests + backup.requests
     assert sum(p["failures"] for p in run["providers"]) >= 1
 

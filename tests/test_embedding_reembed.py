@@ -154,10 +154,10 @@ def test_documents_published_during_a_build_are_caught_up(rkb, stub):
     assert report.switched and report.filled == info["chunks"] - info["vectors"]
     assert rkb.store.get_space(NEW)["coverage"] == 1.0
     # a long-running process that started before the switch cannot publish into the retired space
-    prepared = rkb.engine.prepare(rkb.engine.load(SourceFile("default", rkb.root, EXTRA)).documents[0])
-    vectors = rkb.engine.embed(prepared.chunks).vectors
+    prepared = rkb.engine.preparer.prepare(rkb.engine.preparer.load(SourceFile("default", rkb.root, EXTRA)).documents[0])
+    vectors = rkb.engine.embedder.embed(prepared.chunks).vectors
     with pytest.raises(DimensionMismatchError, match="the active space is now stub-embed:32"):
-        rkb.engine.publish(prepared, vectors)
+        rkb.engine.publisher.publish(prepared, vectors)
     assert rkb.store.get_space(NEW)["coverage"] == 1.0
     # a process still configured for the old space is stopped with the command to run
     with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to all-MiniLM-L6-v2:384`"):

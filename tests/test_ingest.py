@@ -170,11 +170,11 @@ def test_wrong_dimension_vectors_are_never_written(kb, corpus_copy):
     from rag_lib.errors import DimensionMismatchError
 
     root = corpus_copy(LEARNING)
-    prepared = kb.engine.prepare(kb.engine.load(SourceFile("default", root, LEARNING)).documents[0])
+    prepared = kb.engine.preparer.prepare(kb.engine.preparer.load(SourceFile("default", root, LEARNING)).documents[0])
     with pytest.raises(DimensionMismatchError):
-        kb.engine.publish(prepared, np.ones((len(prepared.chunks), 128), dtype=np.float32))
+        kb.engine.publisher.publish(prepared, np.ones((len(prepared.chunks), 128), dtype=np.float32))
     with pytest.raises(DimensionMismatchError):
-        kb.engine.publish(prepared, np.full((len(prepared.chunks), 384), np.nan, dtype=np.float32))
+        kb.engine.publisher.publish(prepared, np.full((len(prepared.chunks), 384), np.nan, dtype=np.float32))
     assert rows(kb, "SELECT count(*) FROM rag_chunks")[0][0] == 0
 
 

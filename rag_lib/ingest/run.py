@@ -77,7 +77,7 @@ def ingest(
     started = time.perf_counter()
     forget_corpus_indexes()  # files added since the last run name tickers and link targets for this one
     store = engine.store
-    engine.ensure_space()
+    engine.publisher.ensure_space()
     report = IngestReport(collection=collection)
     files = source_files(paths, collection, root)
     runner = StageRunner(engine.settings, store, lambda: engine, force=force, outage_raises=True)
@@ -101,7 +101,7 @@ def ingest(
     report.cache_hits, report.embedded = runner.embed_totals["cache_hits"], runner.embed_totals["embedded"]
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
-        engine.ensure_index()
+        engine.publisher.ensure_index()
     if prune:
         report.pruned = store.delete_collection_documents_except(collection, seen)
         on_disk = {s.rel for s in files}
@@ -120,12 +120,12 @@ def _refuse_over_limits(engine: Engine, runner: StageRunner, files: list[SourceF
     states = engine.store.document_states(collection)
     total = 0
     for source in files:
-        loaded = runner.loaded(source) or engine.load(source)
+        loaded = runner.loaded(source) or engine.preparer.load(source)
         runner.preset(loaded)
         for doc in loaded.documents:
-            if not force and engine.is_current(doc, states):
+            if not force and engine.publisher.is_current(doc, states):
                 continue
-            total += len(engine.prepare(doc, runner.sections(collection, doc.path)).chunks)  # TooManyChunksError
+            total += len(engine.preparer.prepare(doc, runner.sections(collection, doc.path)).chunks)  # TooManyChunksError
             if total > max_request_chunks:
                 raise LimitExceededError(
                     f"this request has at least {total} chunks, over limits.max_chunks_per_request={max_request_chunks} "
@@ -144,7 +144,7 @@ def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: di
     failed = next((stages[st] for st in STAGES if st in stages and stages[st].status == "failed"), None)
     if failed is not None:  # the file keeps its last good version (prune leaves it)
         stage = next(st for st in STAGES if stages.get(st) is failed)
-        engine.store.record_failure(f"ingest:{STEP[stage]}", f"{t.rel}: {failed.error}", run_id=engine.run_id,
+        engine.store.record_failure(f"ingest:{STEP[stage]}", f"{t.rel}: {failed.error}", run_id=engine.embedder.run_id,
                                     partition=t.rel)
         for path in documents or [t.rel]:
             report.outcomes.append(FileOutcome(path, "failed", reason=failed.reason or f"{STEP[stage]}_failed",

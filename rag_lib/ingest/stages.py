@@ -1,6 +1,9 @@
-"""The ingest engine: one set of per-file stage functions, load → flatten → chunk → embed (through
-the cache, many files per provider call) → publish. `rag ingest` calls them in memory; the Dagster
-assets call the same functions and store each stage's output between assets."""
+"""The ingest engine's stage functions, in three parts: `Preparer` (load → flatten → chunk: settings
+and a tokenizer, no database, no provider; `rag validate` uses it alone), `Embedder` (vectors
+through the embedding cache, many files per provider call; `rag reembed` uses it for the new space)
+and `Publisher` (the serving tables and their index). `Engine` binds the three to one knowledge
+base; the per-file state machine that drives them (`rag ingest` and the Dagster assets alike) is
+`rag_lib.ingest.state`."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import numpy as np
 
 from rag_lib.chunking import CHUNKER_VERSION, Chunker
 from rag_lib.config import Settings
-from rag_lib.corpus_files import ReadLimits, read_text
+from rag_lib.corpus_files import ReadLimits
 from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, TooManyChunksError
@@ -22,6 +25,7 @@ from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
+from rag_lib.tokens import Tokenizer, get_tokenizer
 from rag_lib.versions import fingerprint, stage_versions
 
 log = get_logger(__name__)
@@ -92,27 +96,24 @@ def check_vectors(vectors: np.ndarray, dimensions: int) -> list[str]:
     return problems
 
 
-class Engine:
-    """The stage functions bound to one settings object, store and provider."""
+class Preparer:
+    """Load, flatten and chunk files: needs settings and the model's tokenizer only."""
 
-    def __init__(self, settings: Settings, store: Store, provider: EmbeddingProvider):
+    def __init__(self, settings: Settings, tokenizer: Tokenizer):
         self.settings = settings
-        self.store = store
-        self.provider = provider
         self.mapping = load_mapping(Path(settings.sections_file))
-        self.chunker = Chunker(provider.tokenizer(), settings.chunking)
-        self.versions = stage_versions(settings, CHUNKER_VERSION)
-        self.fingerprint = fingerprint(self.versions)
-        self.begin_run()
+        self.chunker = Chunker(tokenizer, settings.chunking)
 
-    def begin_run(self, kind: str = "ingest") -> str:
-        """Start a new accounting run (cache hits, tokens, cost go to rag_embedding_runs/usage) under
-        a fresh id, read back with `store.run_usage(run_id)`."""
-        self.run_kind = kind
-        self.run_id = f"{kind}-{uuid.uuid4().hex[:12]}"
-        return self.run_id
+    @classmethod
+    def offline(cls, settings: Settings) -> Preparer:
+        """A preparer with the local model's tokenizer (no provider, no database: `rag validate`)."""
+        from rag_lib.embedding.local import default_model_path
 
-    # ---- per-file stages ---------------------------------------------------------------
+        return cls(settings, get_tokenizer(settings.embedding.model_path or default_model_path()))
+
+    @property
+    def token_limit(self) -> int:
+        return self.chunker.limit
 
     def load(self, source: SourceFile) -> Loaded:
         """Read and parse one file: documents, skip records (bad input, with a reason) and its hash."""
@@ -124,11 +125,9 @@ class Engine:
                       [i for i in items if isinstance(i, Skipped)], digest)
 
     def flatten(self, doc: Document) -> list[Section]:
-        """A document's sections (YAML: one per top-level key; markdown: one per H2)."""
-        raw = None
-        if doc.format == "yaml" and doc.source_path:  # for line numbers; load confined and resolved this path
-            raw = read_text(Path(doc.source_path), None, self.settings.max_file_bytes)
-        return flatten(doc, self.mapping, raw)
+        """A document's sections (YAML: one per top-level key, with the key lines `load` noted;
+        markdown: one per H2); the file is not read again."""
+        return flatten(doc, self.mapping)
 
     def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:
         """Token-aware chunks of a document's sections; TooManyChunksError over
@@ -153,13 +152,41 @@ class Engine:
         sections = self.flatten(doc) if sections is None else sections
         return Prepared(doc, sections, self.chunk(doc, sections))
 
-    def embed(self, chunks: list[Chunk]) -> EmbedResult:
-        """Vectors for chunks, from the cache where possible; new vectors are validated then cached."""
-        cfg = self.settings.embedding
-        if not chunks:
-            return EmbedResult(np.zeros((0, cfg.dimensions), dtype=np.float32))
-        texts = {c.content_hash: c.embed_text for c in chunks}
-        cached = self.store.cache_get(list(texts), cfg.cache_model(cfg.model), cfg.dimensions)
+
+@dataclass
+class CachedVectors:
+    """Vectors by content hash; `fresh`: the hashes the provider embedded (the rest were cached)."""
+
+    vectors: dict[str, np.ndarray]
+    fresh: list[str]
+    usage: list
+
+
+class Embedder:
+    """Vectors from one provider through the embedding cache (keyed by content hash, model and
+    dimensions): cached texts are never sent again, new vectors are checked before they are cached,
+    and every call is accounted to the current run (rag_embedding_runs/usage)."""
+
+    def __init__(self, settings: Settings, store: Store, provider: EmbeddingProvider, *,
+                 model: str | None = None, dimensions: int | None = None, kind: str = "ingest"):
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.model = model or settings.embedding.model
+        self.dimensions = dimensions or settings.embedding.dimensions
+        self.begin_run(kind)
+
+    def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
+        """Start a new accounting run (cache hits, tokens, cost), read back with `store.run_usage(run_id)`."""
+        self.run_kind = kind
+        self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        return self.run_id
+
+    def vectors(self, texts: dict[str, str]) -> CachedVectors:
+        """Vectors for texts by content hash, from the cache where possible; the rest from the
+        provider, checked (size, NaN, zero) and then cached. Bad vectors raise, nothing is cached."""
+        cache_model = self.settings.embedding.cache_model(self.model)
+        cached = self.store.cache_get(list(texts), cache_model, self.dimensions)
         missing = [h for h in texts if h not in cached]
         usage: list = []
         if missing:
@@ -168,17 +195,27 @@ class Engine:
             except EmbeddingError as exc:  # account for the requests the failure cost, then fail
                 self._record(len(texts) - len(missing), len(missing), getattr(exc, "usage", []))
                 raise
-            problems = check_vectors(fresh, cfg.dimensions)
+            problems = check_vectors(fresh, self.dimensions)
             if problems:
                 error = DimensionMismatchError if "shape" in problems[0] else EmbeddingError
-                raise error(f"provider {self.provider.name} returned bad vectors: {'; '.join(problems)}")
+                label = getattr(self.provider, "label", self.provider.name)
+                raise error(f"provider {label} returned bad vectors for {self.provider.space}: "
+                            f"{'; '.join(problems)}; nothing was written")
             new = dict(zip(missing, fresh))
-            self.store.cache_put(new, cfg.cache_model(cfg.model), cfg.dimensions)
+            self.store.cache_put(new, cache_model, self.dimensions)
             cached.update(new)
-        vectors = np.stack([cached[c.content_hash] for c in chunks]).astype(np.float32)
-        hits = sum(1 for c in chunks if c.content_hash not in missing)
         self._record(len(texts) - len(missing), len(missing), usage)
-        return EmbedResult(vectors, cache_hits=hits, embedded=len(missing), usage=usage)
+        return CachedVectors(cached, missing, usage)
+
+    def embed(self, chunks: list[Chunk]) -> EmbedResult:
+        """Vectors for chunks, in their order (see `vectors`)."""
+        if not chunks:
+            return EmbedResult(np.zeros((0, self.dimensions), dtype=np.float32))
+        got = self.vectors({c.content_hash: c.embed_text for c in chunks})
+        vectors = np.stack([got.vectors[c.content_hash] for c in chunks]).astype(np.float32)
+        fresh = set(got.fresh)
+        hits = sum(1 for c in chunks if c.content_hash not in fresh)
+        return EmbedResult(vectors, cache_hits=hits, embedded=len(fresh), usage=got.usage)
 
     def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> FileVectors:
         """Embed the chunks of many files in large batches; a failing batch is retried file by file
@@ -224,6 +261,22 @@ class Engine:
         self.store.record_embedding(self.run_id, self.run_kind, self.provider.space, hits, misses, usage,
                                     self.settings.embedding.prices)
 
+
+class Publisher:
+    """The serving tables: one document (sections, chunks, vectors, graph) per transaction, the
+    embedding space it is published in, and that space's HNSW index."""
+
+    def __init__(self, settings: Settings, store: Store, provider: EmbeddingProvider, fingerprint: str):
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.fingerprint = fingerprint
+
+    def ensure_space(self) -> None:
+        """Register the provider's embedding space (before the first publish)."""
+        cfg = self.settings.embedding
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
+
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:
         """Write one document with its sections, chunks and vectors in one transaction."""
         cfg = self.settings.embedding
@@ -241,11 +294,6 @@ class Engine:
             cfg.dimensions, self.fingerprint, graph=document_graph(prepared.doc, prepared.sections),
         )
 
-    def ensure_space(self) -> None:
-        """Register the provider's embedding space (before the first publish)."""
-        cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
-
     def ensure_index(self) -> dict:
         """The one place the HNSW index is built: the provider space's index if missing (bulk loads
         build it after loading; later publishes insert into it). The store's build record."""
@@ -254,3 +302,18 @@ class Engine:
     def is_current(self, doc: Document, states: dict[str, tuple[str, str]]) -> bool:
         """True when the stored version has the same content and was made with the same settings."""
         return states.get(doc.path) == (doc.content_hash, self.fingerprint)
+
+
+class Engine:
+    """The three parts bound to one settings object, store and provider, with the stage versions
+    and the fingerprint (what makes a stored output current) they share."""
+
+    def __init__(self, settings: Settings, store: Store, provider: EmbeddingProvider):
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.versions = stage_versions(settings, CHUNKER_VERSION)
+        self.fingerprint = fingerprint(self.versions)
+        self.preparer = Preparer(settings, provider.tokenizer())
+        self.embedder = Embedder(settings, store, provider)
+        self.publisher = Publisher(settings, store, provider, self.fingerprint)

@@ -53,7 +53,7 @@ class StageOutcome:
 
 
 def _doc_meta(doc: Document) -> dict[str, Any]:
-    meta = {f.name: getattr(doc, f.name) for f in dataclasses.fields(doc) if f.name != "body"}
+    meta = {f.name: getattr(doc, f.name) for f in dataclasses.fields(doc) if f.name not in ("body", "key_lines")}
     meta["doc_date"] = doc.doc_date.isoformat() if doc.doc_date else None
     return meta
 
@@ -264,7 +264,7 @@ class StageRunner:
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
                 if loaded is None:
-                    loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+                    loaded = self.engine.preparer.load(SourceFile(t.collection, t.root, t.rel))
                     self._loaded[(c, p)] = loaded
                 for skip in loaded.skips:
                     self._skip(skip)
@@ -295,13 +295,13 @@ class StageRunner:
         def work(t: FileTarget, raw: dict, rows: dict) -> tuple[dict, dict]:
             loaded = self._loaded.get(_ident(t))
             if loaded is None or loaded.file_hash != raw["file_hash"]:  # raw_documents ran in another run
-                loaded = self.engine.load(SourceFile(t.collection, t.root, t.rel))
+                loaded = self.engine.preparer.load(SourceFile(t.collection, t.root, t.rel))
             if loaded.file_hash != raw["file_hash"]:
                 raise ValueError(f"{t.rel} changed after {RAW} was materialized; rematerialize from {RAW}")
             out, total, empty = [], 0, 0
             for doc in loaded.documents:
                 sections = self._sections.get((t.collection, doc.path))
-                sections = self.engine.flatten(doc) if sections is None else sections
+                sections = self.engine.preparer.flatten(doc) if sections is None else sections
                 total += len(sections)
                 empty += sum(1 for s in sections if s.is_empty)
                 out.append({"path": doc.path, "sections": [dataclasses.asdict(s) for s in sections]})
@@ -319,7 +319,7 @@ class StageRunner:
                 doc = _doc_from_meta(meta)
                 sections = [Section(**s) for s in by_path.get(doc.path, [])]
                 try:
-                    chunks = self.engine.chunk(doc, sections)
+                    chunks = self.engine.preparer.chunk(doc, sections)
                 except TooManyChunksError as exc:  # this document is skipped; the file's others go on
                     skipped.append(exc)
                     continue
@@ -356,7 +356,7 @@ class StageRunner:
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
         try:
             with self.recording():
-                result = self.engine.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+                result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
             if self.outage_raises:
                 raise
@@ -391,13 +391,13 @@ class StageRunner:
         """Publish each file's documents (one transaction each) from the stored sections, chunks and
         staged vectors; a document live and current already is left alone (unless forced), and
         records that vanished from a multi-document file are deleted, not orphaned."""
-        self.engine.ensure_space()
+        self.engine.publisher.ensure_space()
         states = {c: self.store.document_states(c) for c in sorted({t.collection for t in targets})}
         pending: dict[str, tuple[FileTarget, dict, dict]] = {}
 
         def published_current(t: FileTarget, raw: dict, rows: dict) -> bool:
             kept = _skipped_paths(rows.get((t.collection, t.rel, CHUNKS)))
-            return all(self.engine.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"]
+            return all(self.engine.publisher.is_current(_doc_from_meta(m), states[t.collection]) for m in raw["documents"]
                        if m["path"] not in kept)
 
         def collect(t: FileTarget, raw: dict, rows: dict) -> None:
@@ -436,7 +436,7 @@ class StageRunner:
                 continue
             entry = chunks_out[doc.path]
             published.append(doc.path)
-            if not self.force and self.engine.is_current(doc, states):
+            if not self.force and self.engine.publisher.is_current(doc, states):
                 statuses[doc.path] = ("unchanged", 0)  # e.g. the other records of a changed JSONL file
                 continue
             sections = [Section(**{**s, "token_count": entry["section_tokens"].get(s["name"], s["token_count"])})
@@ -447,7 +447,7 @@ class StageRunner:
                 raise ValueError(f"{len(missing)} chunks of {doc.path} have no staged vector; rematerialize embeddings")
             vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
-            self.engine.publish(Prepared(doc, sections, chunks), vectors)
+            self.engine.publisher.publish(Prepared(doc, sections, chunks), vectors)
             statuses[doc.path] = ("changed" if doc.path in states else "new", len(chunks))
             count += len(chunks)
         gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published) - kept
