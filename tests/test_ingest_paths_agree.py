@@ -1,6 +1,7 @@
 """`rag ingest` (the library) and the Dagster job run the same ingest engine: the same corpus,
 ingested by each into its own database, leaves the same serving state, table by table; also after
-a JSONL record disappears from its file (both paths delete that record's document)."""
+a JSONL record disappears from its file (both paths delete that record's document). Each path
+parses each file once per run."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ from pipelines.assets import ASSETS  # noqa: E402
 from pipelines.graph_assets import GRAPH_ASSETS  # noqa: E402
 from pipelines.partitions import CORPUS_FILES, PartitionMap, range_tags  # noqa: E402
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
+import rag_lib.documents  # noqa: E402
+import rag_lib.graph.extract  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
+from rag_lib.ingest.run import source_files  # noqa: E402
+from rag_lib.ingest.stages import Preparer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,9 +78,23 @@ def assert_same_state(lib: dict, dag: dict) -> None:
         assert np.allclose(a, b, atol=1e-5), cid  # encoded in batches of other sizes: float noise only
 
 
+def count_parses(monkeypatch) -> list[int]:
+    """Every YAML parse (documents and front matter; the graph's re-read of a body) is counted."""
+    calls = [0]
+    real = rag_lib.documents.parse_yaml
+
+    def counted(text: str):
+        calls[0] += 1
+        return real(text)
+
+    monkeypatch.setattr(rag_lib.documents, "parse_yaml", counted)
+    monkeypatch.setattr(rag_lib.graph.extract, "parse_yaml", counted)
+    return calls
+
+
 @pytest.mark.timeout(900)
 def test_rag_ingest_and_the_dagster_job_leave_the_same_tables(corpus_copy, pg_server, migrated_template, provider,
-                                                              tmp_path: Path):
+                                                              tmp_path: Path, monkeypatch):
     root = corpus_copy(*RELS)
     write_jsonl(root / "notes.jsonl", RECORDS)
     lib_url = create_database(pg_server, template=migrated_template)
@@ -86,27 +105,37 @@ def test_rag_ingest_and_the_dagster_job_leave_the_same_tables(corpus_copy, pg_se
     with KnowledgeBase(dag_settings, provider=provider) as kb:
         kb.add_root(root)
     rag = RagResource(database_url=dag_url, home=str(tmp_path / "dag"))
+    parses = count_parses(monkeypatch)
+    preparer = Preparer.offline(lib_settings)
+    for source in source_files([root], "default"):
+        preparer.load(source)
+    once = parses[0]  # what reading every file once costs
+    assert once >= 3
 
     def ingest_both() -> tuple[dict, dict]:
+        parses[0] = 0
         with KnowledgeBase(lib_settings, provider=provider) as kb:
             report = kb.ingest([root])
             assert report.count("failed") == 0, report.to_dict()
+        lib_parses, parses[0] = parses[0], 0
         with KnowledgeBase(dag_settings, provider=provider) as kb, instance_for_test() as instance:
             keys = list(PartitionMap(kb.roots()).walk())
             instance.add_dynamic_partitions(CORPUS_FILES, keys)
             result = materialize(ASSETS + GRAPH_ASSETS, instance=instance, resources={"rag": rag},
                                  tags=range_tags(keys[0], keys[-1]))
             assert result.success
-        return table_rows(lib_url), table_rows(dag_url)
+        return table_rows(lib_url), table_rows(dag_url), lib_parses, parses[0]
 
-    lib, dag = ingest_both()
+    lib, dag, lib_parses, dag_parses = ingest_both()
+    assert lib_parses == dag_parses == once  # each file read and parsed once per run, by either path
     paths = {r[1] for r in lib["rag_documents"]}
     assert {"notes.jsonl#r1", "notes.jsonl#r2", "notes.jsonl#r3", RELS[0]} <= paths
     assert len(lib["rag_chunks"]) > 20 and lib["rag_graph_edges"] and lib["vectors"]
     assert_same_state(lib, dag)
 
     write_jsonl(root / "notes.jsonl", [RECORDS[0], RECORDS[2]])  # r2 disappears from its file
-    lib, dag = ingest_both()
+    lib, dag, lib_parses, dag_parses = ingest_both()
+    assert lib_parses == dag_parses == 0  # only the JSONL file changed: no YAML file is parsed again
     paths = {r[1] for r in lib["rag_documents"]}
     assert "notes.jsonl#r2" not in paths and {"notes.jsonl#r1", "notes.jsonl#r3"} <= paths
     assert_same_state(lib, dag)

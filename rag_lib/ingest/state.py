@@ -429,9 +429,12 @@ class StageRunner:
         sections_out = {d["path"]: d["sections"] for d in stored[SECTIONS]["documents"]}
         chunks_out = {d["path"]: d for d in stored[CHUNKS]["documents"]}
         kept = _skipped_paths(stored[CHUNKS])  # over the chunk limit: the live version (if any) stays
+        # the documents as this run parsed them (with their body, which the graph reads) when it did
+        loaded = self._loaded.get(_ident(t))
+        parsed = {d.path: d for d in loaded.documents} if loaded and loaded.file_hash == raw["file_hash"] else {}
         published, statuses, count = [], {}, 0
         for meta in raw["documents"]:
-            doc = _doc_from_meta(meta)
+            doc = parsed.get(meta["path"]) or _doc_from_meta(meta)
             if doc.path in kept:
                 continue
             entry = chunks_out[doc.path]
