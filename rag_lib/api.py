@@ -476,16 +476,21 @@ class KnowledgeBase:
     def _reingest(self, rows: list[dict[str, Any]], progress: ProgressFn | None) -> dict[str, Any]:
         missing = [r["path"] for r in rows if not r["source_path"] or not Path(r["source_path"]).is_file()]
         reports = []
-        by_root: dict[tuple[str, str], list[str]] = {}
+        by_root: dict[tuple[str, str], dict[str, None]] = {}  # ordered sets: a JSONL file holds many records
         for r in rows:
             if r["path"] in missing:
                 continue
             src = str(r["source_path"])
-            # the document path is relative to its corpus root: keep it (and so its unit ids) unchanged
-            root = src[: -len(r["path"])] if src.endswith("/" + r["path"]) else str(Path(src).parent)
-            by_root.setdefault((r["collection"], root), []).append(src)
+            # the document path is relative to its corpus root: keep it (and so its unit ids) unchanged.
+            # A JSONL record's path is `<file>#<_id>`: the root is found from the file's part.
+            rel = r["path"]
+            cut = rel.lower().find(".jsonl#")
+            if cut >= 0:
+                rel = rel[: cut + len(".jsonl")]
+            root = src[: -len(rel)] if src.endswith("/" + rel) else str(Path(src).parent)
+            by_root.setdefault((r["collection"], root), {})[src] = None
         for (coll, root), files in by_root.items():
-            reports.append(self.ingest(files, coll, force=True, root=root, progress=progress))
+            reports.append(self.ingest(list(files), coll, force=True, root=root, progress=progress))
         return {
             "current_version": self.settings.embedding.embed_version, "documents": len(rows),
             "reembedded": sum(r.count("new") + r.count("changed") + r.count("unchanged") for r in reports),

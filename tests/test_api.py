@@ -150,3 +150,22 @@ def test_seed_tools_say_what_they_did(default_kb, corpus_copy):
             assert body["doc_types"] == {"earnings-analysis": 1} and body["last_embed"] == body["last_ingest"]
 
     anyio.run(run)
+
+
+def test_reembed_keeps_jsonl_records_at_their_paths(kb, tmp_path):
+    """A JSONL record lives at `<file>#<_id>`, so its source file does not end with its path: re-embedding
+    must still find the corpus root and leave each record (and its unit ids) where it was, not add a
+    second copy under a path relative to the file's own folder."""
+    import json
+
+    root = tmp_path / "corpus"
+    (root / "beir").mkdir(parents=True)
+    records = [{"_id": "a", "title": "Quartz", "text": "Quartz futures spread widened after the storage report."},
+               {"_id": "b", "title": "Tin", "text": "Tin smelters cut output as ore grades fell."}]
+    (root / "beir" / "recs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert kb.ingest([root]).count("failed") == 0
+    before = sorted(r["path"] for r in kb.store.document_sources())
+    assert before == ["beir/recs.jsonl#a", "beir/recs.jsonl#b"]
+    out = kb.reembed_all()
+    assert out["failed"] == 0 and out["missing_sources"] == []
+    assert sorted(r["path"] for r in kb.store.document_sources()) == before
