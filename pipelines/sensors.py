@@ -14,6 +14,7 @@ from dagster import (
 from rag_lib.config import get_settings
 from rag_lib.corpus_files import ReadLimits
 from rag_lib.corpus_scan import decode_state, encode_state, scan
+from rag_lib.errors import RagError
 
 from pipelines.jobs import ingest_job
 from pipelines.partitions import (
@@ -31,8 +32,8 @@ from pipelines.resources import RagResource
 @sensor(job=ingest_job, minimum_interval_seconds=get_settings().pipeline.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING,
         description="Scans the registered corpus roots (`rag roots list`; size, mtime, hash): new files add "
-                    "partitions and runs, changed files request runs, deleted files lose their rows and "
-                    "then their partition.")
+                    "partitions and runs, changed files request runs, deleted files lose their rows (their "
+                    "collection's ticker profiles are rebuilt) and then their partition.")
 def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     pmap = rag.partition_map()
     existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
@@ -44,7 +45,24 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     record_refused(rag.kb(), pmap, context.log)
     limits = ReadLimits.of(rag.kb().settings)
     result = scan(files, previous, lambda key: pmap.digest(key, limits))
-    sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log, also_gone=result.deleted)
+    shrunk: set[str] = set()  # collections that lost documents: their ticker profiles are rebuilt
+
+    def forget(target):
+        removed = rag.runner().forget(target)
+        if removed:
+            shrunk.add(target.collection)
+        return removed
+
+    sync = sync_partitions(existing, pmap, files, forget, context.log, also_gone=result.deleted)
+    for collection in sorted(shrunk):
+        # Entity linking would otherwise keep linking questions to a deleted file's ticker until the
+        # next knowledge_graph run. The rows are gone already, and the next tick would not find this
+        # file again: a failure is logged (the next knowledge_graph run repairs it), not raised.
+        try:
+            rag.kb().rebuild_profiles(collection)
+        except RagError as exc:
+            context.log.warning("ticker profiles of %s not rebuilt after a deletion (the next knowledge_graph "
+                                "run rebuilds them): %s", collection, exc, exc_info=exc)
     # A file new to the cursor may be current already (a first tick after `rag materialize`, or a
     # root materialized between ticks): only the ones a run would change get one.
     new = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in result.new if k in result.state])

@@ -201,3 +201,23 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": bumped}, scheduled_execution_time=when) as ctx:
         (run,) = reembed_schedule(ctx)
     assert run.job_name == "reembed" and run.tags["rag/stale"] == "2"
+
+
+@pytest.mark.slow
+def test_a_file_deleted_through_the_sensor_takes_its_ticker_profile_with_it(env):
+    """Entity linking must not keep linking questions to a ticker whose documents were deleted until
+    the next knowledge_graph run: the sensor's deletion path rebuilds the collection's profiles."""
+    root, rag, kb, instance = env
+    assert kb.ingest([root]).count("failed") == 0  # the library ingest builds the profiles
+    before = {p["ticker"]: p for p in kb.ticker_profiles()}
+    assert "NVDA" in before and RELS[0] in str(before["NVDA"]["sources"]), before
+    first = sensor_tick(instance, rag, None)
+    (root / RELS[0]).unlink()  # NVDA's trade journal
+    sensor_tick(instance, rag, first.cursor)
+    with pytest.raises(NotFoundError):
+        kb.show(RELS[0])
+    after = {p["ticker"]: p for p in kb.ticker_profiles()}
+    assert all(RELS[0] not in str(p["sources"]) for p in after.values()), after
+    # what the next knowledge_graph run would build: nothing left to change
+    fresh = kb.rebuild_profiles()
+    assert not fresh["rebuilt"] and not fresh["removed"], fresh
