@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rag_lib.config import Settings, get_settings
+from rag_lib.errors import ConfigError
 from rag_lib.server.app import create_app
 from rag_lib.server.security import KeyRing, check_bind
 
@@ -31,7 +32,7 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
         uvicorn.run(create_app(settings, keys=keys, bind=(host, port)), **options)
         return
     if explicit:
-        raise ValueError("server.workers > 1 starts fresh processes, which read their settings from rag.yaml "
+        raise ConfigError("server.workers > 1 starts fresh processes, which read their settings from rag.yaml "
                          "and the environment: call serve() without settings, or with workers 1")
     # each worker process builds its app from the environment, told the address and log level here
     os.environ.update({"RAG_SERVER__HOST": host, "RAG_SERVER__PORT": str(port), _LOG_LEVEL_ENV: log_level})
