@@ -99,6 +99,11 @@ def timed(fn, *args, **kwargs):
     return value, round(time.perf_counter() - t, 3)
 
 
+def progress(out: dict) -> None:
+    """The figures so far on stderr: a long run stopped midway still leaves them."""
+    print(f"progress: {json.dumps(out)}", file=sys.stderr, flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -249,6 +254,7 @@ def main() -> None:
             out["partitions"] = len(instance.get_dynamic_partitions(CORPUS_FILES))
             rag = RagResource(database_url=lib_url, home=str(home))
             out.update(sensor_ticks(instance, rag, root, args.files))
+            progress(out)
 
             run_config = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
             t = time.perf_counter()
@@ -262,10 +268,12 @@ def main() -> None:
                 out["one_partition_status"] = run.status.value
                 if run.status.value != "SUCCESS":
                     raise RuntimeError(f"the one-partition run {run_id} ended {run.status.value}")
+                progress(out)
 
                 web = Webserver(tmp / "webserver.log")
                 _, out["webserver_ready_seconds"] = timed(web.wait_loaded)
                 out.update(ui_queries(web, ordered))
+                progress(out)
 
                 run, out["backfill_run_create_seconds"] = timed(
                     dagster_private.create_location_run, instance, workspace, LOCATION, "ingest_files", run_config,
