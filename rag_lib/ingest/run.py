@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from rag_lib.corpus_files import FileRefused, check_rel_path
 from rag_lib.documents import iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.stages import Engine, Loaded
@@ -16,7 +17,7 @@ from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, SECTIONS, STAGES, VECT
 from rag_lib.errors import LimitExceededError, ValidationError
 from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger
-from rag_lib.models import FileOutcome, IngestReport, ParsedFile, SourceFile
+from rag_lib.models import FileOutcome, IngestReport, ParsedFile, Skipped, SourceFile
 
 log = get_logger(__name__)
 
@@ -79,7 +80,10 @@ def ingest(
     store = engine.store
     engine.publisher.ensure_space()
     report = IngestReport(collection=collection)
-    files = source_files(paths, collection, root)
+    files, refused = _keyable(source_files(paths, collection, root))
+    for skip in refused:  # recorded as the Dagster partition sync records them; no stage row can hold the path
+        store.record_skip(skip)
+        report.outcomes.append(FileOutcome(skip.path, "skipped", reason=skip.reason, detail=skip.detail))
     runner = StageRunner(engine.settings, store, lambda: engine, force=force, outage_raises=True)
     for source in files:
         early = (parsed or {}).get(source.rel)
@@ -110,6 +114,20 @@ def ingest(
                 store.forget_file(c, rel, [])  # its stage rows: a file put back later starts afresh
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _keyable(files: list[SourceFile]) -> tuple[list[SourceFile], list[Skipped]]:
+    """The files whose path can key a stage row, and a `path_too_long` skip for each other one."""
+    keep: list[SourceFile] = []
+    refused: list[Skipped] = []
+    for source in files:
+        try:
+            check_rel_path(source.rel)
+        except FileRefused as exc:
+            refused.append(Skipped(source.collection, exc.path or source.rel, exc.reason, exc.detail))
+            continue
+        keep.append(source)
+    return keep, refused
 
 
 def _refuse_over_limits(engine: Engine, runner: StageRunner, files: list[SourceFile], collection: str,
