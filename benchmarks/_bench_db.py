@@ -62,3 +62,17 @@ def copy_corpus_files(dest: Path, count: int, corpus: Path | None = None, *, spr
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
     return [p.relative_to(corpus).as_posix() for p in chosen]
+
+
+def cpu_seconds(procs) -> float:
+    """CPU seconds (user + system) the given psutil processes have used so far; gone ones count 0."""
+    import psutil
+
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total

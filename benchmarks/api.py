@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import start_server  # noqa: E402
+from _bench_db import cpu_seconds, start_server  # noqa: E402
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -96,17 +96,6 @@ def in_process(url: str, queries: list[str], mode: str, seconds: float) -> list[
 def summary(latencies: list[float]) -> dict:
     return {"requests": len(latencies), "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95),
             "p99_ms": pct(latencies, 99)}
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -48,7 +48,7 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+from _bench_db import SHARED, cpu_seconds, create_database, scratch_server  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from _textgen import MarkovText  # noqa: E402
 
@@ -262,14 +262,7 @@ def kept_server(folder: Path):
 def server_cpu(pgdata: Path) -> float:
     """CPU seconds (user + system) the database server's processes have used so far."""
     root = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    return cpu_seconds([root, *root.children(recursive=True)])
 
 
 def per_search(fn, items: list, pgdata: Path) -> dict:

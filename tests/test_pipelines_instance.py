@@ -43,6 +43,18 @@ def _instance(pg_server: str, database_url: str, home, monkeypatch, ours: bool) 
     return DagsterInstance.get()
 
 
+def _plan_run_over_keys(instance: DagsterInstance) -> tuple:
+    """Register KEYS, create one `ingest_files` run over them, and return it with its planned
+    (asset, partition) events in the order stored."""
+    instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+    run = instance.create_run_for_job(defs.resolve_job_def("ingest_files"),
+                                      tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
+    records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+                                           limit=10_000).records
+    return run, [(r.event_log_entry.dagster_event.asset_key.to_user_string(),
+                  r.event_log_entry.dagster_event.partition or "") for r in records]
+
+
 def _run_then_fail(pg_server: str, database_url: str, home, monkeypatch, ours: bool) -> dict:
     """Create a run of `ingest_files` over KEYS on a fresh instance (ours, or Dagster's own),
     read back what the UI reads while it is queued, then fail it and read again."""
@@ -52,13 +64,8 @@ def _run_then_fail(pg_server: str, database_url: str, home, monkeypatch, ours: b
     store_event = instance.event_log_storage.store_event
     instance.event_log_storage.store_event = lambda e: (single_writes.append(e.dagster_event_type), store_event(e))[1]
     try:
-        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
-        run = instance.create_run_for_job(defs.resolve_job_def("ingest_files"),
-                                          tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
-        records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
-                                               limit=10_000).records
-        planned = sorted((r.event_log_entry.dagster_event.asset_key.to_user_string(),
-                          r.event_log_entry.dagster_event.partition or "") for r in records)
+        run, planned = _plan_run_over_keys(instance)
+        planned = sorted(planned)
         storage = instance.event_log_storage
         in_progress = {a: sorted(storage.get_latest_asset_partition_materialization_attempts_without_materializations(
             AssetKey(a))) for a in PARTITIONED}
@@ -110,13 +117,7 @@ def test_a_batch_that_fails_half_way_is_taken_back_before_dagster_writes_each_ev
 
     monkeypatch.setattr(storage, "store_asset_event", fails_once)
     try:
-        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
-        run = instance.create_run_for_job(defs.resolve_job_def("ingest_files"),
-                                          tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
-        records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
-                                               limit=10_000).records
-        planned = [(r.event_log_entry.dagster_event.asset_key.to_user_string(),
-                    r.event_log_entry.dagster_event.partition or "") for r in records]
+        _, planned = _plan_run_over_keys(instance)
         assert calls, "the batch never reached the asset rows"
         # every planned event once: the failed batch left nothing behind for the fallback to repeat
         assert len(planned) == len(set(planned)) == len(KEYS) * len(PARTITIONED) + 1
