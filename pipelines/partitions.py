@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
 
-from rag_lib.corpus_files import FileRefused, ReadLimits, check_rel_path
+from rag_lib.corpus_files import ReadLimits, path_refusal
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
@@ -82,10 +82,9 @@ class PartitionMap:
         self.refused = []
         for root in self.present_roots():
             for rel, st in walk_files(root.path).items():
-                try:
-                    check_rel_path(rel)
-                except FileRefused as exc:
-                    self.refused.append(Skipped(root.collection, exc.path or rel, exc.reason, exc.detail))
+                refusal = path_refusal(root.collection, rel)
+                if refusal is not None:
+                    self.refused.append(refusal)
                     continue
                 found[self.key(root, rel)] = (root.path / rel, st)
         return dict(sorted(found.items()))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_lib.errors import DocumentError
+from rag_lib.models import Skipped
 
 IGNORED_DIRS = {".git", "__pycache__", ".rag", "node_modules", ".venv"}
 # Bytes of a file's path under its root. A Dagster partition key (root label + path) and our
@@ -63,6 +64,15 @@ def display_path(rel: str) -> str:
     if len(rel.encode()) <= MAX_PATH_BYTES:
         return rel
     return f"{rel[:120]}…[sha256 {hashlib.sha256(rel.encode()).hexdigest()[:16]}]"
+
+
+def path_refusal(collection: str, rel: str) -> Skipped | None:
+    """The `path_too_long` skip for a path under a root that cannot key a row, or None."""
+    try:
+        check_rel_path(rel)
+    except FileRefused as exc:
+        return Skipped(collection, exc.path or rel, exc.reason, exc.detail)
+    return None
 
 
 def check_rel_path(rel: str) -> None:

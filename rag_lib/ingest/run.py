@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from rag_lib.corpus_files import FileRefused, check_rel_path
+from rag_lib.corpus_files import path_refusal
 from rag_lib.documents import iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.stages import Engine, Loaded
@@ -118,16 +118,8 @@ def ingest(
 
 def _keyable(files: list[SourceFile]) -> tuple[list[SourceFile], list[Skipped]]:
     """The files whose path can key a stage row, and a `path_too_long` skip for each other one."""
-    keep: list[SourceFile] = []
-    refused: list[Skipped] = []
-    for source in files:
-        try:
-            check_rel_path(source.rel)
-        except FileRefused as exc:
-            refused.append(Skipped(source.collection, exc.path or source.rel, exc.reason, exc.detail))
-            continue
-        keep.append(source)
-    return keep, refused
+    refusals = [(source, path_refusal(source.collection, source.rel)) for source in files]
+    return [s for s, r in refusals if r is None], [r for _, r in refusals if r is not None]
 
 
 def _refuse_over_limits(engine: Engine, runner: StageRunner, files: list[SourceFile], collection: str,
