@@ -227,44 +227,40 @@ def search(
     queries = [(query, 1.0)]
     expansions: list[str] = []
     if expander is not None:  # callers pass one only when the request asks for expansion
-        t0 = time.perf_counter()
-        expansions = list(expander.expand(query))
+        with _timed(timings, "expand"):
+            expansions = list(expander.expand(query))
         queries += [(q, 0.5) for q in expansions]
-        timings["expand"] = round((time.perf_counter() - t0) * 1000, 2)
     variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
 
-    vectors = None
-    if mode == "semantic":
-        t0 = time.perf_counter()
-        vectors = caches.embed(provider, [q for q, _ in queries], store.settings.search.query_cache_size)
-        timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+    def embed(texts: list[str]) -> np.ndarray:
+        with _timed(timings, "embed"):
+            return caches.embed(provider, texts, store.settings.search.query_cache_size)
+
+    vectors = embed([q for q, _ in queries]) if mode == "semantic" else None
 
     def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
-        t0 = time.perf_counter()
-        for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
-            for f, fw in variants:
-                # an expansion's hits are held to their cosine with the query itself (below), not to it
-                hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
-                                             min_similarity if n == 0 else 0.0)
-                if n > 0:
-                    for hit in hits:
-                        hit.similarity = None
-                lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
-        timings["semantic"] = round(timings.get("semantic", 0) + (time.perf_counter() - t0) * 1000, 2)
+        with _timed(timings, "semantic"):
+            for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
+                for f, fw in variants:
+                    # an expansion's hits are held to their cosine with the query itself (below), not to it
+                    hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
+                                                 min_similarity if n == 0 else 0.0)
+                    if n > 0:
+                        for hit in hits:
+                            hit.similarity = None
+                    lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
         return lists
 
     def lexical_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
-        t0 = time.perf_counter()
-        stats = caches.terms
-        for q, qw in queries:
-            for f, fw in variants:
-                scored = lexical.lexical_search(store, stats, q, f, depth, timings)
-                for hit, raw in scored:
-                    hit.score = lexical.normalise(raw)
-                lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
-        timings["lexical"] = round(timings.get("lexical", 0) + (time.perf_counter() - t0) * 1000, 2)
+        with _timed(timings, "lexical"):
+            for q, qw in queries:
+                for f, fw in variants:
+                    scored = lexical.lexical_search(store, caches.terms, q, f, depth, timings)
+                    for hit, raw in scored:
+                        hit.score = lexical.normalise(raw)
+                    lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
         return lists
 
     def gather(depth: int) -> list[Candidates]:
@@ -276,9 +272,7 @@ def search(
         future = _POOL.submit(lexical_lists, depth)
         nonlocal vectors
         if vectors is None:
-            t0 = time.perf_counter()
-            vectors = caches.embed(provider, [q for q, _ in queries], store.settings.search.query_cache_size)
-            timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
+            vectors = embed([q for q, _ in queries])
         sem = semantic_lists(depth)
         return sem + future.result()
 
@@ -290,12 +284,9 @@ def search(
         lists = gather(depth)
     if min_similarity > 0:  # a threshold holds for every candidate, whichever list found it
         if vectors is None:  # lexical mode
-            t0 = time.perf_counter()
-            vectors = caches.embed(provider, [query], store.settings.search.query_cache_size)
-            timings["embed"] = round((time.perf_counter() - t0) * 1000, 2)
-        t0 = time.perf_counter()
-        lists = _with_similarity(store, space["space"], vectors[0], lists, min_similarity)
-        timings["similarity"] = round((time.perf_counter() - t0) * 1000, 2)
+            vectors = embed([query])
+        with _timed(timings, "similarity"):
+            lists = _with_similarity(store, space["space"], vectors[0], lists, min_similarity)
 
     t0 = time.perf_counter()
     if vectors is not None:
@@ -315,23 +306,21 @@ def search(
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
-        t_g = time.perf_counter()
-        related = graph_candidates(store, filters, ranked, opts)
-        if related is not None:
-            # under convex fusion the first pass (document evidence included) stands for the
-            # retrievers' lists, with their summed weight; under RRF the lists are fused again
-            base = lists if opts.fusion != "convex" else [
-                Candidates("fused", ranked, sum(c.weight for c in lists if c.hits))]
-            ranked = _hints(rrf(base + [related], opts.rrf_k), plan, opts)
-        timings["graph"] = round((time.perf_counter() - t_g) * 1000, 2)
+        with _timed(timings, "graph"):
+            related = graph_candidates(store, filters, ranked, opts)
+            if related is not None:
+                # under convex fusion the first pass (document evidence included) stands for the
+                # retrievers' lists, with their summed weight; under RRF the lists are fused again
+                base = lists if opts.fusion != "convex" else [
+                    Candidates("fused", ranked, sum(c.weight for c in lists if c.hits))]
+                ranked = _hints(rrf(base + [related], opts.rrf_k), plan, opts)
     if reranker is not None and ranked:
-        t_r = time.perf_counter()
-        head = ranked[: opts.rerank_depth]
-        scores = reranker.rerank(query, [h.text for h in head])
-        for hit, score in zip(head, scores):
-            hit.rerank_score = float(score)  # the fused `score` stays beside it
-        ranked = sorted(head, key=lambda h: -(h.rerank_score or 0.0)) + ranked[opts.rerank_depth:]
-        timings["rerank"] = round((time.perf_counter() - t_r) * 1000, 2)
+        with _timed(timings, "rerank"):
+            head = ranked[: opts.rerank_depth]
+            scores = reranker.rerank(query, [h.text for h in head])
+            for hit, score in zip(head, scores):
+                hit.rerank_score = float(score)  # the fused `score` stays beside it
+            ranked = sorted(head, key=lambda h: -(h.rerank_score or 0.0)) + ranked[opts.rerank_depth:]
     with _timed(timings, "group"):
         if group:
             ranked = group_by_unit(ranked)
@@ -343,9 +332,8 @@ def search(
             hits = _by_date(hits)
     if min_similarity <= 0 and vectors is not None:
         # no threshold: only the hits returned need their cosine, not every candidate
-        t_s = time.perf_counter()
-        hits = _with_similarity(store, space["space"], vectors[0], [Candidates("result", hits, 1.0)], 0.0)[0].hits
-        timings["similarity"] = round((time.perf_counter() - t_s) * 1000, 2)
+        with _timed(timings, "similarity"):
+            hits = _with_similarity(store, space["space"], vectors[0], [Candidates("result", hits, 1.0)], 0.0)[0].hits
     with _timed(timings, "excerpts"):
         for hit in hits:
             hit.excerpt = excerpt(hit.text, query)
