@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lib import search as search_mod
+from rag_lib.documents import file_of
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
@@ -483,10 +484,7 @@ class KnowledgeBase:
             src = str(r["source_path"])
             # the document path is relative to its corpus root: keep it (and so its unit ids) unchanged.
             # A JSONL record's path is `<file>#<_id>`: the root is found from the file's part.
-            rel = r["path"]
-            cut = rel.lower().find(".jsonl#")
-            if cut >= 0:
-                rel = rel[: cut + len(".jsonl")]
+            rel = file_of(r["path"])
             root = src[: -len(rel)] if src.endswith("/" + rel) else str(Path(src).parent)
             by_root.setdefault((r["collection"], root), {})[src] = None
         for (coll, root), files in by_root.items():

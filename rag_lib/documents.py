@@ -395,6 +395,13 @@ def record_id_problem(raw: Any, limits: ParseLimits) -> str | None:
     return None
 
 
+def file_of(doc_path: str) -> str:
+    """The file a document path names: `<file>.jsonl#<_id>` (a JSONL record) is in `<file>.jsonl`;
+    any other document is its own file."""
+    cut = doc_path.lower().find(".jsonl#")
+    return doc_path[: cut + len(".jsonl")] if cut >= 0 else doc_path
+
+
 def _load_jsonl(
     text: str, rel: str, digest: str, common: dict[str, Any], max_bytes: int, limits: ParseLimits
 ) -> Iterator[Document | Skipped]:
