@@ -23,15 +23,20 @@ class SectionMapping:
     skip_keys: frozenset[str]
     metadata_keys: frozenset[str]
     types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    descriptor_keys: frozenset[str] = frozenset()
 
     def title(self, doc_type: str, key: str) -> str:
         titles = self.types.get(doc_type, {}).get("titles") or {}
         return str(titles.get(key) or humanise(key))
 
     def indexes(self, doc_type: str, key: str, value: Any) -> bool:
-        if key in self.skip_keys or key in (self.types.get(doc_type, {}).get("exclude") or []):
-            return False
-        return not (key in self.metadata_keys and not isinstance(value, (dict, list)))
+        return key not in self.skip_keys and key not in (self.types.get(doc_type, {}).get("exclude") or [])
+
+    @property
+    def descriptor_names(self) -> frozenset[str]:
+        """Section names that describe a YAML document (its bookkeeping keys and metadata scalars):
+        search weighs them down unless the question selects documents (`search.descriptor_weight`)."""
+        return self.descriptor_keys | self.metadata_keys
 
 
 @lru_cache(maxsize=8)
@@ -45,6 +50,7 @@ def load_mapping(path: Path) -> SectionMapping:
         skip_keys=frozenset(data.get("skip_keys") or []),
         metadata_keys=frozenset(data.get("metadata_keys") or []),
         types=data.get("types") or {},
+        descriptor_keys=frozenset(data.get("descriptor_keys") or []),
     )
 
 

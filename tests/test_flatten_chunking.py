@@ -36,7 +36,9 @@ def load(rel: str) -> tuple[Document, str]:
 def test_yaml_sections_are_readable_and_skip_bookkeeping(mapping):
     doc, raw = load("tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml")
     sections = {s.name: s for s in flatten(doc, mapping, raw)}
-    assert "_meta" not in sections and "ticker" not in sections  # bookkeeping / metadata scalars
+    assert "_indexing" not in sections  # machine bookkeeping
+    # descriptor sections: what the document is (search weighs them down, README "Descriptor sections")
+    assert sections["ticker"].text == "ticker: PFE" and "type: stock-analysis" in sections["_meta"].text
     catalyst = sections["phase1_catalyst"]
     assert catalyst.title == "Catalyst"
     assert "thesis wrong if: Dividend cut announced" in catalyst.text

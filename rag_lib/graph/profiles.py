@@ -16,9 +16,12 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rag_lib.flatten import load_mapping
 
 # Sections whose text describes the company itself (the ticker-profile and analysis schemas' names).
 COMPANY_SECTIONS = ("company", "company_profile", "business", "business_overview", "overview", "description",
@@ -102,7 +105,11 @@ def build_profiles(store, provider, collection: str) -> ProfileReport:
     report = ProfileReport(collection, space["space"] if space else None)
     if space is None:
         return report
-    facts = store.ticker_profile_facts(collection, COMPANY_SECTIONS)
+    # Descriptor sections (`_meta`, `_links`, `ticker: NVDA`, ...) say what a document is, not what its
+    # company does: left out of the distinctive words and of the hubness sample (with them, a short
+    # `ticker: JPM` chunk sat next to JPM's profile and the question "the bank" no longer linked).
+    descriptors = sorted(load_mapping(Path(store.settings.sections_file)).descriptor_names)
+    facts = store.ticker_profile_facts(collection, COMPANY_SECTIONS, descriptors)
     terms = key_terms({t: f["texts"] for t, f in facts.items()})
     texts = {t: profile_text(t, f, terms.get(t, [])) for t, f in facts.items()}
     hashes = {t: hashlib.sha256((texts[t] + "\0" + "\0".join(facts[t]["sources"])).encode()).hexdigest()[:32]
@@ -115,7 +122,7 @@ def build_profiles(store, provider, collection: str) -> ProfileReport:
     old_tickers, old_matrix, _ = store.ticker_profile_vectors(collection, space["space"])
     current = {t: old_matrix[i] for i, t in enumerate(old_tickers)}
     current.update({t: v / (np.linalg.norm(v) or 1.0) for t, *_, v in rows})
-    sample = store.chunk_vector_sample(collection, space["space"], HUB_SAMPLE)
+    sample = store.chunk_vector_sample(collection, space["space"], HUB_SAMPLE, descriptors)
     hub = hubness({t: current[t] for t in texts if t in current}, sample)
     report.removed = store.write_ticker_profiles(collection, space["space"], space["dimensions"], rows, list(texts), hub)
     report.rebuilt, report.profiles = changed, len(texts)

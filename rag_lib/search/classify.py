@@ -29,6 +29,8 @@ _RELATIONSHIP = re.compile(r"\b(depend(s|ent|ence)? on|relationship|related to|r
 _GLOBAL = re.compile(r"\b(all|every|each|list|overview|summar(y|ise|ize)|across|which (trades|stocks|analyses|documents)"
                      r"|any of|in general|overall|themes?)\b", re.I)
 
+_DOCUMENTS = re.compile(r"\bdocuments?\b", re.I)
+
 _MONTHS = {name.lower(): n for names in (calendar.month_name, calendar.month_abbr) for n, name in enumerate(names) if name}
 # "February 2026", "Feb 20 2026", "January 20th, 2025": a month (and day) the question dates itself by
 _DATE = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?,?\s+((?:19|20)\d\d)\b", re.I)
@@ -58,6 +60,12 @@ class QueryPlan:
     doc_types: list[str] = field(default_factory=list)
     linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
     dates: list[str] = field(default_factory=list)  # [first, last] ISO day of a month or day the query names
+
+    @property
+    def selects_documents(self) -> bool:
+        """The question picks documents by what they are ("closed trades", "stock analyses dated
+        February 2026", "documents that link to ...") rather than asking about one ticker's."""
+        return not self.tickers and (bool(self.doc_types) or bool(_DOCUMENTS.search(self.query)))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

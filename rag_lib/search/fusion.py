@@ -83,6 +83,18 @@ def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], facto
     return sorted(hits, key=lambda h: -h.score)
 
 
+def weigh_descriptors(hits: list[SearchHit], names: frozenset[str], weight: float) -> list[SearchHit]:
+    """Multiply the scores of a YAML document's descriptor sections (`names`: its `_meta`, `_graph`,
+    `_links`, metadata scalars) by `weight`: short sections that repeat a document's tickers, ids and
+    link targets otherwise match any question naming them, ahead of the sections that answer it."""
+    if weight >= 1.0 or not names:
+        return hits
+    for hit in hits:
+        if hit.section in names and hit.path.lower().endswith((".yaml", ".yml")):
+            hit.score *= weight
+    return sorted(hits, key=lambda h: -h.score)
+
+
 def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[SearchHit]:
     """Raise hits from documents dated within the [first, last] ISO days the query names, like a
     named ticker: "the January 2025 analyses" prefers January 2025's. A nudge, never a filter."""

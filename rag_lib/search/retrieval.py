@@ -12,16 +12,19 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from rag_lib.embedding import EmbeddingProvider
+from rag_lib.flatten import load_mapping
 from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify
-from rag_lib.search.fusion import Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf
+from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf,
+                                   weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import excerpt, group_by_unit
 
@@ -53,12 +56,16 @@ class SearchOptions:
     document_units: int = 3
     fusion: str = "convex"
     convex_alpha: float = 0.5
+    descriptor_weight: float = 0.8
+    descriptor_weight_other: float = 0.4
+    descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
     @classmethod
     def from_settings(cls, settings) -> SearchOptions:
         s = settings.search
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{n: getattr(s, n) for n in names if hasattr(s, n)})
+        return cls(**{n: getattr(s, n) for n in names if hasattr(s, n)},
+                   descriptors=load_mapping(Path(settings.sections_file)).descriptor_names)
 
 
 class QueryVectors:
@@ -300,6 +307,9 @@ def search(
         else:
             ranked = rrf(lists, opts.rrf_k)
         ranked = _hints(ranked, plan, opts)
+        if mode == "hybrid":
+            weight = opts.descriptor_weight if plan.selects_documents else opts.descriptor_weight_other
+            ranked = weigh_descriptors(ranked, opts.descriptors, weight)
     if mode == "hybrid":
         with _timed(timings, "evidence"):
             ranked = document_evidence(ranked, opts.document_units, opts.document_weight)

@@ -17,10 +17,11 @@ MAX_SECTIONS = 300  # sections per ticker read for its distinctive words (newest
 class ProfileStore:
     """Mixin: needs `self.db` (Connections)."""
 
-    def ticker_profile_facts(self, collection: str, company_sections: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def ticker_profile_facts(self, collection: str, company_sections: Sequence[str],
+                             skip_sections: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """Per ticker some document is about: its documents (`paths`, `sources` = path:hash), names
         (graph aliases other than the symbol), graph neighbours by kind, company-section texts, and
-        section texts for its distinctive words."""
+        section texts for its distinctive words (sections named in `skip_sections` left out)."""
         out: dict[str, dict[str, Any]] = {}
         with self.db.connection() as conn:
             for ticker, path, digest in conn.execute(
@@ -61,8 +62,9 @@ class ProfileStore:
                            SELECT d.ticker, s.name, s.text, row_number() OVER (
                                PARTITION BY d.ticker ORDER BY d.doc_date DESC NULLS LAST, d.path, s.ordinal) AS r
                            FROM rag_sections s JOIN rag_documents d ON d.collection = s.collection AND d.path = s.path
-                           WHERE s.collection = %s AND d.ticker IS NOT NULL AND NOT s.is_empty) x
-                       WHERE r <= %s ORDER BY ticker, r""", (collection, MAX_SECTIONS)).fetchall():
+                           WHERE s.collection = %s AND d.ticker IS NOT NULL AND NOT s.is_empty
+                             AND s.name <> ALL(%s)) x
+                       WHERE r <= %s ORDER BY ticker, r""", (collection, list(skip_sections), MAX_SECTIONS)).fetchall():
                 f = out[ticker]
                 f["texts"].append(text)
                 if name in company_sections and text not in f["company"] and len(f["company"]) < 3:
@@ -75,13 +77,15 @@ class ProfileStore:
                                 " AND space = %s", (collection, space)).fetchall()
         return dict(rows)
 
-    def chunk_vector_sample(self, collection: str, space: str, n: int) -> np.ndarray:
-        """About `n` of the collection's chunk vectors in `space` (a stable pseudo-random sample), as rows."""
+    def chunk_vector_sample(self, collection: str, space: str, n: int, skip_sections: Sequence[str] = ()) -> np.ndarray:
+        """About `n` of the collection's chunk vectors in `space` (a stable pseudo-random sample), as
+        rows; chunks of sections named in `skip_sections` left out."""
         with self.db.connection() as conn:
             rows = conn.execute(
                 """SELECT v.embedding FROM rag_chunk_vectors v JOIN rag_chunks c ON c.chunk_id = v.chunk_id
-                   WHERE c.collection = %s AND v.space = %s ORDER BY md5(c.chunk_id) LIMIT %s""",
-                (collection, space, n)).fetchall()
+                   WHERE c.collection = %s AND v.space = %s AND c.section <> ALL(%s)
+                   ORDER BY md5(c.chunk_id) LIMIT %s""",
+                (collection, space, list(skip_sections), n)).fetchall()
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for (v,) in rows])
