@@ -202,9 +202,10 @@ class SearchSettings(BaseModel):
     # descriptor sections (a YAML document's `_meta`, `_graph`, `_links` and metadata scalars, as
     # `descriptor_keys` / `metadata_keys` in the sections file) describe a document rather than say
     # something: their fused scores are multiplied by descriptor_weight when the question selects
-    # documents (names a document type or "documents", and no ticker: "closed trades", "documents that
-    # link to the strategy") and by descriptor_weight_other otherwise. CV over dev + dev2 (README).
-    descriptor_weight: float = Field(0.8, ge=0.0, le=1.0)
+    # documents (names them in the plural, as a document type or "documents", and no ticker: "closed
+    # trades", "documents that link to the strategy") and by descriptor_weight_other otherwise. CV
+    # over dev + dev2 (README, Retrieval: "Descriptor sections").
+    descriptor_weight: float = Field(1.0, ge=0.0, le=1.0)
     descriptor_weight_other: float = Field(0.4, ge=0.0, le=1.0)
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.

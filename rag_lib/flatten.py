@@ -212,10 +212,14 @@ def key_lines(raw_text: str) -> dict[str, int]:
 
 def flatten_yaml(doc: Document, mapping: SectionMapping, raw_text: str | None = None) -> list[Section]:
     lines_of = key_lines(raw_text) if raw_text else doc.key_lines
+    # `_indexing: {descriptors: false}` opts a document out of descriptor sections (stored texts do:
+    # their `_meta` only repeats the id, type and ticker given with the text)
+    indexing = doc.body.get("_indexing")
+    descriptors = not (isinstance(indexing, dict) and indexing.get("descriptors") is False)
     sections: list[Section] = []
     for key, value in doc.body.items():
         key = str(key)
-        if not mapping.indexes(doc.doc_type, key, value):
+        if not mapping.indexes(doc.doc_type, key, value) or (not descriptors and key in mapping.descriptor_names):
             continue
         body_lines = render(value) if isinstance(value, (dict, list)) else render(value)
         text = "\n".join(body_lines)

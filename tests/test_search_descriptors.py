@@ -76,13 +76,20 @@ def test_descriptor_keys_are_small_sections_and_indexing_stays_out():
     assert sections["trade_date"].text == "trade date: 2025-03-03"
     assert {"_meta", "_graph", "_links", "ticker", "trade_date"} <= mapping.descriptor_names
     assert "execution" not in mapping.descriptor_names
+    # a document can opt out (stored texts do: their `_meta` repeats what was given with the text)
+    opted_out = Document(doc_id="x", path="texts/x.yaml", collection="c", format="yaml", doc_type="note",
+                         content_hash="y", body={"_meta": {"id": "x"}, "ticker": "NVDA", "text": "NVDA note",
+                                                 "_indexing": {"descriptors": False}})
+    assert [s.name for s in flatten(opted_out, mapping)] == ["text"]
 
 
 @pytest.mark.parametrize(("query", "selects"), [
     ("closed trades in the journal", True),
     ("documents that link to the breakout strategy", True),
+    ("which scanner configs run before the open", True),
     ("NVDA trades and their exits", False),  # one ticker's trades: a question about content
     ("how much does the AMD breakout depend on NVDA", False),
+    ("breakout strategy position size by conviction", False),  # one document, named in the singular
 ])
 def test_questions_that_select_documents(query, selects):
     assert classify(query, {"NVDA", "AMD"}).selects_documents is selects

@@ -29,7 +29,9 @@ _RELATIONSHIP = re.compile(r"\b(depend(s|ent|ence)? on|relationship|related to|r
 _GLOBAL = re.compile(r"\b(all|every|each|list|overview|summar(y|ise|ize)|across|which (trades|stocks|analyses|documents)"
                      r"|any of|in general|overall|themes?)\b", re.I)
 
-_DOCUMENTS = re.compile(r"\bdocuments?\b", re.I)
+# Documents named in the plural: "which scanner configs", "stock analyses that", "closed trades".
+_PLURAL_DOCUMENTS = re.compile(r"\b(documents|files|analyses|trades|scanners|configs|strategies|lessons|learnings"
+                               r"|biases|mistakes|journals|profiles|reviews|watchlists)\b", re.I)
 
 _MONTHS = {name.lower(): n for names in (calendar.month_name, calendar.month_abbr) for n, name in enumerate(names) if name}
 # "February 2026", "Feb 20 2026", "January 20th, 2025": a month (and day) the question dates itself by
@@ -63,9 +65,11 @@ class QueryPlan:
 
     @property
     def selects_documents(self) -> bool:
-        """The question picks documents by what they are ("closed trades", "stock analyses dated
-        February 2026", "documents that link to ...") rather than asking about one ticker's."""
-        return not self.tickers and (bool(self.doc_types) or bool(_DOCUMENTS.search(self.query)))
+        """The question picks documents by what they are, naming them in the plural ("closed trades",
+        "stock analyses dated February 2026", "documents that link to ..."), rather than asking about
+        one ticker's or one named document's content ("the earnings momentum strategy's sizing")."""
+        plural = _PLURAL_DOCUMENTS.search(self.query)
+        return not self.tickers and bool(plural) and (bool(self.doc_types) or plural.group(1).lower() == "documents")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -56,7 +56,7 @@ class SearchOptions:
     document_units: int = 3
     fusion: str = "convex"
     convex_alpha: float = 0.5
-    descriptor_weight: float = 0.8
+    descriptor_weight: float = 1.0
     descriptor_weight_other: float = 0.4
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 

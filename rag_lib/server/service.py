@@ -271,7 +271,9 @@ def store_text(kb: KnowledgeBase, text: str, *, doc_id: str, doc_type: str | Non
         raise ValidationError("text is empty")
     meta = {k: v for k, v in {"id": doc_id, "doc_type": doc_type or "note", "ticker": ticker.upper() if ticker else None,
                               "title": title, "date": doc_date.isoformat() if doc_date else None}.items() if v}
-    body = yaml.safe_dump({"_meta": meta, "text": text}, sort_keys=False, allow_unicode=True)
+    # no descriptor sections: a short text stays the one chunk seed 000 counts
+    body = yaml.safe_dump({"_meta": meta, "text": text, "_indexing": {"descriptors": False}}, sort_keys=False,
+                          allow_unicode=True)
     name = _text_path(kb, doc_id, collection or kb.settings.collection)
     report = embed_content(kb, name, body, collection=collection, force=force)
     outcome = report["files"][0]
