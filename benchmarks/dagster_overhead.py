@@ -95,8 +95,9 @@ def sensor_ticks(tmp: Path, n: int) -> dict:
 def run_breakdown(instance) -> dict:
     """Where the time of the runs on `instance` went: creating a run to its RUN_START (split into
     creating the run, mostly its planned-materialization events; the code server starting the run
-    worker; the worker's own start-up), RUN_START to the run's end, and each step's seconds (summed
-    over runs)."""
+    worker; the worker's own start-up; a run executed in the calling process has no worker:
+    creating it to its start is all `create_seconds`), RUN_START to the run's end, and each step's
+    seconds (summed over runs)."""
     from dagster import DagsterEventType
 
     out: dict = {"launch_seconds": 0.0, "create_seconds": 0.0, "spawn_seconds": 0.0, "worker_start_seconds": 0.0,
@@ -124,6 +125,8 @@ def run_breakdown(instance) -> dict:
             out["create_seconds"] += launched - created
             out["spawn_seconds"] += worker - launched
             out["worker_start_seconds"] += record.start_time - worker
+        elif launched is None:  # executed in the calling process (pipelines.launch.runs_in_process)
+            out["create_seconds"] += record.start_time - created
     for name in ("launch_seconds", "create_seconds", "spawn_seconds", "worker_start_seconds", "run_seconds"):
         out[name] = round(out[name], 2)
     return out

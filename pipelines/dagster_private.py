@@ -16,6 +16,14 @@ the difference would be paid by every `rag materialize`. So, one function per pr
   start the code server, as `dagster dev` does);
 - `create_location_run`: `JobSubsetSelector` and `DagsterInstance.create_run`'s internal
   signature (what GraphQL's launchPipelineExecution does before `submit_run`);
+- `location_in_process` and `execute_location_run`: `InProcessCodeLocationOrigin`, `RemoteJobOrigin`,
+  `RemoteRepositoryOrigin`, `recon_job_from_origin` and `core_execute_run` (the location loaded in
+  this process, its run executed here as the run worker would execute it). Without a daemon,
+  `rag materialize` ran each run in a run worker that the code server spawned: the code server and
+  the worker each imported Dagster and the code location again (the `spawn` start method is the
+  only one Dagster's server uses). Measured 2026-11-26 on a warm `--force` of the shared corpus
+  (load average 11-14 on 2 cores): 9-11 s from creating the run to its start in the worker, plus
+  the code server's own start, against 3.5 s from creating the run to its start here.
 - `code_server_runs`: the code server's gRPC client and `dagster._serdes.deserialize_value`
   (which run processes the code server still has). Dagster's documented alternative, `code_servers:
   wait_for_local_processes_on_shutdown` in dagster.yaml, would also make `rag dev` wait on Ctrl-C
@@ -30,8 +38,10 @@ against the installed Dagster, so an upgrade that renames one fails there, by na
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 # module → names this file uses from it (a method is `Class.method`)
@@ -42,6 +52,9 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "dagster._serdes": ("deserialize_value",),
     "dagster._grpc.client": ("DagsterGrpcClient.get_current_runs",),
     "dagster._core.instance": ("DagsterInstance.create_run",),
+    "dagster._core.remote_origin": ("InProcessCodeLocationOrigin", "RemoteJobOrigin", "RemoteRepositoryOrigin"),
+    "dagster._utils.hosted_user_process": ("recon_job_from_origin",),
+    "dagster._grpc.impl": ("core_execute_run",),
 }
 # DagsterInstance.create_run's keyword arguments, all required (it changed in 1.8 and 1.10)
 CREATE_RUN_ARGS = frozenset({
@@ -97,15 +110,55 @@ def location_load_error(workspace, location_name: str) -> str | None:
     return str(workspace.get_code_location_error(location_name))
 
 
+@dataclass(frozen=True)
+class InProcessLocation:
+    """A code location loaded in this process, and the origin the code server's location has (the
+    one its runs record, so the UI finds their job)."""
+
+    location: Any
+    served_origin: Any
+
+
+@contextmanager
+def location_in_process(instance, workspace_file: str, location_name: str) -> Iterator[InProcessLocation]:
+    """The location of workspace.yaml loaded in this process, no code server started
+    (`InProcessCodeLocationOrigin`). `create_location_run` takes it in place of a workspace."""
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    (origin,) = [o for o in WorkspaceFileTarget(paths=[workspace_file]).create_origins()
+                 if o.location_name == location_name]
+    with InProcessCodeLocationOrigin(origin.loadable_target_origin, location_name=location_name
+                                     ).create_location(instance) as location:
+        yield InProcessLocation(location, origin)
+
+
+def execute_location_run(instance, run) -> None:
+    """Execute a created run in this process, as the run worker the code server would start does
+    (`recon_job_from_origin`, `core_execute_run`: the job rebuilt from the run's code origin, the
+    run's events and status written, a failure recorded on the run, not raised)."""
+    from dagster._grpc.impl import core_execute_run
+    from dagster._utils.hosted_user_process import recon_job_from_origin
+
+    instance.report_engine_event(f"Started in process for run (pid: {os.getpid()}).", run)
+    for _ in core_execute_run(recon_job_from_origin(run.job_code_origin), run, instance, inject_env_vars=True):
+        pass
+
+
 def create_location_run(instance, workspace, location_name: str, job_name: str, run_config: Mapping[str, Any],
                         tags: Mapping[str, str]):
     """Create (not start) a run of the location's job as the UI's launch does: the code server's
     job snapshot and execution plan, its remote origin, the repository's asset graph
-    (`JobSubsetSelector`, `DagsterInstance.create_run`)."""
+    (`JobSubsetSelector`, `DagsterInstance.create_run`). `workspace` is a workspace request
+    context, or an `InProcessLocation` (then the run records the code server's origin)."""
     from dagster import DagsterRunStatus
     from dagster._core.definitions.selector import JobSubsetSelector
+    from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 
-    location = workspace.get_code_location(location_name)
+    if isinstance(workspace, InProcessLocation):
+        location, served = workspace.location, workspace.served_origin
+    else:
+        location, served = workspace.get_code_location(location_name), None
     (repo,) = location.get_repositories().values()
     remote_job = location.get_job(JobSubsetSelector(location_name=location_name, repository_name=repo.name,
                                                     job_name=job_name, op_selection=None))
@@ -118,7 +171,9 @@ def create_location_run(instance, workspace, location_name: str, job_name: str, 
         status=DagsterRunStatus.NOT_STARTED, root_run_id=None, parent_run_id=None,
         tags={**remote_job.tags, **tags}, job_snapshot=remote_job.job_snapshot,
         execution_plan_snapshot=plan.execution_plan_snapshot, parent_job_snapshot=remote_job.parent_job_snapshot,
-        remote_job_origin=remote_job.get_remote_origin(), job_code_origin=remote_job.get_python_origin(),
+        remote_job_origin=(RemoteJobOrigin(RemoteRepositoryOrigin(served, repo.name), job_name) if served
+                           else remote_job.get_remote_origin()),
+        job_code_origin=remote_job.get_python_origin(),
         asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph,
     )
 

@@ -1,7 +1,7 @@
 """`rag materialize` through the code location: register the roots, sync the partitions, then
 create each run for the code location's own job (a remote job origin, as the UI's launch does),
 submit it to the instance (the run queue when a daemon is running, else launch it directly,
-`--parallel` at a time), wait, and summarize stages, checks and failed partitions from the event log.
+`--parallel` at a time; one at a time, it runs in this process), wait, and summarize stages, checks and failed partitions from the event log.
 Files that are current and materialized get no run unless forced."""
 
 from __future__ import annotations
@@ -138,6 +138,27 @@ def location_workspace(instance, log_level: str = "WARNING") -> Iterator[Any]:
         _wait_for_run_processes(workspace)
 
 
+@contextmanager
+def location_in_process(instance) -> Iterator[Any]:
+    """The code location loaded in this process (no code server): `launch_runs` executes its
+    runs here, as the run worker the code server would start does."""
+    from pipelines.instance import WORKSPACE_YAML
+
+    with dagster_private.location_in_process(instance, str(WORKSPACE_YAML), LOCATION) as location:
+        yield location
+
+
+def runs_in_process(instance, parallel: int) -> bool:
+    """Run here rather than in a run worker the code server starts: no run queue to submit to, one
+    run at a time, and runs the instance would launch locally anyway (Dagster's default launcher,
+    not e.g. Kubernetes'). The runs are the same (the location's job, its origin, events, tags);
+    what goes is starting the code server and the run worker, each importing Dagster and the code
+    location again: 5-8 s of a warm `rag materialize` (see README, dagster_overhead)."""
+    from dagster import DefaultRunLauncher
+
+    return parallel == 1 and not daemon_running(instance) and isinstance(instance.run_launcher, DefaultRunLauncher)
+
+
 def _wait_for_run_processes(workspace, timeout: float = 30.0) -> None:
     """A run's status is final before its process exits, and the code server only stops after
     clearing every run process (it reads the run from the database to do so): wait for that while
@@ -150,7 +171,8 @@ def _wait_for_run_processes(workspace, timeout: float = 30.0) -> None:
 def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], ranges: list[tuple[str, str]],
                 parallel: int = 1, trigger: str = "rag materialize") -> list[str]:
     """One run per partition range: submitted to the queue when its daemon runs (dagster.yaml's
-    limits apply), else launched here, at most `parallel` at once. Returns the run ids."""
+    limits apply), else launched here, at most `parallel` at once; with a `location_in_process`
+    workspace, executed in this process one after the other. Returns the run ids."""
     queued = daemon_running(instance)
     run_ids: list[str] = []
     in_flight: list[str] = []
@@ -158,6 +180,9 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
         run = dagster_private.create_location_run(instance, workspace, LOCATION, job_name, run_config,
                                                   {**range_tags(start, end), "rag/trigger": trigger})
         run_ids.append(run.run_id)
+        if isinstance(workspace, dagster_private.InProcessLocation):  # one run after the other, here
+            dagster_private.execute_location_run(instance, run)
+            continue
         if queued:
             instance.submit_run(run.run_id, workspace)
             continue
@@ -256,7 +281,8 @@ def materialize_corpus(
     if config:
         run_config["resources"] = {"rag": {"config": config}}
     stages: dict[str, Counter] = defaultdict(Counter)
-    with location_workspace(instance, log_level) as workspace:
+    here = runs_in_process(instance, parallel)
+    with (location_in_process(instance) if here else location_workspace(instance, log_level)) as workspace:
         summary.run_ids = launch_runs(instance, workspace, job_name, run_config, plan_ranges(keys, ordered, parallel),
                                       parallel)
         for run_id in summary.run_ids:

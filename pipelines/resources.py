@@ -15,6 +15,7 @@ from rag_lib.ingest.state import StageRunner
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
+from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger
 from rag_lib.quality import preload_great_expectations
 from rag_lib.shutdown import skip_final_collections
@@ -99,6 +100,9 @@ class RagResource(ConfigurableResource):
         if context.run is None:  # a sensor tick or schedule: no stages, no checks
             return
         skip_final_collections()  # a run worker's exit is part of the run's wall time
+        # A run may share its process with earlier runs (`rag materialize` runs it in its own):
+        # it scans the roots for tickers and link targets afresh, as a run worker's first run does.
+        forget_corpus_indexes()
         # Importing Great Expectations takes seconds of one core: a process does it beside the first
         # stages, whose Python work (and the model load's, on a thread) holds this process to one
         # core; started later it would slow the embedding, which uses both (chunk_sizes runs last).

@@ -94,3 +94,32 @@ def test_daemon_health_from_heartbeats_agrees_with_dagsters_daemon_status():
             assert daemon_running(instance, now=now) == dagsters, age
     with instance_for_test() as instance:  # runs are launched directly: no queue daemon to wait for
         assert daemon_running(instance) is False
+
+
+@pytest.mark.slow
+def test_a_run_created_and_executed_in_process_is_the_locations_run(pg_instance, database_url):
+    """location_in_process + create_location_run + execute_location_run: a run of the location's
+    job executed in this process (no code server, no run worker) records the origin the code
+    server's runs record (the UI finds its job page and can re-execute it) and finishes."""
+    import os
+
+    from dagster._core.workspace.load_target import WorkspaceFileTarget  # the code server's origin
+
+    from pipelines.instance import WORKSPACE_YAML
+    from pipelines.launch import runs_in_process
+
+    assert runs_in_process(pg_instance, parallel=1)  # no queue daemon, Dagster's default launcher
+    assert not runs_in_process(pg_instance, parallel=2)  # runs at once need their own processes
+    served = [o for o in WorkspaceFileTarget(paths=[str(WORKSPACE_YAML)]).create_origins() if o.location_name == LOCATION]
+    config = {"resources": {"rag": {"config": {"database_url": database_url}}}}
+    with dagster_private.location_in_process(pg_instance, str(WORKSPACE_YAML), LOCATION) as location:
+        run = dagster_private.create_location_run(pg_instance, location, LOCATION, "index_maintenance", config,
+                                                  {"rag/trigger": "t"})
+        dagster_private.execute_location_run(pg_instance, run)
+    stored = pg_instance.get_run_by_id(run.run_id)
+    assert stored.status == dagster.DagsterRunStatus.SUCCESS, stored.status
+    assert stored.remote_job_origin.repository_origin.code_location_origin == served[0]
+    assert stored.remote_job_origin.repository_origin.repository_name == "__repository__"
+    assert stored.tags["rag/trigger"] == "t"
+    engine = [e.message for e in pg_instance.all_logs(run.run_id, of_type=dagster.DagsterEventType.ENGINE_EVENT)]
+    assert f"Started in process for run (pid: {os.getpid()})." in engine

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from dagster import DagsterEventType
 
 from pipelines.instance import get_instance, sqlalchemy_url
 from pipelines.partitions import CORPUS_FILES
@@ -53,6 +54,9 @@ def test_materialize_runs_through_the_code_location(corpus_copy, pg_server, data
         assert origin is not None and origin.location_name == "rag_pipeline"
         assert origin.repository_origin.repository_name == "__repository__"
         assert run.tags["rag/trigger"] == "rag materialize"
+        # no daemon: the command executed its run itself, with no code server and run worker to start
+        engine = [e.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
+        assert any(m.startswith("Started in process for run") for m in engine), engine
         assert instance.get_dynamic_partitions(CORPUS_FILES) == [f"corpus/{rel}" for rel in sorted(RELS)]
     finally:
         instance.dispose()
