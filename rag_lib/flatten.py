@@ -35,7 +35,7 @@ class SectionMapping:
     @property
     def descriptor_names(self) -> frozenset[str]:
         """Section names that describe a YAML document (its bookkeeping keys and metadata scalars):
-        search weighs them down unless the question selects documents (`search.descriptor_weight`)."""
+        search weighs them (`search.descriptor_weight`, `descriptor_weight_other`)."""
         return self.descriptor_keys | self.metadata_keys
 
 

@@ -60,8 +60,8 @@ def corpus_kb_small(kb, tmp_path):
     return kb
 
 
-def _units(kb, query: str, top_k: int = 6) -> list[str]:
-    return [h.unit_id for h in kb.search(query, mode="hybrid", top_k=top_k).hits]
+def _units(kb, query: str, top_k: int = 6, mode: str = "hybrid") -> list[str]:
+    return [h.unit_id for h in kb.search(query, mode=mode, top_k=top_k).hits]
 
 
 def test_descriptor_keys_are_small_sections_and_indexing_stays_out():
@@ -117,17 +117,18 @@ def test_closed_trades_are_found_by_their_status(corpus_kb_small):
     assert {"trades/NVDA_T1.yaml#_meta", "trades/TSLA_T3.yaml#_meta"} <= set(units[:4]), units
 
 
-def test_a_question_about_one_tickers_content_is_answered_by_content(corpus_kb_small):
+@pytest.mark.parametrize("mode", ["hybrid", "semantic"])
+def test_a_question_about_one_tickers_content_is_answered_by_content(corpus_kb_small, mode):
     kb = corpus_kb_small
     names = load_mapping(kb.settings.sections_file).descriptor_names
 
     def first_descriptor(units: list[str]) -> int:
         return next((n for n, u in enumerate(units) if u.split("#", 1)[1] in names), len(units))
 
-    weighted = _units(kb, "NVDA entry and exit price")
+    weighted = _units(kb, "NVDA entry and exit price", mode=mode)
     assert weighted[0] == "trades/NVDA_T1.yaml#execution", weighted
     # Unweighted, the short sections repeating NVDA's ticker, tags and links come right after its
     # content, ahead of the other trades' executions; weighted, they fall behind those.
     kb.settings.search.descriptor_weight_other = 1.0
-    unweighted = _units(kb, "NVDA entry and exit price")
+    unweighted = _units(kb, "NVDA entry and exit price", mode=mode)
     assert first_descriptor(unweighted) <= 2 < first_descriptor(weighted), (unweighted, weighted)
