@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -32,6 +32,9 @@ log = get_logger(__name__)
 
 RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS = "raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"
 STAGES = (RAW, SECTIONS, CHUNKS, EMBEDDINGS, VECTORS)
+# Outputs whose `documents` hold the section or chunk texts: read whole only for the files a stage
+# works on (an unchanged re-run read and decoded every text of the corpus to find nothing to do).
+BULKY = (SECTIONS, CHUNKS)
 PREVIEW_CHUNKS = 5
 
 
@@ -110,6 +113,7 @@ class StageRunner:
         self.outage_raises = outage_raises
         self.embed_totals: dict[str, int] = {"cache_hits": 0, "embedded": 0}
         self._rows: dict[tuple[str, str, str], Any] = {}
+        self._heads: set[tuple[str, str, str]] = set()  # keys of _rows holding a BULKY output without its documents
         self._loaded: dict[tuple[str, str], Loaded] = {}
         self._sections: dict[tuple[str, str], list[Section]] = {}
         self._vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
@@ -135,14 +139,27 @@ class StageRunner:
 
     # ---- stored outputs, read once per run ---------------------------------------------
 
-    def rows(self, stages: tuple[str, ...], idents: list[tuple[str, str]]) -> dict[tuple[str, str, str], Any]:
-        """(collection, path, stage) → stored output; one query for what this run has not seen yet."""
-        todo = [i for i in idents if any((*i, st) not in self._rows for st in stages)]
+    def rows(self, stages: tuple[str, ...], idents: list[tuple[str, str]],
+             whole: bool = False) -> dict[tuple[str, str, str], Any]:
+        """(collection, path, stage) → stored output; one query for what this run has not seen yet.
+        A BULKY output comes without its `documents` unless `whole`."""
+        def known(key: tuple[str, str, str]) -> bool:
+            return key in self._rows and not (whole and key in self._heads)
+
+        todo = [i for i in idents if not all(known((*i, st)) for st in stages)]
         if todo:
-            found = self.store.load_stage_outputs(stages, todo)
+            heads = () if whole else tuple(st for st in stages if st in BULKY)
+            found = self.store.load_stage_outputs(stages, todo, heads)
             for c, p in todo:
                 for st in stages:
-                    self._rows.setdefault((c, p, st), found.get((c, p, st), _MISSING))
+                    key = (c, p, st)
+                    if known(key):
+                        continue
+                    self._rows[key] = found.get(key, _MISSING)
+                    if st in heads and key in found:
+                        self._heads.add(key)
+                    else:
+                        self._heads.discard(key)
         out = {}
         for c, p in idents:
             for st in stages:
@@ -155,6 +172,7 @@ class StageRunner:
         self.store.save_stage_outputs(saves)
         for c, p, stage, payload, _ in saves:
             self._rows[(c, p, stage)] = payload
+            self._heads.discard((c, p, stage))
 
     def _skip(self, skip: Skipped) -> None:
         """The one place a skipped input is recorded (with its reason)."""
@@ -200,40 +218,57 @@ class StageRunner:
              still_current=None) -> list[StageOutcome]:
         """The common loop of the stages after raw_documents: batched reads, per-file isolation,
         unchanged files re-emit their stored metadata, one batched write. `work(t, raw, rows)` returns
-        (metadata, payload data), or None when the stage finishes that file itself (status `pending`)."""
+        (metadata, payload data), or None when the stage finishes that file itself (status `pending`);
+        it gets the outputs of `needs` whole, read only for the files it works on."""
         rows = self.rows((RAW, *needs, stage), [_ident(t) for t in targets])
-        outcomes: list[StageOutcome] = []
+        outcomes: dict[str, StageOutcome] = {}
         saves: list = []
+        todo: list[FileTarget] = []
         for t in targets:
             c, p = _ident(t)
-            try:
+            with self._isolated(t, stage, rows, saves, outcomes):
                 early = self._upstream(t, stage, rows, saves)
                 if early:
-                    outcomes.append(early)
+                    outcomes[t.key] = early
                     continue
                 raw = rows[(c, p, RAW)]
                 mine = rows.get((c, p, stage))
                 if self._is_current(stage, mine, raw["file_hash"]) and (still_current is None or still_current(t, raw, rows)):
-                    outcomes.append(StageOutcome(t.key, "unchanged", mine["meta"]))
+                    outcomes[t.key] = StageOutcome(t.key, "unchanged", mine["meta"])
                     continue
+                todo.append(t)
+        if todo:
+            rows = {**rows, **self.rows(needs, [_ident(t) for t in todo], whole=True)}
+        for t in todo:
+            c, p = _ident(t)
+            with self._isolated(t, stage, rows, saves, outcomes):
+                raw = rows[(c, p, RAW)]
                 done = work(t, raw, rows)
                 if done is None:
-                    outcomes.append(StageOutcome(t.key, "pending"))
+                    outcomes[t.key] = StageOutcome(t.key, "pending")
                     continue
                 meta, data = done
                 saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
-                outcomes.append(StageOutcome(t.key, "ok", meta))
-            except TooManyChunksError as exc:  # bad input, not a failure: skipped with the reason
-                digest = rows[(c, p, RAW)]["file_hash"]
-                self._skip(Skipped(c, exc.path, exc.reason, str(exc), digest))
-                skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
-                saves.append((c, p, stage, self._payload(stage, "skipped", digest, skip, **skip,
-                                                         skipped=[_skip_entry(exc)]), digest))
-                outcomes.append(StageOutcome(t.key, "skipped", skip))
-            except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
-                outcomes.append(self._failed(t, stage, exc, saves))
+                outcomes[t.key] = StageOutcome(t.key, "ok", meta)
         self._save(saves)
-        return outcomes
+        return [outcomes[t.key] for t in targets]
+
+    @contextmanager
+    def _isolated(self, t: FileTarget, stage: str, rows: dict, saves: list,
+                  outcomes: dict[str, StageOutcome]) -> Iterator[None]:
+        """The per-file boundary of `_run`: an error is this file's outcome, not the run's."""
+        c, p = _ident(t)
+        try:
+            yield
+        except TooManyChunksError as exc:  # bad input, not a failure: skipped with the reason
+            digest = rows[(c, p, RAW)]["file_hash"]
+            self._skip(Skipped(c, exc.path, exc.reason, str(exc), digest))
+            skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
+            saves.append((c, p, stage, self._payload(stage, "skipped", digest, skip, **skip,
+                                                     skipped=[_skip_entry(exc)]), digest))
+            outcomes[t.key] = StageOutcome(t.key, "skipped", skip)
+        except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
+            outcomes[t.key] = self._failed(t, stage, exc, saves)
 
     # ---- stages ------------------------------------------------------------------------
 

@@ -20,16 +20,21 @@ FileIdent = tuple[str, str]  # (collection, path relative to its root)
 class StageStore:
     """Mixin: needs `self.db` (Connections)."""
 
-    def load_stage_outputs(self, stages: Sequence[str], files: Sequence[FileIdent]) -> dict[tuple[str, str, str], Any]:
-        """(collection, path, stage) → stored payload, for the given stages of the given files."""
+    def load_stage_outputs(self, stages: Sequence[str], files: Sequence[FileIdent],
+                           heads: Sequence[str] = ()) -> dict[tuple[str, str, str], Any]:
+        """(collection, path, stage) → stored payload, for the given stages of the given files. For
+        the stages in `heads`, the payload without its `documents` (the section or chunk texts:
+        most of its bytes, and not needed to tell whether a file is current)."""
         if not files or not stages:
             return {}
         with self.db.connection() as conn:
             rows = conn.execute(
-                """SELECT o.collection, o.path, o.stage, o.payload FROM rag_stage_outputs o
+                """SELECT o.collection, o.path, o.stage,
+                          CASE WHEN o.stage = ANY(%s) THEN o.payload - 'documents' ELSE o.payload END
+                   FROM rag_stage_outputs o
                    JOIN unnest(%s::text[], %s::text[]) AS f(collection, path) USING (collection, path)
                    WHERE o.stage = ANY(%s)""",
-                ([c for c, _ in files], [p for _, p in files], list(stages)),
+                (list(heads), [c for c, _ in files], [p for _, p in files], list(stages)),
             ).fetchall()
         return {(c, p, st): payload for c, p, st, payload in rows}
 
