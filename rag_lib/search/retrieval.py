@@ -3,6 +3,7 @@ comparisons, per expansion when configured), fuse them, boost, rerank, group by 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import threading
@@ -58,6 +59,9 @@ class SearchOptions:
     convex_alpha: float = 0.5
     descriptor_weight: float = 1.0
     descriptor_weight_other: float = 0.4
+    feedback_weight: float = 0.8
+    feedback_depth: int = 4
+    feedback_scope: str = "shared"
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
     @classmethod
@@ -197,6 +201,53 @@ def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
     return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
 
 
+def _first_pass(lists: list[Candidates], plan: QueryPlan, opts: SearchOptions, mode: str,
+                timings: dict[str, float]) -> list[SearchHit]:
+    """The lists fused, with the query's hints, descriptor weights and (hybrid) document evidence."""
+    with _timed(timings, "fusion"):
+        if len(lists) == 1:
+            ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
+        elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
+            ranked = convex(lists, opts.convex_alpha)
+        else:
+            ranked = rrf(lists, opts.rrf_k)
+        ranked = _hints(ranked, plan, opts)
+        # in every mode: unweighted, descriptor sections cost semantic search as much as hybrid
+        # (dev semantic 0.661 -> 0.630, lexical 0.633 -> 0.592; README, Retrieval)
+        weight = opts.descriptor_weight if plan.selects_documents else opts.descriptor_weight_other
+        ranked = weigh_descriptors(ranked, opts.descriptors, weight)
+    if mode == "hybrid":
+        with _timed(timings, "evidence"):
+            ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
+    return ranked
+
+
+def feedback_vector(store, space: str, vector: np.ndarray, ranked: list[SearchHit], depth: int,
+                    weight: float, shared: bool = False) -> np.ndarray | None:
+    """Pseudo-relevance feedback (Rocchio): the query's vector plus `weight` times the mean vector of
+    the best chunks of the first `depth` units ranked, normalised. A question that describes instead
+    of names borrows the words of what it found first. None when no vector is stored for them, or,
+    with `shared`, when no document holds two of those units (the first pass agrees on nothing)."""
+    chunks: list[str] = []
+    units: set[tuple[str, str]] = set()
+    docs: set[tuple[str, str]] = set()
+    for hit in ranked:
+        if (hit.collection, hit.unit_id) not in units:
+            units.add((hit.collection, hit.unit_id))
+            docs.add((hit.collection, hit.path))
+            chunks.append(hit.chunk_id)
+            if len(chunks) >= depth:
+                break
+    if shared and len(docs) == len(chunks):
+        return None
+    found = store.chunk_vectors(space, chunks)
+    if not found:
+        return None
+    moved = np.asarray(vector, dtype=np.float32) + weight * np.mean(list(found.values()), axis=0)
+    norm = float(np.linalg.norm(moved))
+    return moved / norm if norm > 0 else None
+
+
 def search(
     store,
     provider: EmbeddingProvider,
@@ -245,15 +296,19 @@ def search(
 
     vectors = embed([q for q, _ in queries]) if mode == "semantic" else None
 
-    def semantic_lists(depth: int) -> list[Candidates]:
+    def semantic_lists(depth: int, moved=None) -> list[Candidates]:
+        """`moved`: the query's vector after feedback, which then stands for the query's own."""
         lists: list[Candidates] = []
         with _timed(timings, "semantic"):
             for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
+                vec = moved if n == 0 and moved is not None else vec
+                own = n == 0 and moved is None
                 for f, fw in variants:
-                    # an expansion's hits are held to their cosine with the query itself (below), not to it
+                    # an expansion's (or the moved vector's) hits are held to their cosine with the
+                    # query itself (below), not to it
                     hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
-                                                 min_similarity if n == 0 else 0.0)
-                    if n > 0:
+                                                 min_similarity if own else 0.0)
+                    if not own:
                         for hit in hits:
                             hit.similarity = None
                     lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
@@ -299,21 +354,23 @@ def search(
     if vectors is not None:
         with _timed(timings, "link"):
             plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
-    with _timed(timings, "fusion"):
-        if len(lists) == 1:
-            ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
-        elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
-            ranked = convex(lists, opts.convex_alpha)
-        else:
-            ranked = rrf(lists, opts.rrf_k)
-        ranked = _hints(ranked, plan, opts)
-        # in every mode: unweighted, descriptor sections cost semantic search as much as hybrid
-        # (dev semantic 0.661 -> 0.630, lexical 0.633 -> 0.592; README, Retrieval)
-        weight = opts.descriptor_weight if plan.selects_documents else opts.descriptor_weight_other
-        ranked = weigh_descriptors(ranked, opts.descriptors, weight)
-    if mode == "hybrid":
-        with _timed(timings, "evidence"):
-            ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
+    named = [t for t in plan.tickers if t not in plan.linked]
+    feedback = mode == "hybrid" and opts.feedback_weight > 0 and (opts.feedback_scope != "unnamed" or not named)
+    # fusion rewrites the hits' scores: feedback fuses the full-text lists again from their own
+    kept = [c for c in lists if not c.source.startswith("semantic")]
+    kept = [dataclasses.replace(c, hits=[copy.copy(h) for h in c.hits]) for c in kept] if feedback else kept
+    ranked = _first_pass(lists, plan, opts, mode, timings)
+    if feedback and ranked:
+        with _timed(timings, "feedback"):
+            moved = feedback_vector(store, space["space"], vectors[0], ranked, opts.feedback_depth,
+                                    opts.feedback_weight, shared=opts.feedback_scope == "shared")
+        if moved is not None:
+            again = semantic_lists(depth, moved)
+            if min_similarity > 0:
+                with _timed(timings, "similarity"):
+                    again = _with_similarity(store, space["space"], vectors[0], again, min_similarity)
+            lists = again + kept
+            ranked = _first_pass(lists, plan, opts, mode, timings)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):

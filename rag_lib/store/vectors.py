@@ -286,6 +286,16 @@ class VectorStore:
             hit.similarity = 1.0 - float(row["distance"])
         return hits
 
+    def chunk_vectors(self, space: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of these chunks in `space` (pseudo-relevance feedback moves the query
+        vector towards its first pass's best hits)."""
+        if not chunk_ids:
+            return {}
+        with self.db.reading() as conn:
+            rows = conn.execute("SELECT chunk_id, embedding FROM rag_chunk_vectors WHERE space = %s AND chunk_id = ANY(%s)",
+                                [space, list(chunk_ids)]).fetchall()
+        return {cid: np.asarray(vec.to_numpy(), dtype=np.float32) for cid, vec in rows}
+
     def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
         full text, or by another query, get the same measure as semantic hits)."""

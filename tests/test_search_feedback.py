@@ -1,0 +1,116 @@
+"""Pseudo-relevance feedback (`search.feedback_weight`): the query vector takes a Rocchio step towards
+the first pass's best sections, so a question worded unlike a document still reaches the document's
+other sections that answer it. Fixture corpus written here; real database and model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rag_lib.search.retrieval import feedback_vector
+
+# One streaming company's notes: the first section shares the question's words, the others answer it
+# in their own (films, churn, pricing); a bank's and a miner's notes share the odd word.
+NOTES = {
+    "streamer.md": """# Streaming company notes
+
+## Members
+The video streaming service added eleven million paying members last quarter, most of them abroad.
+
+## Content slate
+Original films and video series drive sign-ups; the studio budget rises again next year for local-language shows.
+
+## Pricing
+The ad-supported tier and the password-sharing crackdown lift revenue per household while churn stays low.
+""",
+    "bank.md": """# Regional bank notes
+
+## Deposits
+Deposit growth slowed as savers moved cash into money-market funds paying more interest.
+
+## Digital
+The branch network opened accounts for new customers faster once forms went digital.
+""",
+    "miner.md": """# Copper miner notes
+
+## Output
+The mine added a second shaft; ore grades improved and output rose eleven percent last quarter.
+
+## Costs
+Diesel and labour costs climbed; the company hedged half of next year's fuel.
+""",
+}
+
+QUESTION = "how quickly is the online video platform signing up new members"
+
+
+def _ingest(kb, tmp_path: Path) -> None:
+    root = tmp_path / "notes"
+    root.mkdir()
+    for name, text in NOTES.items():
+        (root / name).write_text(text, encoding="utf-8")
+    report = kb.ingest([root], root=root)
+    assert report.count("failed") == 0
+
+
+def _cos(a, b) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_feedback_vector_steps_towards_the_first_units_and_needs_a_shared_document(kb, tmp_path):
+    _ingest(kb, tmp_path)
+    kb.settings.search.feedback_weight = 0.0
+    ranked = kb.search(QUESTION, mode="hybrid", top_k=8, group=False).hits
+    space = kb.store.active_space()["space"]
+    query = kb.provider.embed([QUESTION])[0]
+    # the first two units are the streamer's (its members and content sections)
+    first = []
+    for hit in ranked:
+        if hit.unit_id not in {h.unit_id for h in first}:
+            first.append(hit)
+    assert [Path(h.path).name for h in first[:2]] == ["streamer.md", "streamer.md"]
+    moved = feedback_vector(kb.store, space, query, ranked, 2, 0.8, shared=True)
+    assert moved is not None and abs(float(np.linalg.norm(moved)) - 1.0) < 1e-5
+    vectors = kb.store.chunk_vectors(space, [first[0].chunk_id, first[1].chunk_id])
+    centroid = np.mean(list(vectors.values()), axis=0)
+    assert _cos(moved, centroid) > _cos(query, centroid)
+    np.testing.assert_allclose(moved, (query + 0.8 * centroid) / np.linalg.norm(query + 0.8 * centroid), atol=1e-5)
+    # units, not chunks, are counted: a unit's further chunks add nothing
+    one_per_doc = [h for h in ranked if h.unit_id in {first[0].unit_id}] + \
+        [h for h in ranked if Path(h.path).name != "streamer.md"]
+    assert feedback_vector(kb.store, space, query, one_per_doc, 2, 0.8, shared=False) is not None
+    # the first pass agreeing on no document (every unit from another one) moves nothing
+    assert feedback_vector(kb.store, space, query, one_per_doc, 2, 0.8, shared=True) is None
+
+
+def test_feedback_keeps_similarity_the_query_cosine_and_min_similarity(kb, tmp_path):
+    _ingest(kb, tmp_path)
+    kb.settings.search.feedback_weight = 0.8
+    kb.settings.search.feedback_depth = 2
+    result = kb.search(QUESTION, mode="hybrid", top_k=8)
+    assert "feedback" in result.timings_ms
+    space = kb.store.active_space()["space"]
+    asked = kb.store.similarities(kb.provider.embed([QUESTION])[0], space, [h.chunk_id for h in result.hits])
+    for hit in result.hits:  # the cosine with what was asked, not with the moved vector
+        assert abs(hit.similarity - asked[hit.chunk_id]) < 1e-4
+    floor = sorted(asked.values())[len(asked) // 2]
+    held = kb.search(QUESTION, mode="hybrid", top_k=8, min_similarity=floor).hits
+    assert held and all(h.similarity >= floor - 1e-6 for h in held)
+
+
+def test_feedback_brings_the_answering_documents_other_sections_forward(corpus_kb):
+    """Over the shared corpus, a question describing NFLX without naming it: its earnings analysis
+    holds the first four sections, and loosely related sections of META's and MSFT's analyses came
+    next; the feedback step lifts the analysis's further sections above them."""
+    question = "how does the streaming service plan to grow ad revenue"
+
+    def top(weight: float) -> list[str]:
+        corpus_kb.settings.search.feedback_weight = weight
+        corpus_kb.settings.search.feedback_depth = 4
+        return [h.path for h in corpus_kb.search(question, mode="hybrid", top_k=6).hits]
+
+    before, after = top(0.0), top(0.8)
+    netflix = "NFLX_20250118T0800.yaml"
+    assert all(p.endswith(netflix) for p in before[:4]) and all(p.endswith(netflix) for p in after[:4])
+    assert sum(p.endswith(netflix) for p in after) > sum(p.endswith(netflix) for p in before)
