@@ -34,7 +34,7 @@ demo: $(STAMP)
 	$(BIN)/rag search "which trades hit their stop" --doc-type trade-journal --top-k 3
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The suite without the tests that start child processes or run Dagster (markers in pyproject.toml).
 test-fast: $(STAMP)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import psycopg
 import pytest
+from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -160,22 +162,25 @@ def corpus_template(request, pg_server: str, migrated_template: str, provider: L
     name = "corpus_template"
     url = create_database(pg_server, name, template=migrated_template)
     saved = _saved_vectors(request.config, provider, url)
-    if saved is not None and saved.is_file():
-        with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
-            into.write(saved.read_bytes())
-    loaded = _cache_rows(url)
-    home = tmp_path_factory.mktemp("template_home")
-    with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
-        report = base.ingest([SHARED_CORPUS])
-        assert report.count("failed") == 0, report.to_dict()
-        base.store.ensure_hnsw_index(provider.space, provider.dimensions)
-    if saved is not None and _cache_rows(url) > loaded:  # new chunks were encoded: keep theirs too
-        partial = saved.with_suffix(".partial")
-        with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
-                open(partial, "wb") as f:
-            for block in out:
-                f.write(block)
-        partial.replace(saved)  # a session stopped half-way leaves no truncated file behind
+    # `make test` runs the suite in two worker processes, each with its own server and template:
+    # on a cold cache the first one encodes and saves the vectors while the other waits to load them.
+    with FileLock(saved.with_suffix(".lock")) if saved is not None else nullcontext():
+        if saved is not None and saved.is_file():
+            with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
+                into.write(saved.read_bytes())
+        loaded = _cache_rows(url)
+        home = tmp_path_factory.mktemp("template_home")
+        with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
+            report = base.ingest([SHARED_CORPUS])
+            assert report.count("failed") == 0, report.to_dict()
+            base.store.ensure_hnsw_index(provider.space, provider.dimensions)
+        if saved is not None and _cache_rows(url) > loaded:  # new chunks were encoded: keep theirs too
+            partial = saved.with_suffix(".partial")
+            with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache TO STDOUT (FORMAT binary)") as out, \
+                    open(partial, "wb") as f:
+                for block in out:
+                    f.write(block)
+            partial.replace(saved)  # a session stopped half-way leaves no truncated file behind
     return name
 
 
