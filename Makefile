@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # every session rewrites and compiles each test module again, and every `rag` child compiles rag_lib.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-fast install clean test-external-pg
+.PHONY: demo test test-fast install clean test-external-pg test-vectors
 
 install: $(STAMP)
 
@@ -44,6 +44,15 @@ test-fast: $(STAMP)
 # non-superuser role, PgBouncer (skipped without the `pgbouncer` package) and a streaming replica.
 test-external-pg: $(STAMP)
 	$(BIN)/pytest -q tests/test_external_pg.py
+
+# Refresh tests/data's copy of the shared corpus's vectors (after a change of model, chunking or the
+# cache table): the suite's corpus template loads it on a fresh clone instead of encoding ~3,200 chunks.
+VECTORS := tests/data/shared-corpus-vectors
+test-vectors: $(STAMP)
+	rm -rf $(VECTORS) .pytest_cache/d/shared-corpus-vectors
+	$(BIN)/pytest -q -p no:xdist tests/test_eval_kb.py -k dev_set_hybrid_beats_single_modes
+	mkdir -p $(VECTORS)
+	for f in .pytest_cache/d/shared-corpus-vectors/*.copy; do gzip -9 -n -c $$f > $(VECTORS)/$$(basename $$f).gz; done
 
 clean:
 	rm -rf .rag

@@ -4,6 +4,7 @@ embedding model loaded once."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import shutil
@@ -31,6 +32,8 @@ SHARED_CORPUS = REPO.parent / "shared" / "corpus"
 if not SHARED_CORPUS.is_dir():  # CI clones the repo with shared/ beside it
     SHARED_CORPUS = Path(os.environ.get("RAG_SHARED_CORPUS", "/work/shared/corpus"))
 DEMO_CORPUS = REPO / "examples" / "corpus"
+# The shared corpus's vectors as the local model makes them, named by _vectors_key (make test-vectors).
+SHIPPED_VECTORS = Path(__file__).parent / "data" / "shared-corpus-vectors"
 
 
 @pytest.fixture(scope="session")
@@ -120,20 +123,29 @@ def corpus_copy(tmp_path: Path):
     return make
 
 
-def _saved_vectors(config: pytest.Config, provider: LocalProvider, url: str) -> Path | None:
-    """Where the shared corpus's vectors are kept between sessions: pytest's cache folder
-    (`pytest --cache-clear` drops it; `-p no:cacheprovider` keeps nothing). The name stands for what
-    the vectors depend on: the model's vector for a probe text (any change of weights, runtime or
-    export changes it) and the cache table's columns (a migration that changes them)."""
-    cache = getattr(config, "cache", None)
-    if cache is None:
-        return None
+def _vectors_key(provider: LocalProvider, url: str) -> str:
+    """A name for what the shared corpus's vectors depend on: the model's vector for a probe text
+    (any change of weights, runtime or export changes it) and the cache table's columns (a
+    migration that changes them)."""
     with psycopg.connect(url) as conn:
         columns = conn.execute("SELECT string_agg(column_name || ' ' || data_type, ',' ORDER BY ordinal_position)"
                                " FROM information_schema.columns WHERE table_name = 'rag_embedding_cache'").fetchone()[0]
     probe = provider.embed(["NVDA earnings: the stop held while the position was trimmed"]).round(5).tobytes()
-    key = hashlib.sha256(provider.space.encode() + probe + columns.encode()).hexdigest()[:16]
-    return cache.mkdir("shared-corpus-vectors") / f"{key}.copy"
+    return hashlib.sha256(provider.space.encode() + probe + columns.encode()).hexdigest()[:16]
+
+
+def _saved_vectors(config: pytest.Config, key: str) -> Path | None:
+    """Where the shared corpus's vectors are kept between sessions: pytest's cache folder
+    (`pytest --cache-clear` drops it; `-p no:cacheprovider` keeps nothing)."""
+    cache = getattr(config, "cache", None)
+    return None if cache is None else cache.mkdir("shared-corpus-vectors") / f"{key}.copy"
+
+
+def _load_vectors(url: str, path: Path) -> None:
+    """Add a binary COPY of embedding-cache rows (gzip-compressed when its name says so) to a database."""
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
+        into.write(data)
 
 
 def _cache_rows(url: str) -> int:
@@ -156,18 +168,21 @@ def corpus_template(request, pg_server: str, migrated_template: str, provider: L
     (collection `default`, root = shared/corpus, so unit ids match the eval sets). Its embedding
     cache makes any later ingest of shared-corpus files free of model calls.
 
-    Encoding the corpus's ~3,200 chunks is most of a fresh session's setup (about 170 s of CPU on
-    2 cores); the vectors the model made for it in an earlier session are loaded into the cache
-    first when the model still gives the same vectors, so only the ingest itself runs again."""
+    Encoding the corpus's ~3,200 chunks would be most of a fresh session's setup (about 170 s of CPU
+    on 2 cores): the vectors the model made for it in an earlier session (pytest's cache) or, on a
+    fresh clone, the ones kept in tests/data (`make test-vectors`) are loaded into the cache first
+    when the model still gives the same vectors for a probe, so only the ingest itself runs again
+    (and the model encodes only chunks that are new since)."""
     name = "corpus_template"
     url = create_database(pg_server, name, template=migrated_template)
-    saved = _saved_vectors(request.config, provider, url)
+    key = _vectors_key(provider, url)
+    saved, shipped = _saved_vectors(request.config, key), SHIPPED_VECTORS / f"{key}.copy.gz"
     # `make test` runs the suite in two worker processes, each with its own server and template:
     # on a cold cache the first one encodes and saves the vectors while the other waits to load them.
     with FileLock(saved.with_suffix(".lock")) if saved is not None else nullcontext():
-        if saved is not None and saved.is_file():
-            with psycopg.connect(url) as conn, conn.cursor().copy("COPY rag_embedding_cache FROM STDIN (FORMAT binary)") as into:
-                into.write(saved.read_bytes())
+        source = saved if saved is not None and saved.is_file() else shipped if shipped.is_file() else None
+        if source is not None:
+            _load_vectors(url, source)
         loaded = _cache_rows(url)
         home = tmp_path_factory.mktemp("template_home")
         with KnowledgeBase(Settings(database_url=url, home=home), provider=provider) as base:
