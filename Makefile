@@ -38,7 +38,7 @@ test: $(STAMP)
 
 # The suite without the tests that start child processes or run Dagster (markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow and not subprocess"
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not slow and not subprocess"
 
 # Also part of `make test`: ingest, search and a Dagster run against a standalone PostgreSQL under a
 # non-superuser role, PgBouncer (skipped without the `pgbouncer` package) and a streaming replica.

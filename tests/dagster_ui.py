@@ -1,4 +1,4 @@
-"""A Dagster webserver + daemon started as subprocesses, and a small client for the GraphQL calls
+"""`rag dev` (the Dagster webserver, daemon and code server) started as a subprocess, and a small client for the GraphQL calls
 the UI's buttons make (launches through `DagsterGraphQLClient`, the rest as raw queries)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,25 +291,27 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
+@dataclass
+class RunningDev:
+    """A `rag dev` process (UI, daemon and code server of `dagster dev`) and the client of its UI."""
+
+    ui: DagsterUI
+    proc: subprocess.Popen
+    log: Path
+
+
 @contextlib.contextmanager
-def running_dagster(env: dict[str, str], log_dir: Path, timeout: float = 180) -> Iterator[DagsterUI]:
-    """`dagster-webserver -w workspace.yaml` and `dagster-daemon run` on a free loopback port,
-    stopped (with everything they started) on exit; their output goes to `log_dir`."""
+def running_rag_dev(env: dict[str, str], cwd: Path, log: Path, timeout: float = 180) -> Iterator[RunningDev]:
+    """`rag dev` on a free loopback port as an operator starts it in the background (its own
+    process group, SIGINT ignored), stopped with everything it started on exit; output to `log`."""
     port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(BIN / "rag"), "dev", "--port", str(port)], cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        for name, cmd in (
-            ("webserver", [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]),
-            ("daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]),
-        ):
-            out = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-            out.close()
         ui = DagsterUI(port)
-        ui.wait_loaded(procs, timeout)
-        yield ui
+        ui.wait_loaded([proc], timeout)
+        yield RunningDev(ui, proc, log)
     finally:
-        for p in procs:
-            _stop(p)
+        _stop(proc)

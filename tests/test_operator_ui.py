@@ -6,7 +6,6 @@ check pages show. One webserver for the module; every wait is bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -21,9 +20,8 @@ import pytest
 from pipelines.instance import DAGSTER_YAML, sqlalchemy_url
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
-from testkit import free_port
 from conftest import DEMO_CORPUS
-from dagster_ui import ASSET_JOB, BIN, LOCATION, REPO, DagsterUI, running_dagster
+from dagster_ui import ASSET_JOB, BIN, LOCATION, REPO, DagsterUI, RunningDev, running_rag_dev
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
@@ -43,8 +41,8 @@ def _new_database(admin_url: str, prefix: str) -> str:
 class Operator:
     """What a test needs: the UI's API, the corpus root the demo ingested, the library over it."""
 
-    def __init__(self, ui: DagsterUI, root: Path, kb: KnowledgeBase, log_dir: Path):
-        self.ui, self.root, self.kb, self.log_dir = ui, root, kb, log_dir
+    def __init__(self, dev: RunningDev, root: Path, kb: KnowledgeBase):
+        self.dev, self.ui, self.root, self.kb = dev, dev.ui, root, kb
 
     def key_for(self, rel: str) -> str:
         """The partition key of a file (whatever prefix the code location gives it)."""
@@ -76,7 +74,7 @@ class Operator:
 
 @pytest.fixture(scope="module")
 def operator(pg_server: str, provider, tmp_path_factory):
-    """`make demo` on a copy of the demo corpus, then webserver + daemon as `rag dev` runs them."""
+    """`make demo` on a copy of the demo corpus, then `rag dev` over it (UI, daemon, code server)."""
     base = tmp_path_factory.mktemp("operator")
     root = base / "corpus"
     shutil.copytree(DEMO_CORPUS, root)
@@ -103,10 +101,9 @@ def operator(pg_server: str, provider, tmp_path_factory):
                           capture_output=True, text=True, timeout=600)
     assert demo.returncode == 0, f"rag materialize failed:\n{demo.stdout}\n{demo.stderr}"
     kb = KnowledgeBase(Settings(database_url=lib_url, home=home), provider=provider)
-    log_dir = base / "logs"
     try:
-        with running_dagster(env, log_dir) as ui:
-            yield Operator(ui, root, kb, log_dir)
+        with running_rag_dev(env, base, base / "dev.log", timeout=RUN_TIMEOUT) as dev:
+            yield Operator(dev, root, kb)
     finally:
         kb.close()
 
@@ -289,35 +286,20 @@ def checks_have_skips(ui: DagsterUI) -> bool:
     return ev["severity"] == "WARN" and not ev["success"]
 
 
-def test_rag_dev_stops_on_sigterm(pg_server: str, tmp_path: Path):
+# Last in the module: it stops the module's `rag dev`.
+def test_rag_dev_stops_on_sigterm(operator: Operator):
     """`rag dev` under a supervisor or started as a background job (SIGINT ignored): SIGTERM stops
     the UI, the daemon and everything they started, and nothing is left of its process group."""
-    home = tmp_path / ".rag"
-    (home / "dagster_home").mkdir(parents=True)
-    shutil.copyfile(DAGSTER_YAML, home / "dagster_home" / "dagster.yaml")
-    env = {**os.environ, "RAG_DATABASE_URL": pg_server.replace("/postgres?", f"/{_new_database(pg_server, 'dev_rag')}?", 1),
-           "RAG_HOME": str(home), "RAG_CONFIG": str(tmp_path / "rag.yaml"), "DAGSTER_HOME": str(home / "dagster_home"),
-           "DAGSTER_PG_URL": sqlalchemy_url(pg_server, _new_database(pg_server, "dev_dagster")),
-           "DAGSTER_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    port = free_port()
-    with open(tmp_path / "dev.log", "wb") as log:
-        proc = subprocess.Popen([str(BIN / "rag"), "dev", "--port", str(port)], cwd=tmp_path, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        DagsterUI(port).wait_loaded([proc], timeout=RUN_TIMEOUT)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                break  # the whole group is gone: UI, daemon, code servers
-            time.sleep(0.5)
-        else:
-            raise AssertionError("processes of `rag dev` outlived it:\n" + (tmp_path / "dev.log").read_text()[-3000:])
-        assert "Dagster services shut down" in (tmp_path / "dev.log").read_text()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc = operator.dev.proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break  # the whole group is gone: UI, daemon, code servers
+        time.sleep(0.5)
+    else:
+        raise AssertionError("processes of `rag dev` outlived it:\n" + operator.dev.log.read_text()[-3000:])
+    assert "Dagster services shut down" in operator.dev.log.read_text()
