@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import os
 import shutil
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -268,3 +269,11 @@ def pg_instance(pg_server, database_url, tmp_path, monkeypatch):
                             home=tmp_path / "dagster_home")
     yield instance
     instance.dispose()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with the most `slow` tests first (otherwise in their order): `make test`'s two
+    workers take whole modules in this order, so the longest start early and no worker is left
+    alone with one at the end."""
+    slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # a stable sort
