@@ -66,7 +66,14 @@ def start_embedded(pgdata: Path) -> str:
                 for name in stale:
                     conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")
             if stale:
-                _pg_ctl(pgdata, ["-w", "-m", "fast", "restart"])
+                try:
+                    _pg_ctl(pgdata, ["-w", "-m", "fast", "restart"])
+                except subprocess.CalledProcessError:
+                    # On a busy machine pg_ctl can stop waiting ("server did not start in time") while
+                    # the server's log already says it is ready: a running server is what counts.
+                    if not embedded_running(pgdata):
+                        raise
+                    log.warning("pg_ctl gave up waiting for the restart of %s, but the server runs", pgdata)
         if stale:
             server.ensure_postgres_running()
             uri = server.get_uri()
