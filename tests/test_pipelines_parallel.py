@@ -60,7 +60,8 @@ def _rows(url: str) -> dict[str, list]:
 
 @pytest.mark.subprocess
 @pytest.mark.slow
-def test_four_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy, pg_server, database_url, provider,
+@pytest.mark.warm_cache  # about concurrency, not encoding: the shared corpus's vectors are cached
+def test_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy, pg_server, database_url, provider,
                                                                    tmp_path, monkeypatch):
     root = corpus_copy(*RELS)
     dagster_db = f"dagster_{uuid.uuid4().hex[:8]}"
@@ -74,13 +75,13 @@ def test_four_concurrent_overlapping_runs_then_parallel_materialize(corpus_copy,
         with KnowledgeBase(settings, provider=provider) as kb:
             targets, ordered, _ = register_partitions(instance, kb, [CorpusRoot(root, "default")])
         assert len(targets) == 6
-        # Four runs at once over overlapping ranges: every file is in two or more of them.
-        ranges = [(ordered[0], ordered[3]), (ordered[2], ordered[5]), (ordered[0], ordered[5]), (ordered[1], ordered[4])]
+        # Three runs at once over overlapping ranges: every file is in two or more of them.
+        ranges = [(ordered[0], ordered[3]), (ordered[2], ordered[5]), (ordered[0], ordered[5])]
         run_config = {"resources": {"rag": {"config": {"database_url": database_url, "home": str(home)}}}}
         with location_workspace(instance) as workspace:
-            run_ids = launch_runs(instance, workspace, "ingest_files", run_config, ranges, parallel=4)
+            run_ids = launch_runs(instance, workspace, "ingest_files", run_config, ranges, parallel=3)
             runs = [wait_for_run(instance, run_id) for run_id in run_ids]
-        assert [r.status.value for r in runs] == ["SUCCESS"] * 4, [r.status.value for r in runs]
+        assert [r.status.value for r in runs] == ["SUCCESS"] * 3, [r.status.value for r in runs]
         stats = [instance.get_run_stats(r.run_id) for r in runs]
         spans = [(st.start_time, st.end_time) for st in stats]
         # each run overlapped another one (launches are ~3 s apart; a run of a few cached files is short)
