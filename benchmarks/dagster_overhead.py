@@ -2,12 +2,12 @@
 location's job, all partitions in one run), each into a fresh database with an empty embedding
 cache; as fresh processes (`--commands`: imports, model load and exit included), or in this
 process (default: the library with its model already loaded, Dagster through `materialize_corpus`,
-whose run worker loads the model inside the Dagster figure); `--rounds` times in ABBA order; then
-both again with `--force` (cache hits: the orchestration share is largest); then both again
-without (every file unchanged); and the corpus sensor's tick time on a tree of 10,000 files.
+which without a daemon executes its run in this process and loads the model once, in its first
+run); `--rounds` times in ABBA order; then both again with `--force` (cache hits: the orchestration
+share is largest; `--warm-rounds` times, ABBA; `dagster_warm_breakdown`); then both again without (every file unchanged); and the corpus sensor's tick time on a tree of 10,000 files.
 Prints one JSON line; `dagster_cold_breakdown` says where each Dagster run's time went.
 
-    .venv/bin/python benchmarks/dagster_overhead.py [--corpus DIR] [--commands] [--rounds 2] [--sensor-files N]
+    .venv/bin/python benchmarks/dagster_overhead.py [--corpus DIR] [--commands] [--rounds 2] [--warm-rounds 2] [--sensor-files N]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def sensor_ticks(tmp: Path, n: int) -> dict:
     return out
 
 
-def run_breakdown(instance) -> dict:
+def run_breakdown(instance, limit: int | None = None) -> dict:
     """Where the time of the runs on `instance` went: creating a run to its RUN_START (split into
     creating the run, mostly its planned-materialization events; the code server starting the run
     worker; the worker's own start-up; a run executed in the calling process has no worker:
@@ -102,7 +102,7 @@ def run_breakdown(instance) -> dict:
 
     out: dict = {"launch_seconds": 0.0, "create_seconds": 0.0, "spawn_seconds": 0.0, "worker_start_seconds": 0.0,
                  "run_seconds": 0.0, "steps": {}}
-    for record in instance.get_run_records():
+    for record in instance.get_run_records(limit=limit):
         created = record.create_timestamp.timestamp()
         out["launch_seconds"] += record.start_time - created
         out["run_seconds"] += record.end_time - record.start_time
@@ -192,9 +192,11 @@ class Side:
         finally:
             instance.dispose()
 
-    def breakdown(self) -> dict:
+    def breakdown(self, last: bool = False) -> dict:
+        """Where this side's runs went (a fresh instance per side: its runs are this side's); `last`:
+        its latest run only."""
         with self.instance() as instance:
-            return run_breakdown(instance)  # a fresh instance per side: its runs are this side's
+            return run_breakdown(instance, limit=1 if last else None)
 
 
 def main() -> None:
@@ -206,6 +208,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="cold rounds, in ABBA order (library, Dagster, Dagster, library, ...): a "
                              "neighbour's load drifting during the minutes of a cold run cancels out")
+    parser.add_argument("--warm-rounds", type=int, default=1,
+                        help="warm `--force` rounds, in ABBA order too (their seconds are summed for warm_ratio)")
     args = parser.parse_args()
     corpus = Path(args.corpus).resolve()
 
@@ -219,6 +223,7 @@ def main() -> None:
                 # two texts: the batch path (a single text takes the query path)
                 provider.embed(["warm-up", "a second text"])
             results: dict = {"corpus": str(corpus), "commands": args.commands,
+                             "load_average_start": [round(x, 2) for x in os.getloadavg()],
                              "library_seconds": [], "dagster_seconds": [],
                              "dagster_cold_breakdown": []}
             for n in range(args.rounds):
@@ -239,12 +244,25 @@ def main() -> None:
             results["ratio"] = round(sum(results["dagster_seconds"]) / sum(results["library_seconds"]), 3)
             results["round_ratios"] = [round(d / lb, 3) for d, lb in zip(results["dagster_seconds"],
                                                                           results["library_seconds"])]
-            # Warm: every vector in the cache, `--force` redoes every stage; then unchanged (no force).
-            for name, force in (("warm", True), ("unchanged", False)):
-                results[f"{name}_library_seconds"] = round(lib.run(corpus, force), 2)
-                results[f"{name}_dagster_seconds"] = round(dag.run(corpus, force), 2)
-                results[f"{name}_ratio"] = round(results[f"{name}_dagster_seconds"] / results[f"{name}_library_seconds"], 3)
-                print(f"progress: {results}", file=sys.stderr, flush=True)
+            # Warm: every vector in the cache, `--force` redoes every stage (ABBA over --warm-rounds,
+            # each Dagster run's breakdown kept); then unchanged (no force).
+            warm: dict[str, list[float]] = {"library": [], "dagster": []}
+            results["dagster_warm_breakdown"] = []
+            for n in range(args.warm_rounds):
+                for side in ((lib, dag) if n % 2 == 0 else (dag, lib)):
+                    warm["dagster" if side is dag else "library"].append(round(side.run(corpus, True), 2))
+                    if side is dag:
+                        results["dagster_warm_breakdown"].append(side.breakdown(last=True))
+            results["warm_library_seconds"], results["warm_dagster_seconds"] = warm["library"], warm["dagster"]
+            results["warm_ratio"] = round(sum(warm["dagster"]) / sum(warm["library"]), 3)
+            results["warm_extra_seconds"] = round((sum(warm["dagster"]) - sum(warm["library"])) / args.warm_rounds, 2)
+            print(f"progress: {results}", file=sys.stderr, flush=True)
+            results["unchanged_library_seconds"] = round(lib.run(corpus, False), 2)
+            results["unchanged_dagster_seconds"] = round(dag.run(corpus, False), 2)
+            results["unchanged_ratio"] = round(results["unchanged_dagster_seconds"] / results["unchanged_library_seconds"], 3)
+            results["extra_seconds"] = round((sum(results["dagster_seconds"]) - sum(results["library_seconds"]))
+                                             / args.rounds, 2)
+            results["load_average"] = [round(x, 2) for x in os.getloadavg()]
             results.update(sensor_ticks(tmp, args.sensor_files))
         finally:
             stop_embedded(tmp / "pgdata")

@@ -22,8 +22,9 @@ the difference would be paid by every `rag materialize`. So, one function per pr
   `rag materialize` ran each run in a run worker that the code server spawned: the code server and
   the worker each imported Dagster and the code location again (the `spawn` start method is the
   only one Dagster's server uses). Measured 2026-11-26 on a warm `--force` of the shared corpus
-  (load average 11-14 on 2 cores): 9-11 s from creating the run to its start in the worker, plus
-  the code server's own start, against 3.5 s from creating the run to its start here.
+  (load average 9-14 on 2 cores): 4.1-11 s from creating the run to its start in the worker, the
+  code server's own start not counted, against 0.9-1.6 s from creating the run to its start here
+  (`benchmarks/dagster_overhead.py`; README, dagster_overhead).
 - `code_server_runs`: the code server's gRPC client and `dagster._serdes.deserialize_value`
   (which run processes the code server still has). Dagster's documented alternative, `code_servers:
   wait_for_local_processes_on_shutdown` in dagster.yaml, would also make `rag dev` wait on Ctrl-C
