@@ -4,12 +4,18 @@ at most a bounded number of rounds between them) with per-file failure isolation
 
 from __future__ import annotations
 
+import threading
+
+import psycopg
 import pytest
 
-from rag_lib.ingest.state import BULKY
+from rag_lib.ingest import run as run_module
+from rag_lib.ingest.overlap import overlapped
+from rag_lib.ingest.state import BULKY, StageRunner
+from test_ingest import LEARNING, MALFORMED, PFE, TRADE, rows, write_deep_yaml
 
-PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
-LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
+RESEARCH = "tradegent/fixtures/sample_research.yaml"
+EARNINGS = "tradegent/fixtures/sample_earnings.yaml"
 
 pytestmark = pytest.mark.warm_cache
 
@@ -32,3 +38,121 @@ def test_an_unchanged_rerun_reads_no_section_or_chunk_texts(kb, corpus_copy, mon
     assert report.count("unchanged") == 2 and report.embedded == 0
     assert {stage for (_, _, stage), _ in read} >= set(BULKY)  # the stored outputs were read and decided
     assert [key for key, payload in read if key[2] in BULKY and "documents" in payload] == []
+
+
+# ---- the pipeline of steps ------------------------------------------------------------------
+
+
+def test_overlapped_keeps_order_and_holds_at_most_in_flight_items():
+    """Items come out in their order, each after every step; no more than `in_flight` items are
+    ever between their first step and their last, and the source is read no further ahead."""
+    lock = threading.Lock()
+    pulled, started, finished, seen = [], [], [], []
+
+    def source():
+        for i in range(12):
+            pulled.append(i)
+            yield i
+
+    def first(i):
+        with lock:
+            started.append(i)
+            seen.append(len(started) - len(finished))
+
+    def last(i):
+        with lock:
+            finished.append(i)
+
+    out = []
+    for item in overlapped(source(), [first, lambda i: None, last], in_flight=3):
+        assert len(pulled) - len(out) <= 3
+        out.append(item)
+    assert out == list(range(12)) and finished == list(range(12))
+    assert max(seen) <= 3
+
+
+def test_overlapped_raises_a_steps_error_after_the_items_before_it_are_done():
+    """A step failing on item 3 (an outage): items 0-2 went through every step, the error is raised
+    to the caller, and no step starts on an item after 3 once it failed."""
+    lock = threading.Lock()
+    done: list[int] = []
+    embedded: list[int] = []
+
+    def embed(i):
+        if i == 3:
+            raise RuntimeError("provider down")
+        with lock:
+            embedded.append(i)
+
+    def publish(i):
+        with lock:
+            done.append(i)
+
+    out = []
+    with pytest.raises(RuntimeError, match="provider down"):
+        for item in overlapped(range(10), [lambda i: None, embed, publish], in_flight=2):
+            out.append(item)
+    assert out == [0, 1, 2] and done == [0, 1, 2]
+    assert max(embedded) <= 4  # at most the next item had started before the failure was known
+
+
+# ---- rag ingest ------------------------------------------------------------------------------
+
+
+def test_rounds_overlap_and_a_bad_file_in_a_round_fails_alone(kb, corpus_copy, database_url, monkeypatch):
+    """Rounds of two files: while one round is embedded the next is prepared (the embedding of the
+    first round waits until a later round has started preparing: run one after the other, it
+    would wait in vain). A malformed file, a file whose publishing fails in the database and one
+    nested too deep sit among good ones: each gets its own outcome with its reason, every good file
+    lands, and each document was published in one transaction (the failed one left nothing)."""
+    monkeypatch.setattr(run_module, "FILES_PER_ROUND", 2)
+    good = [LEARNING, PFE, RESEARCH, TRADE, EARNINGS]
+    root = corpus_copy(*good, MALFORMED)
+    write_deep_yaml(root / "tradegent/knowledge/learnings/aaa-deep.yaml")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"""CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS
+                         $$ BEGIN IF NEW.path = '{RESEARCH}' THEN RAISE EXCEPTION 'injected failure'; END IF;
+                         RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON rag_chunks FOR EACH ROW EXECUTE FUNCTION boom()")
+
+    later_round_prepared = threading.Event()
+    overlapped_seen = []
+    prepare, embed = StageRunner.raw_documents, StageRunner.embeddings
+    first_round: list[str] = []
+
+    def raw_documents(self, targets):
+        if not first_round:
+            first_round.extend(t.key for t in targets)
+        else:
+            later_round_prepared.set()
+        return prepare(self, targets)
+
+    def embeddings(self, targets):
+        if [t.key for t in targets] == first_round:
+            overlapped_seen.append(later_round_prepared.wait(timeout=120))
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "raw_documents", raw_documents)
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    report = kb.ingest([root])
+
+    assert overlapped_seen == [True]
+    by_path = {o.path: o for o in report.outcomes}
+    assert by_path[MALFORMED].status == "skipped" and by_path[MALFORMED].reason == "malformed_yaml"
+    assert by_path[RESEARCH].status == "failed" and "injected failure" in by_path[RESEARCH].detail
+    deep = by_path["tradegent/knowledge/learnings/aaa-deep.yaml"]
+    assert deep.status in ("failed", "skipped") and deep.reason and deep.detail
+    landed = {p for p in good if p != RESEARCH}
+    assert {p for p, o in by_path.items() if o.status == "new"} == landed
+    assert {r[0] for r in rows(kb, "SELECT path FROM rag_documents")} == landed
+    assert rows(kb, "SELECT count(*) FROM rag_chunks WHERE path = %s", RESEARCH)[0][0] == 0
+    chunks = rows(kb, "SELECT count(*), (SELECT count(*) FROM rag_chunk_vectors) FROM rag_chunks")[0]
+    assert chunks[0] == chunks[1] == report.chunks > 0
+
+
+def test_progress_counts_every_file_in_order_across_overlapping_rounds(kb, corpus_copy, monkeypatch):
+    monkeypatch.setattr(run_module, "FILES_PER_ROUND", 1)
+    root = corpus_copy(LEARNING, PFE, TRADE)
+    seen = []
+    kb.ingest([root], progress=lambda path, done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]

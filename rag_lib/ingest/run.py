@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rag_lib.corpus_files import path_refusal
 from rag_lib.documents import iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
+from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.stages import Engine, Loaded
 from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, SECTIONS, STAGES, VECTORS, StageOutcome, StageRunner
 from rag_lib.errors import LimitExceededError, ValidationError
@@ -49,7 +51,12 @@ def source_files(paths: Iterable[Path], collection: str, root: Path | None = Non
             for base, file in collect_files(paths, root)]
 
 
-FILES_PER_ROUND = 64  # files taken through all stages together: large embedding batches, steady progress
+FILES_PER_ROUND = 32  # files taken through the stages together: embedding batches of ~500+ chunks, steady progress
+# A round's stages in three steps, each on its own thread (`overlapped`): while the encoder embeds one
+# round, the next is read, parsed and chunked and the previous one published, so ingest goes at the
+# encoder's pace. At most ROUNDS_IN_FLIGHT rounds are between reading and publishing (the memory bound).
+STEPS = ((RAW, SECTIONS, CHUNKS), (EMBEDDINGS,), (VECTORS,))
+ROUNDS_IN_FLIGHT = 4
 # what each stage is called in an ingest report's failure reasons and rag_failures sources
 STEP = {RAW: "load", SECTIONS: "prepare", CHUNKS: "prepare", EMBEDDINGS: "embed", VECTORS: "publish"}
 
@@ -68,7 +75,8 @@ def ingest(
 ) -> IngestReport:
     """Bring the collection in step with the files under `paths`; see module docstring. The files
     go through the per-file stage runner (`rag_lib.ingest.state`), the one the Dagster assets run,
-    all stages in one process, `FILES_PER_ROUND` files at a time.
+    all stages in one process, `FILES_PER_ROUND` files at a time, a round's steps (`STEPS`)
+    overlapping the other rounds'; a file's failure is its own in every step, as in one Dagster run.
 
     `parsed` (by path relative to the root): files loaded and flattened already (the server's parse
     sandbox), not parsed again. `max_request_chunks` (a server request): every document is prepared
@@ -92,16 +100,19 @@ def ingest(
     if max_request_chunks is not None:
         _refuse_over_limits(engine, runner, files, collection, force, max_request_chunks)
     seen: set[str] = set()
-    for start in range(0, len(files), FILES_PER_ROUND):
-        batch = files[start: start + FILES_PER_ROUND]
-        targets = [FileTarget(s.collection, s.root, s.rel, s.rel) for s in batch]
-        outcomes = runner.run_all(targets)
-        rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in targets])
-        for t in targets:
-            seen.update(_report_file(engine, report, t, outcomes[t.key], rows))
-        if progress:
-            for done, source in enumerate(batch, start + 1):
-                progress(str(source.path), done, len(files))
+    rounds = [_Round([FileTarget(s.collection, s.root, s.rel, s.rel) for s in files[start: start + FILES_PER_ROUND]])
+              for start in range(0, len(files), FILES_PER_ROUND)]
+    steps = [lambda r, stages=stages: runner.run_all(r.targets, stages, r.outcomes) for stages in STEPS]
+    done = 0
+    for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT):
+        rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in r.targets])
+        for t in r.targets:
+            seen.update(_report_file(engine, report, t, r.outcomes[t.key], rows))
+        runner.release(r.targets)
+        for t in r.targets:
+            done += 1
+            if progress:
+                progress(str(t.path), done, len(files))
     report.cache_hits, report.embedded = runner.embed_totals["cache_hits"], runner.embed_totals["embedded"]
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
@@ -114,6 +125,14 @@ def ingest(
                 store.forget_file(c, rel, [])  # its stage rows: a file put back later starts afresh
     report.seconds = time.perf_counter() - started
     return report
+
+
+@dataclass
+class _Round:
+    """Files taken through the stages together, with their outcomes (key → stage → outcome)."""
+
+    targets: list[FileTarget]
+    outcomes: dict[str, dict[str, StageOutcome]] = field(default_factory=dict)
 
 
 def _keyable(files: list[SourceFile]) -> tuple[list[SourceFile], list[Skipped]]:

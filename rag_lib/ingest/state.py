@@ -272,14 +272,26 @@ class StageRunner:
 
     # ---- stages ------------------------------------------------------------------------
 
-    def run_all(self, targets: list[FileTarget]) -> dict[str, dict[str, StageOutcome]]:
-        """Every stage in order over the files (what `rag ingest` does, as one Dagster run would):
-        key → stage → outcome."""
-        out: dict[str, dict[str, StageOutcome]] = {t.key: {} for t in targets}
-        for stage in STAGES:
+    def run_all(self, targets: list[FileTarget], stages: tuple[str, ...] = STAGES,
+                out: dict[str, dict[str, StageOutcome]] | None = None) -> dict[str, dict[str, StageOutcome]]:
+        """The stages in order over the files (all of them: what one Dagster run does): key → stage →
+        outcome, added to `out` when given. Different files' stages may run on different threads at
+        once (`rag ingest` overlaps them); one file's stages run in order."""
+        out = {t.key: {} for t in targets} if out is None else out
+        for stage in stages:
             for outcome in getattr(self, stage)(targets):
-                out[outcome.key][stage] = outcome
+                out.setdefault(outcome.key, {})[stage] = outcome
         return out
+
+    def release(self, targets: list[FileTarget]) -> None:
+        """Forget what this run keeps of files it is done with (parsed documents, stored outputs,
+        vectors): a long run holds only the files in flight."""
+        for c, p in map(_ident, targets):
+            self._loaded.pop((c, p), None)
+            self._vectors.pop((c, p), None)
+            for stage in STAGES:
+                self._rows.pop((c, p, stage), None)
+                self._heads.discard((c, p, stage))
 
     def raw_documents(self, targets: list[FileTarget]) -> list[StageOutcome]:
         """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again."""
@@ -442,8 +454,10 @@ class StageRunner:
         outcomes = self._run(VECTORS, targets, (SECTIONS, CHUNKS, EMBEDDINGS), collect, still_current=published_current)
         if not pending:
             return outcomes
-        need = [_ident(t) for t, _, _ in pending.values() if _ident(t) not in self._vectors]
-        staged = {**self.store.load_staged_vectors(need), **self._vectors} if need else self._vectors
+        idents = [_ident(t) for t, _, _ in pending.values()]
+        # this round's files only: the embedding step may be adding the next round's meanwhile
+        staged = {i: self._vectors[i] for i in idents if i in self._vectors}
+        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged]))
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
