@@ -1,7 +1,8 @@
 """Ingest benchmark: the shared corpus, copied N times into separate databases (each with its own
 embedding cache, so every copy is really encoded) to exceed 5,000 chunks. Prints one JSON line:
 end-to-end chunks/s against the raw encoder on the same texts and batch size, the unchanged
-re-run speed-up and peak RSS.
+re-run speed-up, peak RSS and the machine's load average before and after (the machine is shared:
+read the figures beside it).
 
     .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=LOCAL_BATCH_SIZE)
     args = parser.parse_args()
 
+    load_before = [round(x, 2) for x in os.getloadavg()]
     provider = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=args.batch_size)
     provider.load()
     provider.embed(["warm up"])
@@ -84,6 +87,8 @@ def main() -> None:
         "rerun_seconds": round(rerun_seconds, 2),
         "rerun_speedup": round(seconds / rerun_seconds, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
     }))
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag_lib.corpus_files import path_refusal

@@ -150,7 +150,9 @@ class VectorStore:
             cur.execute(
                 "CREATE TEMP TABLE IF NOT EXISTS _cache_in (content_hash text, embedding vector) ON COMMIT DELETE ROWS"
             )
-            with cur.copy("COPY _cache_in (content_hash, embedding) FROM STDIN") as copy:
+            # binary: pgvector's text form costs ~0.25 ms of Python per 384-d vector, its binary form ~3 µs
+            with cur.copy("COPY _cache_in (content_hash, embedding) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "vector"])
                 for digest, vec in items.items():
                     copy.write_row((digest, vec))
             cur.execute(
