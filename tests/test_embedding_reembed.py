@@ -63,10 +63,11 @@ def space_vectors(kb: KnowledgeBase, space: str) -> dict[str, np.ndarray]:
 
 
 def classify(hits, queries: dict[str, np.ndarray], vectors: dict[str, dict[str, np.ndarray]]) -> str:
-    """Which space every score of one result came from ('mixed' if no single space explains all)."""
+    """Which space every hit's similarity (its cosine with the query; the score may be weighted)
+    came from ('mixed' if no single space explains all)."""
     for space, q in queries.items():
         if all(h.chunk_id in vectors[space]
-               and abs(h.score - max(0.0, float(np.dot(q, vectors[space][h.chunk_id])))) < 1e-3 for h in hits):
+               and abs(h.similarity - float(np.dot(q, vectors[space][h.chunk_id]))) < 1e-3 for h in hits):
             return space
     return "mixed"
 
@@ -110,7 +111,7 @@ def test_switch_is_atomic_while_searches_run(rkb, stub, provider):
     spaces = [classify(hits, queries, vectors) for hits in seen]
     if "mixed" in spaces:  # debugging aid: show the first unexplained result
         hits = seen[spaces.index("mixed")]
-        detail = [(h.chunk_id, h.score, {sp: (float(np.dot(queries[sp], vectors[sp][h.chunk_id]))
+        detail = [(h.chunk_id, h.similarity, {sp: (float(np.dot(queries[sp], vectors[sp][h.chunk_id]))
                                               if h.chunk_id in vectors[sp] else None) for sp in queries}) for h in hits]
         raise AssertionError(f"{spaces}: {detail}")
     first_new = spaces.index(NEW)

@@ -5,7 +5,6 @@ find them, while questions about one ticker's content are answered by its conten
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

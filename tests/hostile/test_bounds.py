@@ -37,7 +37,8 @@ ISLAND = "_meta: {type: research, id: island}\nsummary: Apart from the rest.\n_g
 
 
 def sections_yaml(n: int) -> str:
-    """A document of `n` top-level keys of a short sentence each: one chunk per key."""
+    """A document of `n` top-level keys of a short sentence each: one chunk per key, and one for its
+    `_meta` (a descriptor section): `n + 1` chunks."""
     lines = ["_meta: {type: research, id: many}"]
     lines += [f"k{i:05d}: \"point {i} about margins, guidance and the stop level\"" for i in range(n)]
     return "\n".join(lines) + "\n"
@@ -144,13 +145,13 @@ def test_upload_over_the_document_chunk_limit_is_refused_with_its_number(upload_
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "limit_exceeded"
-    assert "120 chunks" in error["message"] and "limits.max_chunks_per_document=50" in error["message"]
+    assert "121 chunks" in error["message"] and "limits.max_chunks_per_document=50" in error["message"]
     assert provider.calls == calls  # refused before anything was embedded
     assert client.get("/api/rag/sources").json()["items"] == []
     assert not (settings.server.upload_dir / "default" / "big.yaml").exists()  # nothing left on disk
     # under the limit: the same kind of document goes in
     r = client.post("/api/rag/embed", json={"name": "small.yaml", "content": sections_yaml(40)})
-    assert r.status_code == 200 and r.json()["chunks"] == 40, r.text
+    assert r.status_code == 200 and r.json()["chunks"] == 41, r.text
 
 
 @pytest.mark.timeout(300)
@@ -183,7 +184,7 @@ def test_mcp_embed_over_the_document_chunk_limit_is_a_tool_error_with_its_number
         calls = provider.calls
         is_error, text = anyio.run(call)
         assert is_error, text
-        assert "limit_exceeded: " in text and "120 chunks" in text and "limits.max_chunks_per_document=50" in text
+        assert "limit_exceeded: " in text and "121 chunks" in text and "limits.max_chunks_per_document=50" in text
         assert provider.calls == calls and kb.list_documents() == []
 
 
@@ -199,7 +200,7 @@ def test_cli_ingest_skips_a_document_over_the_chunk_limit_with_the_reason(tmp_pa
     files = {f["path"]: f for f in json.loads(out)["files"]}
     assert files["good.md"]["status"] == "new"
     assert files["big.yaml"]["status"] == "skipped" and files["big.yaml"]["reason"] == "too_many_chunks"
-    assert "120 chunks" in files["big.yaml"]["detail"]
+    assert "121 chunks" in files["big.yaml"]["detail"]
     assert "limits.max_chunks_per_document=50" in files["big.yaml"]["detail"]
     code, out, _ = rag("status", "--json")
     skipped = {s["path"]: s for s in json.loads(out)["skipped"]}
@@ -216,12 +217,12 @@ def test_an_upload_is_parsed_once_in_the_sandbox_not_again_in_the_server(upload_
         r = client.post("/api/rag/embed", json={"name": "once.yaml", "content": sections_yaml(10)})
     finally:
         logger.removeHandler(caplog.handler)
-    assert r.status_code == 200 and r.json()["chunks"] == 10, r.text
+    assert r.status_code == 200 and r.json()["chunks"] == 11, r.text
     parses = [getattr(rec, "where", None) for rec in caplog.records if rec.getMessage() == "document parsed"]
     assert parses == ["sandbox"]
     # and what the sandbox parsed is what got published
     shown = client.get("/api/rag/sources/once.yaml").json()
-    assert [s["name"] for s in shown["sections"]] == [f"k{i:05d}" for i in range(10)]
+    assert [s["name"] for s in shown["sections"]] == ["_meta"] + [f"k{i:05d}" for i in range(10)]
 
 
 @pytest.mark.slow

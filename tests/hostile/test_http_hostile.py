@@ -97,16 +97,17 @@ class HealthProbe:
 
 
 def assert_responsive(server: dict, probe: HealthProbe) -> None:
-    """`/health` answered every probe during the case, 95% of them within 100 ms and none frozen
+    """`/health` answered every probe during the case, 95% of them within 250 ms and none frozen
     (the old failures were seconds to minutes, or a dead process; measured at load 8-12 on the
     shared 2-core machine: p95 12-31 ms, worst single probe 102 ms), and every probe after it
-    within 100 ms."""
+    within 500 ms. The bounds leave room for `make test`'s other worker busy on the same cores
+    (a probe after the case once took 124 ms there) and still catch a server that froze."""
     assert not probe.failures, probe.failures
     assert server["proc"].poll() is None, "the server process died"
     if probe.latencies:
         lat = sorted(probe.latencies)
         p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))]
-        assert p95 < 100 and lat[-1] < 500, (p95, lat[-5:])
+        assert p95 < 250 and lat[-1] < 1000, (p95, lat[-5:])
     after = []
     with httpx.Client(base_url=server["url"], timeout=5) as c:  # one client: time the server, not TLS/client setup
         c.get("/health")
@@ -114,7 +115,7 @@ def assert_responsive(server: dict, probe: HealthProbe) -> None:
             t0 = time.perf_counter()
             assert c.get("/health").status_code == 200
             after.append((time.perf_counter() - t0) * 1000)
-    assert max(after) < 100, after
+    assert max(after) < 500, after
 
 
 def good_still_found(c: httpx.Client) -> None:
