@@ -212,6 +212,8 @@ def test_an_upload_is_parsed_once_in_the_sandbox_not_again_in_the_server(upload_
     client, _ = upload_client
     logger = logging.getLogger("rag_lib")  # it does not propagate to the root logger caplog listens on
     caplog.set_level(logging.DEBUG, logger="rag_lib")
+    # an earlier server in this process may have set the request log's own level (setup_server_logging)
+    caplog.set_level(logging.DEBUG, logger="rag_lib.server")
     logger.addHandler(caplog.handler)
     try:
         r = client.post("/api/rag/embed", json={"name": "once.yaml", "content": sections_yaml(10)})
