@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
@@ -26,6 +27,15 @@ LIBRARY_DB = "rag"
 def like_escape(text: str) -> str:
     """`text` with LIKE's wildcards and escape character escaped, to match it literally."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def copy_rows(cur: psycopg.Cursor, target: str, types: Sequence[str], rows: Iterable[tuple]) -> None:
+    """COPY `rows` into `target` ("table (columns)") in binary form, the columns of PostgreSQL
+    `types`: pgvector's text form costs ~0.25 ms of Python per 384-d vector, its binary form ~3 µs."""
+    with cur.copy(sql.SQL("COPY {} FROM STDIN (FORMAT BINARY)").format(sql.SQL(target))) as copy:
+        copy.set_types(list(types))
+        for row in rows:
+            copy.write_row(row)
 
 
 def migration_files(sql_dir: Path = SQL_DIR) -> list[tuple[int, Path]]:

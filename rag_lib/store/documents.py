@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from rag_lib.errors import AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
-from rag_lib.store.connection import like_escape
+from rag_lib.store.connection import copy_rows, like_escape
 
 
 def _lock_key(collection: str, path: str) -> str:
@@ -103,11 +103,9 @@ class DocumentStore:
                              c.token_count, c.content_hash, doc.content_hash, c.char_start, c.char_end,
                              json.dumps(c.metadata))
                         )
-                with cur.copy("COPY rag_chunk_vectors (chunk_id, space, dimensions, embedding) FROM STDIN"
-                              " (FORMAT BINARY)") as copy:  # binary: vectors in text form cost ~80x the Python
-                    copy.set_types(["text", "text", "integer", "vector"])
-                    for c, vec in zip(chunks, vectors):
-                        copy.write_row((c.chunk_id, space, dimensions, vec))
+                copy_rows(cur, "rag_chunk_vectors (chunk_id, space, dimensions, embedding)",
+                          ["text", "text", "integer", "vector"],
+                          ((c.chunk_id, space, dimensions, vec) for c, vec in zip(chunks, vectors)))
             if graph is not None:
                 self._graph_write(conn, doc, graph)
             self._graph_drop_orphans(conn, doc.collection, old_nodes)

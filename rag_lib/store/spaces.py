@@ -10,6 +10,7 @@ import numpy as np
 from psycopg import sql
 
 from rag_lib.errors import DimensionMismatchError, NotFoundError, ValidationError
+from rag_lib.store.connection import copy_rows
 from rag_lib.store.documents import _dicts
 from rag_lib.store.vectors import index_name
 
@@ -83,9 +84,7 @@ class SpaceStore:
             if status is None or status[0] == "active":
                 raise ValidationError(f"space {space} is {'missing' if status is None else 'active'}; fill refused")
             cur.execute("CREATE TEMP TABLE IF NOT EXISTS _space_in (chunk_id text, embedding vector) ON COMMIT DELETE ROWS")
-            with cur.copy("COPY _space_in (chunk_id, embedding) FROM STDIN") as copy:
-                for chunk_id, vec in rows:
-                    copy.write_row((chunk_id, vec))
+            copy_rows(cur, "_space_in (chunk_id, embedding)", ["text", "vector"], rows)
             cur.execute(
                 """INSERT INTO rag_chunk_vectors (chunk_id, space, dimensions, embedding)
                    SELECT i.chunk_id, %s, %s, i.embedding FROM _space_in i

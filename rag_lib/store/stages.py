@@ -11,6 +11,7 @@ import numpy as np
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from rag_lib.store.connection import copy_rows
 from rag_lib.store.vectors import index_name
 
 
@@ -77,14 +78,10 @@ class StageStore:
                    WHERE v.collection = f.collection AND v.path = f.path""",
                 ([f[0] for f in files], [f[1] for f in files]),
             )
-            with cur.copy(
-                "COPY rag_stage_vectors (collection, path, chunk_id, content_hash, model, dimensions, embedding)"
-                " FROM STDIN (FORMAT BINARY)"  # binary: vectors in text form cost ~80x the Python
-            ) as copy:
-                copy.set_types(["text", "text", "text", "text", "text", "integer", "vector"])
-                for collection, path, rows, vectors in files:
-                    for (chunk_id, digest), vec in zip(rows, vectors):
-                        copy.write_row((collection, path, chunk_id, digest, model, dimensions, vec))
+            copy_rows(cur, "rag_stage_vectors (collection, path, chunk_id, content_hash, model, dimensions, embedding)",
+                      ["text", "text", "text", "text", "text", "integer", "vector"],
+                      ((collection, path, chunk_id, digest, model, dimensions, vec)
+                       for collection, path, rows, vectors in files for (chunk_id, digest), vec in zip(rows, vectors)))
 
     def load_staged_vectors(self, files: Sequence[FileIdent]) -> dict[FileIdent, dict[str, np.ndarray]]:
         """(collection, path) → chunk_id → staged vector, for many files."""
