@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.util
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -116,11 +117,24 @@ def _import_great_expectations() -> None:
     skip_final_collections()
 
 
+def _spawn_reimports_safely() -> bool:
+    """Whether a spawned child may re-import this process's `__main__`: yes for installed entry
+    points (`rag`, `dagster`, `pytest`: guarded by `if __name__ == "__main__"`) and interactive
+    sessions; no for a user's own script, whose top level would run again in the child (spawn
+    refuses that, and a broken validation process would fail the chunk check)."""
+    main = sys.modules.get("__main__")
+    origin = getattr(getattr(main, "__spec__", None), "origin", None) or getattr(main, "__file__", None)
+    if origin is None:
+        return True
+    return Path(origin).resolve().is_relative_to(Path(sys.prefix).resolve())
+
+
 def preload_great_expectations() -> None:
-    """Start the validation process (importing Great Expectations) now; later chunk-frame
-    validations in this process run there. Idempotent."""
+    """Start the validation process (importing Great Expectations) now, when the caller's main
+    module is an installed entry point; later chunk-frame validations in this process run there.
+    Otherwise validations run in this process. Idempotent."""
     global _validator
-    if _validator is None:
+    if _validator is None and _spawn_reimports_safely():
         _validator = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_import_great_expectations)
         _validator.submit(int)  # start the worker now, not on first use

@@ -1,0 +1,38 @@
+"""The chunk-size suite's validation process and the caller's own script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.subprocess
+
+# A user's script without `if __name__ == "__main__"`: what calling the Dagster job from a
+# script (materialize_corpus) does to the chunk check. Spawning a validation process would re-run
+# this top level in the child, which Python refuses, and the check would fail.
+SCRIPT = textwrap.dedent("""
+    import pandas as pd
+    from rag_lib import quality
+
+    print("top level ran", flush=True)
+    quality.preload_great_expectations()
+    frame = pd.DataFrame({"chunk_id": ["a", "b"], "collection": ["c", "c"], "path": ["p", "p"],
+                          "section": ["s", "s"], "token_count": [5, 900], "text": ["x", "y"]})
+    results = quality.validate_chunk_frame(frame, 1, 256)
+    bad = [r["expectation"] for r in results if not r["success"]]
+    print("failed:", ",".join(bad), flush=True)
+""")
+
+
+def test_unguarded_script_validates_in_its_own_process(tmp_path):
+    script = tmp_path / "my_script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={"GX_ANALYTICS_ENABLED": "false", "PATH": "/usr/bin:/bin",
+                                             "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("top level ran") == 1  # the script's own work was not done twice
+    assert "failed: expect_column_values_to_be_between" in done.stdout
