@@ -1,8 +1,18 @@
 """The instance's event log storage, named in dagster.yaml (`event_log_storage: module:
-pipelines.event_log, class: RagEventLogStorage`): dagster-postgres's storage with two changes,
+pipelines.event_log, class: RagEventLogStorage`): dagster-postgres's storage with these changes,
 made by overriding its public methods (Dagster's documented way to change how an instance stores
 events; nothing is patched at run time):
 
+- a new run plans each partitioned asset with ONE planned-materialization event carrying the run's
+  partitions (`supports_partition_subset_in_asset_materialization_planned_events`, the property
+  Dagster's `DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS` sets on its own storages), not one
+  per asset per file: creating a run over 10,000 files wrote 60,000 events (75 s), over 100,000
+  files 600,000 (9.3 min; docs/scale.md, "Dagster at 100k files"). Dagster reads only
+  per-partition planned events to mark a failed run's partitions failed, so when a run fails this
+  storage writes them then, for the partitions the run planned and nobody materialized since
+  (`_plan_unmaterialized`): the UI's partition bars show the same failed files as before. What is
+  lost: while a run is queued or running, its partitions are not shown "in progress" (the run
+  itself is);
 - a batch of ASSET_MATERIALIZATION_PLANNED events (a new run plans one per asset per file: 961 for
   160 files) is written as dagster-postgres writes a batch of materializations, one multi-row insert
   and each asset's row once, where it would write each event alone (insert, NOTIFY, asset row,
@@ -14,14 +24,17 @@ events; nothing is patched at run time):
   measurement, same load), and a run has six such steps.
 
 Every process that loads dagster.yaml uses it: `rag materialize`, run workers, the webserver and
-daemon of `rag dev`. Elsewhere (an instance without it, e.g. the Helm chart's) everything works
-unchanged, only slower."""
+daemon of `rag dev` (each creates runs: the command, the UI's launches, the sensor's and
+schedules' requests and backfills). Elsewhere (an instance without it, e.g. the Helm chart's)
+everything works unchanged, only slower."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+import logging
+import time
 from typing import Any
 
 from dagster import DagsterEventType
@@ -31,6 +44,13 @@ from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_c
 # partitions definition name → its keys, while a `partition_keys_read_once()` block runs (per thread)
 _READ_ONCE: ContextVar[dict[str, list[str]] | None] = ContextVar("rag_partition_keys_read_once", default=None)
 _KEY_SETS: ContextVar[dict[str, set[str]] | None] = ContextVar("rag_partition_key_sets", default=None)
+
+
+log = logging.getLogger(__name__)
+
+
+def _is_run_failure(event) -> bool:
+    return event.is_dagster_event and event.dagster_event_type == DagsterEventType.RUN_FAILURE
 
 
 def _is_planned(event) -> bool:
@@ -47,6 +67,44 @@ class RagEventLogStorage(PostgresEventLogStorage):
         return cls(inst_data=inst_data, postgres_url=pg_url_from_config(config_value),
                    should_autocreate_tables=config_value.get("should_autocreate_tables", True),
                    token_provider=get_token_provider_from_config(config_value))
+
+    @property
+    def supports_partition_subset_in_asset_materialization_planned_events(self) -> bool:
+        return True
+
+    def store_event(self, event) -> None:
+        # (a run's failure is always written alone: Dagster batches only asset and check events)
+        super().store_event(event)
+        if _is_run_failure(event):
+            self._plan_unmaterialized(event.run_id)
+
+    def _plan_unmaterialized(self, run_id: str) -> None:
+        """A failed run's partitions that it planned (one event per asset, with the run's
+        partitions) and that nobody materialized since, each planned alone now: Dagster marks a
+        partition failed when its latest planned event, with no materialization after it, belongs
+        to a failed run. Written whichever process reports the failure: the run worker (a step
+        raised), the daemon's run monitoring (the worker died), `rag materialize`."""
+        try:
+            records = self.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
+            now = time.time()
+            expanded = []
+            for record in records:
+                entry = record.event_log_entry
+                event = entry.dagster_event
+                data = event.event_specific_data
+                if data.partitions_subset is None:  # planned per partition already (or unpartitioned)
+                    continue
+                done = self.get_materialized_partitions(data.asset_key, after_cursor=record.storage_id)
+                for key in sorted(set(data.partitions_subset.get_partition_keys()) - done):
+                    expanded.append(entry._replace(timestamp=now, dagster_event=event.build_asset_materialization_planned_event(
+                        event.job_name, event.step_key, type(data)(data.asset_key, partition=key))))
+            if expanded:
+                self.store_event_batch(expanded)
+        except Exception:
+            # The failure itself is stored; raising here would turn the run's failure report into
+            # an error of whoever reported it (the run worker, the daemon). Logged, in full.
+            log.exception("run %s failed, but its unmaterialized partitions could not be marked failed "
+                          "in the UI (`rag status` lists the run's failure)", run_id)
 
     def store_event_batch(self, events: Sequence) -> None:
         planned = [e for e in events if _is_planned(e)]

@@ -1,8 +1,9 @@
-"""The instance dagster.yaml configures (its event log storage is pipelines/event_log.py's) writes
-what Dagster's own Postgres storage writes: a new run's planned materializations go in as one
-batch, and Dagster reads them back the same way (the run's planned events, partitions in progress,
-failed partitions after the run fails, each asset's last run); a batch that fails half-way is taken
-back out before Dagster writes its events one by one; partition keys are read once per block."""
+"""The instance dagster.yaml configures (its event log storage is pipelines/event_log.py's) against
+Dagster's own Postgres storage: a new run plans each partitioned asset with one event carrying its
+partitions (not one per file), written in one batch; a failed run's partitions read back as failed
+exactly as Dagster's own storage reports them (a queued run failed, and a real run that fails
+mid-way); a batch that fails half-way is taken back out before Dagster writes its events one by
+one; partition keys are read once per block."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from pipelines.definitions import defs
 from pipelines.event_log import RagEventLogStorage, partition_keys_read_once
 from pipelines.instance import get_instance, prepare_dagster_home, sqlalchemy_url
 from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG, corpus_files
+from pipelines import resources
+from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
+from rag_lib.embedding.local import LocalProvider
 from testkit import create_database
 
 pytestmark = pytest.mark.slow
@@ -45,14 +49,23 @@ def _instance(pg_server: str, database_url: str, home, monkeypatch, ours: bool) 
 
 def _plan_run_over_keys(instance: DagsterInstance) -> tuple:
     """Register KEYS, create one `ingest_files` run over them, and return it with its planned
-    (asset, partition) events in the order stored."""
+    (asset, partition or the partitions it carries) events in the order stored."""
     instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
     run = instance.create_run_for_job(defs.resolve_job_def("ingest_files"),
                                       tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
-    records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+    return run, _planned_of(instance, run.run_id)
+
+
+def _planned_of(instance: DagsterInstance, run_id: str) -> list[tuple[str, str]]:
+    """A run's planned events, as stored: (asset, its partition or the partitions it carries)."""
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
                                            limit=10_000).records
-    return run, [(r.event_log_entry.dagster_event.asset_key.to_user_string(),
-                  r.event_log_entry.dagster_event.partition or "") for r in records]
+    planned = []
+    for r in records:
+        data = r.event_log_entry.dagster_event.event_specific_data
+        keys = sorted(data.partitions_subset.get_partition_keys()) if data.partitions_subset is not None else None
+        planned.append((data.asset_key.to_user_string(), data.partition or (", ".join(keys) if keys else "")))
+    return planned
 
 
 def _run_then_fail(pg_server: str, database_url: str, home, monkeypatch, ours: bool) -> dict:
@@ -65,18 +78,19 @@ def _run_then_fail(pg_server: str, database_url: str, home, monkeypatch, ours: b
     instance.event_log_storage.store_event = lambda e: (single_writes.append(e.dagster_event_type), store_event(e))[1]
     try:
         run, planned = _plan_run_over_keys(instance)
-        planned = sorted(planned)
         storage = instance.event_log_storage
         in_progress = {a: sorted(storage.get_latest_asset_partition_materialization_attempts_without_materializations(
             AssetKey(a))) for a in PARTITIONED}
         last_runs = {r.asset_entry.asset_key.to_user_string(): r.asset_entry.last_run_id
                      for r in instance.get_asset_records([AssetKey(a) for a in PARTITIONED + ["hnsw_index"]])}
         instance.report_run_failed(run)
+        planned_on_failure = sorted(_planned_of(instance, run.run_id)[len(planned):])
         failed = {}
         for asset in PARTITIONED:  # what the UI's partition bars read
             status = instance.get_status_by_partition(AssetKey(asset), KEYS, corpus_files)
             failed[asset] = sorted(k for k, v in status.items() if v == AssetPartitionStatus.FAILED)
-        return {"run_id": run.run_id, "planned": planned, "in_progress": in_progress, "last_runs": last_runs,
+        return {"run_id": run.run_id, "planned": sorted(planned), "planned_on_failure": planned_on_failure,
+                "in_progress": in_progress, "last_runs": last_runs,
                 "failed": failed, "single_writes": single_writes}
     finally:
         instance.dispose()
@@ -86,18 +100,23 @@ def test_planned_events_are_one_batch_that_dagster_reads_as_its_own(pg_server, d
     ours = _run_then_fail(pg_server, database_url, tmp_path / "ours", monkeypatch, ours=True)
     dagsters = _run_then_fail(pg_server, database_url, tmp_path / "dagster", monkeypatch, ours=False)
 
-    # one planned event per file per partitioned asset, one for the index; the same on both
-    assert len(ours["planned"]) == len(KEYS) * len(PARTITIONED) + 1
-    assert ours["planned"] == dagsters["planned"]
-    # Dagster's own storage writes each of them alone; ours writes none alone
-    assert dagsters["single_writes"].count("ASSET_MATERIALIZATION_PLANNED") == len(ours["planned"])
+    # Dagster's: one planned event per file per partitioned asset, one for the index, each written alone
+    assert len(dagsters["planned"]) == len(KEYS) * len(PARTITIONED) + 1
+    assert dagsters["single_writes"].count("ASSET_MATERIALIZATION_PLANNED") == len(dagsters["planned"])
+    # ours: one per asset, carrying the run's files (a run's creation no longer grows with its files),
+    # in one batch; then, when the run failed, one per file per asset (what Dagster's failed status reads)
+    assert ours["planned"] == sorted([(a, ", ".join(KEYS)) for a in PARTITIONED] + [("hnsw_index", "")])
+    assert ours["planned_on_failure"] == sorted(p for p in dagsters["planned"] if p[1])
+    assert dagsters["planned_on_failure"] == []
     assert "ASSET_MATERIALIZATION_PLANNED" not in ours["single_writes"]
     assert sorted(ours["single_writes"]) == sorted(w for w in dagsters["single_writes"]
                                                    if w != "ASSET_MATERIALIZATION_PLANNED")  # check plans
 
-    # what the UI's partition bars read: every file in progress while queued, failed once the run failed
+    # what the UI's partition bars read: failed once the run failed, on both; in progress while
+    # queued only on Dagster's (the price of planning per asset: the run shows it is running)
+    assert dagsters["in_progress"] == {a: KEYS for a in PARTITIONED}
+    assert ours["in_progress"] == {a: [] for a in PARTITIONED}
     for result in (ours, dagsters):
-        assert result["in_progress"] == {a: KEYS for a in PARTITIONED}
         assert result["failed"] == {a: KEYS for a in PARTITIONED}
         assert set(result["last_runs"].values()) == {result["run_id"]}
 
@@ -120,9 +139,8 @@ def test_a_batch_that_fails_half_way_is_taken_back_before_dagster_writes_each_ev
         _, planned = _plan_run_over_keys(instance)
         assert calls, "the batch never reached the asset rows"
         # every planned event once: the failed batch left nothing behind for the fallback to repeat
-        assert len(planned) == len(set(planned)) == len(KEYS) * len(PARTITIONED) + 1
-        status = instance.get_status_by_partition(AssetKey("chunks"), KEYS, corpus_files)
-        assert set(status.values()) == {AssetPartitionStatus.IN_PROGRESS}
+        assert len(planned) == len(set(planned)) == len(PARTITIONED) + 1
+        assert [asset for asset, _ in planned].count("chunks") == 1
     finally:
         instance.dispose()
 
@@ -143,3 +161,59 @@ def test_partition_keys_are_read_once_within_the_block(pg_server, database_url, 
         assert instance.has_dynamic_partition(CORPUS_FILES, KEYS[6])
     finally:
         instance.dispose()
+
+
+class _ProviderDown(LocalProvider):
+    """The local model's tokenizer (chunking works), but every embedding request fails, as a
+    remote provider that went down would: the run stops at `embeddings`."""
+
+    def prepare(self) -> None:
+        pass
+
+    def embed(self, texts):
+        raise ConnectionError("embedding provider unreachable")
+
+    def embed_counted(self, texts):
+        raise ConnectionError("embedding provider unreachable")
+
+
+def _fail_mid_way(pg_server: str, migrated_template: str, home, monkeypatch, ours: bool) -> dict:
+    """Run `ingest_files` over one new file (not in any embedding cache) with the provider down,
+    on a fresh instance (ours, or Dagster's own) and library database: the run's first stages
+    materialize its partition, `embeddings` raises. Returns what the UI's partition bars read."""
+    database_url = create_database(pg_server, template=migrated_template)
+    root = home / "corpus"
+    root.mkdir(parents=True)
+    (root / "note.yaml").write_text(f"title: provider outage drill\nticker: ZZZ\nbody: {uuid.uuid4().hex} was here\n")
+    settings = Settings(database_url=database_url, home=home / ".rag")
+    # the run's resource takes this process's provider for these settings; restored after the test
+    monkeypatch.setitem(resources._PROVIDERS, resources._provider_key(settings), _ProviderDown("all-MiniLM-L6-v2", 384))
+    with KnowledgeBase(settings, provider=resources.provider_for(settings)) as kb:
+        kb.add_root(root)
+    key = "corpus/note.yaml"
+    instance = _instance(pg_server, database_url, home, monkeypatch, ours)
+    try:
+        instance.add_dynamic_partitions(CORPUS_FILES, [key])
+        config = {"database_url": database_url, "home": str(home / ".rag")}
+        result = defs.resolve_job_def("ingest_files").execute_in_process(
+            instance=instance, partition_key=key, raise_on_error=False,
+            run_config={"resources": {"rag": {"config": config}},
+                        "loggers": {"console": {"config": {"log_level": "ERROR"}}}})
+        assert not result.success
+        status = {a: instance.get_status_by_partition(AssetKey(a), [key], corpus_files)[key] for a in PARTITIONED}
+        return {"status": status, "planned": len(_planned_of(instance, result.run_id))}
+    finally:
+        instance.dispose()
+
+
+def test_a_run_that_fails_mid_way_shows_the_same_failed_partitions_as_dagsters_storage(
+        pg_server, migrated_template, tmp_path, monkeypatch):
+    ours = _fail_mid_way(pg_server, migrated_template, tmp_path / "ours", monkeypatch, ours=True)
+    dagsters = _fail_mid_way(pg_server, migrated_template, tmp_path / "dagster", monkeypatch, ours=False)
+    # what the UI shows for the file: the stages before the outage materialized, the rest failed
+    assert dagsters["status"]["chunks"] == AssetPartitionStatus.MATERIALIZED
+    assert dagsters["status"]["embeddings"] == AssetPartitionStatus.FAILED
+    assert ours["status"] == dagsters["status"]
+    # ours planned one event per asset at creation, then one per asset left unmaterialized
+    failed = sum(1 for s in ours["status"].values() if s == AssetPartitionStatus.FAILED)
+    assert ours["planned"] == len(PARTITIONED) + 1 + failed
