@@ -26,6 +26,7 @@ from testkit import sensor_tick  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
 from pipelines.partitions import (  # noqa: E402
     CORPUS_FILES,
+    MERGE_GAP,
     PartitionMap,
     decode_key,
     encode_key,
@@ -74,8 +75,19 @@ def test_keys_round_trip_and_ranges():
         assert "..." not in key and "|" not in key and decode_key(key) == raw
     ordered = [f"k{i}" for i in range(20)]
     assert plan_ranges(["k1", "k2", "k3"], ordered) == [("k1", "k3")]
-    assert plan_ranges(["k1", "k5"], ordered) == [("k1", "k1"), ("k5", "k5")]
-    assert plan_ranges([f"k{i}" for i in range(0, 20, 2)], ordered) == [("k0", "k18")]  # scattered → one span
+    assert plan_ranges(["k1", "k5"], ordered) == [("k1", "k5")]  # three current files cost less than a run
+    assert plan_ranges([f"k{i}" for i in range(0, 20, 2)], ordered) == [("k0", "k18")]
+
+
+def test_scattered_changes_run_alone_not_in_one_span_over_the_corpus():
+    ordered = [f"f{i:05d}" for i in range(10_000)]
+    scattered = ordered[::1000]  # 10 changed files spread over 10,000
+    assert plan_ranges(scattered, ordered) == [(k, k) for k in scattered]
+    # files within MERGE_GAP of each other share a run: the current ones between cost less than a run
+    near = [ordered[100], ordered[100 + MERGE_GAP + 1], ordered[5000]]
+    assert plan_ranges(near, ordered) == [(near[0], near[1]), (near[2], near[2])]
+    assert plan_ranges(near[:1] + [ordered[100 + MERGE_GAP + 2]], ordered) == [(near[0], near[0]),
+                                                                                (ordered[100 + MERGE_GAP + 2],) * 2]
 
 
 def test_keys_name_their_root(tmp_path):
@@ -161,6 +173,29 @@ def test_many_new_files_become_one_run(env, tmp_path):
     result = sensor_tick(instance, rag, None)
     assert len(result.dynamic_partitions_requests[0].partition_keys) == 27
     assert len(result.run_requests) == 1
+
+
+@pytest.mark.slow
+def test_a_few_changes_spread_over_many_files_run_only_those_files(env):
+    """A tick after 6 files changed, each more than MERGE_GAP files from the next: 6 runs of one
+    file each (a run over the whole span would do and record every current file between them)."""
+    root, rag, kb, instance = env
+    src = (root / RELS[0]).read_text()
+    (root / "bulk").mkdir()
+    names = [f"bulk/f{i:04d}.yaml" for i in range(6 * (MERGE_GAP + 2) + 1)]
+    for name in names:
+        (root / name).write_text(src)
+    first = sensor_tick(instance, rag, None)
+    assert len(first.run_requests) == 1  # every file new: one run
+    changed = names[::MERGE_GAP + 2]
+    assert len(changed) == 7
+    for name in changed[:6]:
+        with open(root / name, "a") as fh:
+            fh.write("\nreviewer_note: revised\n")
+    tick = sensor_tick(instance, rag, first.cursor)
+    spans = sorted((r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+                   for r in tick.run_requests)
+    assert spans == [(f"corpus/{n}", f"corpus/{n}") for n in changed[:6]]
 
 
 @pytest.mark.slow
