@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rag_lib.search.retrieval import feedback_vector
+from rag_lib.models import SearchFilters
+from rag_lib.search.retrieval import feedback_chunks
 
 # One streaming company's notes: the first section shares the question's words, the others answer it
 # in their own (films, churn, pricing); a bank's and a miner's notes share the odd word.
@@ -58,11 +59,11 @@ def _cos(a, b) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def test_feedback_vector_steps_towards_the_first_units_and_needs_a_shared_document(kb, tmp_path):
+def test_feedback_steps_towards_the_first_units_and_needs_a_shared_document(kb, tmp_path):
     _ingest(kb, tmp_path)
     kb.settings.search.feedback_weight = 0.0
     ranked = kb.search(QUESTION, mode="hybrid", top_k=8, group=False).hits
-    space = kb.store.active_space()["space"]
+    space = kb.store.active_space()
     query = kb.provider.embed([QUESTION])[0]
     # the first two units are the streamer's (its members and content sections)
     first = []
@@ -70,18 +71,28 @@ def test_feedback_vector_steps_towards_the_first_units_and_needs_a_shared_docume
         if hit.unit_id not in {h.unit_id for h in first}:
             first.append(hit)
     assert [Path(h.path).name for h in first[:2]] == ["streamer.md", "streamer.md"]
-    moved = feedback_vector(kb.store, space, query, ranked, 2, 0.8, shared=True)
-    assert moved is not None and abs(float(np.linalg.norm(moved)) - 1.0) < 1e-5
-    vectors = kb.store.chunk_vectors(space, [first[0].chunk_id, first[1].chunk_id])
-    centroid = np.mean(list(vectors.values()), axis=0)
+    toward = feedback_chunks(ranked, 2, shared=True)
+    assert toward == [first[0].chunk_id, first[1].chunk_id]
+    # the database ranks by query + 0.8 x the mean stored vector of those chunks, and each hit's
+    # similarity stays its cosine with the query
+    stored = {row["chunk_id"]: vec for row, vec in kb.store.chunk_vectors(kb.settings.collection, space["space"])}
+    centroid = np.mean([stored[c] for c in toward], axis=0)
+    moved = query + 0.8 * centroid
     assert _cos(moved, centroid) > _cos(query, centroid)
-    np.testing.assert_allclose(moved, (query + 0.8 * centroid) / np.linalg.norm(query + 0.8 * centroid), atol=1e-5)
+    flt = SearchFilters(collection=kb.settings.collection)
+    want = kb.store.semantic_search(moved / np.linalg.norm(moved), space["space"], space["dimensions"], flt, 6)
+    got = kb.store.semantic_search(query, space["space"], space["dimensions"], flt, 6, toward=toward, weight=0.8)
+    assert [h.chunk_id for h in got] == [h.chunk_id for h in want]
+    np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-5)
+    np.testing.assert_allclose([h.similarity for h in got], [_cos(query, stored[h.chunk_id]) for h in got], atol=1e-5)
+    # no stored vector for any of them: nothing, and the search's first pass stands
+    assert kb.store.semantic_search(query, space["space"], space["dimensions"], flt, 6, toward=["nope"], weight=0.8) == []
     # units, not chunks, are counted: a unit's further chunks add nothing
     one_per_doc = [h for h in ranked if h.unit_id in {first[0].unit_id}] + \
         [h for h in ranked if Path(h.path).name != "streamer.md"]
-    assert feedback_vector(kb.store, space, query, one_per_doc, 2, 0.8, shared=False) is not None
+    assert len(feedback_chunks(one_per_doc, 2, shared=False)) == 2
     # the first pass agreeing on no document (every unit from another one) moves nothing
-    assert feedback_vector(kb.store, space, query, one_per_doc, 2, 0.8, shared=True) is None
+    assert feedback_chunks(one_per_doc, 2, shared=True) == []
 
 
 def test_feedback_keeps_similarity_the_query_cosine_and_min_similarity(kb, tmp_path):

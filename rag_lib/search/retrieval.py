@@ -222,12 +222,11 @@ def _first_pass(lists: list[Candidates], plan: QueryPlan, opts: SearchOptions, m
     return ranked
 
 
-def feedback_vector(store, space: str, vector: np.ndarray, ranked: list[SearchHit], depth: int,
-                    weight: float, shared: bool = False) -> np.ndarray | None:
-    """Pseudo-relevance feedback (Rocchio): the query's vector plus `weight` times the mean vector of
-    the best chunks of the first `depth` units ranked, normalised. A question that describes instead
-    of names borrows the words of what it found first. None when no vector is stored for them, or,
-    with `shared`, when no document holds two of those units (the first pass agrees on nothing)."""
+def feedback_chunks(ranked: list[SearchHit], depth: int, shared: bool = False) -> list[str]:
+    """Pseudo-relevance feedback (Rocchio) moves the query's vector towards the mean stored vector of
+    these chunks: the best chunk of each of the first `depth` units ranked. A question that describes
+    instead of names borrows the words of what it found first. Empty with `shared` when no document
+    holds two of those units (the first pass agrees on nothing)."""
     chunks: list[str] = []
     units: set[tuple[str, str]] = set()
     docs: set[tuple[str, str]] = set()
@@ -238,14 +237,7 @@ def feedback_vector(store, space: str, vector: np.ndarray, ranked: list[SearchHi
             chunks.append(hit.chunk_id)
             if len(chunks) >= depth:
                 break
-    if shared and len(docs) == len(chunks):
-        return None
-    found = store.chunk_vectors(space, chunks)
-    if not found:
-        return None
-    moved = np.asarray(vector, dtype=np.float32) + weight * np.mean(list(found.values()), axis=0)
-    norm = float(np.linalg.norm(moved))
-    return moved / norm if norm > 0 else None
+    return [] if shared and len(docs) == len(chunks) else chunks
 
 
 def search(
@@ -296,19 +288,15 @@ def search(
 
     vectors = embed([q for q, _ in queries]) if mode == "semantic" else None
 
-    def semantic_lists(depth: int, moved=None) -> list[Candidates]:
-        """`moved`: the query's vector after feedback, which then stands for the query's own."""
+    def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
         with _timed(timings, "semantic"):
             for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
-                vec = moved if n == 0 and moved is not None else vec
-                own = n == 0 and moved is None
                 for f, fw in variants:
-                    # an expansion's (or the moved vector's) hits are held to their cosine with the
-                    # query itself (below), not to it
+                    # an expansion's hits are held to their cosine with the query itself (below), not to it
                     hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
-                                                 min_similarity if own else 0.0)
-                    if not own:
+                                                 min_similarity if n == 0 else 0.0)
+                    if n > 0:
                         for hit in hits:
                             hit.similarity = None
                     lists.append(Candidates("semantic", hits, opts.semantic_weight * qw * fw))
@@ -356,19 +344,20 @@ def search(
             plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
     named = [t for t in plan.tickers if t not in plan.linked]
     feedback = mode == "hybrid" and opts.feedback_weight > 0 and (opts.feedback_scope != "unnamed" or not named)
-    # fusion rewrites the hits' scores: feedback fuses the full-text lists again from their own
-    kept = [c for c in lists if not c.source.startswith("semantic")]
-    kept = [dataclasses.replace(c, hits=[copy.copy(h) for h in c.hits]) for c in kept] if feedback else kept
+    # Feedback replaces the query's own semantic lists (hybrid gathers them first, one per filter
+    # variant) and fuses the other lists again; fusion rewrites the hits' scores, so from copies.
+    kept = [dataclasses.replace(c, hits=[copy.copy(h) for h in c.hits]) for c in lists[len(variants):]] \
+        if feedback else []
     ranked = _first_pass(lists, plan, opts, mode, timings)
-    if feedback and ranked:
+    toward = feedback_chunks(ranked, opts.feedback_depth, opts.feedback_scope == "shared") if feedback else []
+    if toward:
         with _timed(timings, "feedback"):
-            moved = feedback_vector(store, space["space"], vectors[0], ranked, opts.feedback_depth,
-                                    opts.feedback_weight, shared=opts.feedback_scope == "shared")
-        if moved is not None:
-            again = semantic_lists(depth, moved)
-            if min_similarity > 0:
-                with _timed(timings, "similarity"):
-                    again = _with_similarity(store, space["space"], vectors[0], again, min_similarity)
+            # one query per variant: the moved vector and each hit's cosine with the query itself
+            # are computed in the database, in the query's own round trip
+            again = [Candidates("semantic", store.semantic_search(
+                vectors[0], space["space"], space["dimensions"], f, depth, min_similarity, toward=toward,
+                weight=opts.feedback_weight), opts.semantic_weight * fw) for f, fw in variants]
+        if again[0].hits:  # none: no vector stored for the first units, the first pass stands
             lists = again + kept
             ranked = _first_pass(lists, plan, opts, mode, timings)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
@@ -405,7 +394,7 @@ def search(
     with _timed(timings, "excerpts"):
         for hit in hits:
             hit.excerpt = excerpt(hit.text, query)
-    timings["search"] = round(timings.get("semantic", 0) + timings.get("lexical", 0), 2)  # database time
+    timings["search"] = round(sum(timings.get(k, 0) for k in ("semantic", "lexical", "feedback")), 2)  # database time
     timings["fuse"] = round((time.perf_counter() - t0) * 1000, 2)  # everything after retrieval
     timings["total"] = round((time.perf_counter() - t_start) * 1000, 2)
     return SearchResult(query, mode, hits, timings, plan=plan.to_dict(), reranked=reranker is not None,

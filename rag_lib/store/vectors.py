@@ -249,50 +249,68 @@ class VectorStore:
         limit: int,
         min_similarity: float = 0.0,
         exact: bool = False,
+        toward: Sequence[str] = (),
+        weight: float = 0.0,
     ) -> list[SearchHit]:
         """Nearest chunks by cosine similarity (score = max(0, cos)). HNSW with iterative scans, except
         when `exact` or when the filters leave at most `search.exact_max_rows` chunks: those are
-        ranked exactly, which finds what a graph walk from the query misses, and sooner."""
+        ranked exactly, which finds what a graph walk from the query misses, and sooner.
+
+        With `toward` (chunk ids) and `weight`, pseudo-relevance feedback: the ranking is by the
+        query's vector plus `weight` times the mean stored vector of those chunks (a Rocchio step),
+        which the database computes in the same round trip (the vectors never travel); `similarity`
+        and `min_similarity` stay the cosine with the query itself. Nothing when none of them has a
+        vector in the space."""
         where, params = _filter_sql(filters)
         s = self.settings.search
         with self.db.reading() as conn:
             exact = exact or self._scan_for(conn, where, params, filters) == "exact"
+        moved = bool(toward) and weight > 0
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
             # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip
             local = {"jit": "off"}  # compiling costs more than it saves on these queries
+            # cosine distance ignores length: query/weight + mean ranks like query + weight x mean
+            target = sql.SQL("(SELECT m FROM moved)") if moved else sql.SQL("%s::vector")
             if exact:
                 # The untyped expression matches no HNSW index (they are on embedding::vector(d)), so
                 # the planner ranks the filtered rows exactly and can still use the filter indexes.
-                distance = sql.SQL("v.embedding <=> %s::vector")
+                distance = sql.SQL("v.embedding <=> {}").format(target)
             else:
-                distance = sql.SQL("v.embedding::{t} <=> %s::{t}").format(t=vector_sql_type(s.vector_type, dimensions))
+                t = vector_sql_type(s.vector_type, dimensions)
+                distance = sql.SQL("v.embedding::{t} <=> {x}::{t}").format(t=t, x=target)
                 local.update({"hnsw.ef_search": str(max(s.ef_search, limit)), "hnsw.iterative_scan": "relaxed_order",
                               "hnsw.max_scan_tuples": str(s.max_scan_tuples)})
             conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(local)),
                          [v for pair in local.items() for v in pair])
-            query = sql.SQL(
-                "WITH nearest AS MATERIALIZED ("
-                " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
-                " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
-                " SELECT * FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
-            ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
-            cur = conn.execute(query, [vector, *params, vector, limit, min_similarity])
+            if not moved:
+                query = sql.SQL(
+                    "WITH nearest AS MATERIALIZED ("
+                    " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                    " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
+                    " SELECT *, 1 - distance AS similarity FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
+                ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
+                args = [vector, *params, vector, limit, min_similarity]
+            else:
+                # the query's own cosine only for the rows kept (not for every row an exact ranking sorts)
+                query = sql.SQL(
+                    "WITH moved AS MATERIALIZED (SELECT %s::vector + avg(embedding) AS m FROM rag_chunk_vectors"
+                    "  WHERE space = {space} AND chunk_id = ANY(%s)),"
+                    " nearest AS MATERIALIZED ("
+                    " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                    " WHERE v.space = {space} AND {where} AND (SELECT m FROM moved) IS NOT NULL ORDER BY {dist} LIMIT %s),"
+                    " scored AS (SELECT n.*, 1 - (v.embedding <=> %s::vector) AS similarity FROM nearest n"
+                    "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = n.chunk_id)"
+                    " SELECT * FROM scored WHERE %s <= 0 OR similarity >= %s ORDER BY distance"
+                ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
+                args = [np.asarray(vector, dtype=np.float32) / weight, list(toward), *params, limit, vector,
+                        min_similarity, min_similarity]
+            cur = conn.execute(query, args)
         cols = [d.name for d in cur.description]
         rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         hits = [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]
         for hit, row in zip(hits, rows):
-            hit.similarity = 1.0 - float(row["distance"])
+            hit.similarity = float(row["similarity"])
         return hits
-
-    def chunk_vectors(self, space: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """The stored vectors of these chunks in `space` (pseudo-relevance feedback moves the query
-        vector towards its first pass's best hits)."""
-        if not chunk_ids:
-            return {}
-        with self.db.reading() as conn:
-            rows = conn.execute("SELECT chunk_id, embedding FROM rag_chunk_vectors WHERE space = %s AND chunk_id = ANY(%s)",
-                                [space, list(chunk_ids)]).fetchall()
-        return {cid: np.asarray(vec.to_numpy(), dtype=np.float32) for cid, vec in rows}
 
     def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
