@@ -19,7 +19,10 @@ storage) on a throwaway embedded server:
 5. a backfill of every partition as the UI's dialog launches it (`launchPartitionBackfill`;
    without a daemon nothing runs) and the single run such a backfill creates (`BackfillPolicy.
    single_run`: a run over the whole key range, created but not launched, as `rag materialize`
-   creates it).
+   creates it);
+6. that run reported failed before it did anything (what the daemon's run monitoring reports when
+   a run's worker died), and the partition status bar's query after it (how many files it shows
+   failed: every one, as Dagster shows a failed run's unmaterialized partitions).
 
 Prints one JSON line (seconds per step, the load average before and after).
 
@@ -104,6 +107,13 @@ def progress(out: dict) -> None:
     print(f"progress: {json.dumps(out)}", file=sys.stderr, flush=True)
 
 
+def planned_events(instance, run_id: str) -> list:
+    from dagster import DagsterEventType
+
+    return instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+                                        limit=10_000_000).records
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,6 +142,10 @@ def sensor_ticks(instance, rag, root: Path, n: int) -> dict:
         path.write_text(path.read_text(encoding="utf-8") + "# changed\n", encoding="utf-8")
     changed, out["sensor_change_tick_seconds"] = tick(idle.cursor)
     out["sensor_change_tick_runs"] = len(changed.run_requests or [])
+    position = {k: i for i, k in enumerate(instance.get_dynamic_partitions("corpus_files"))}
+    out["sensor_change_tick_keys_covered"] = sum(  # partitions its runs cover: 10 when only the changed ones
+        position[r.tags["dagster/asset_partition_range_end"]] - position[r.tags["dagster/asset_partition_range_start"]] + 1
+        for r in changed.run_requests or [])
     return out
 
 
@@ -278,6 +292,16 @@ def main() -> None:
                 run, out["backfill_run_create_seconds"] = timed(
                     dagster_private.create_location_run, instance, workspace, LOCATION, "ingest_files", run_config,
                     {**range_tags(ordered[0], ordered[-1]), "rag/trigger": "benchmark"})
+                out["backfill_run_planned_events"] = len(planned_events(instance, run.run_id))
+                progress(out)
+                # the run's worker dies before doing anything: what the daemon's run monitoring then
+                # reports, and what the UI's partition bar shows afterwards
+                _, out["failed_run_report_seconds"] = timed(instance.report_run_failed, run)
+                out["failed_run_planned_events"] = len(planned_events(instance, run.run_id))
+                data, out["ui_partition_health_after_failure_seconds"] = timed(
+                    web.query, PARTITION_HEALTH, assetKey={"path": ["vector_table"]})
+                statuses = data["assetNodeOrError"]["assetPartitionStatuses"]
+                out["ui_failed_partitions_after_failure"] = len(statuses["failedPartitions"])
             out["load_after"] = [round(x, 2) for x in os.getloadavg()]
             instance.dispose()
         finally:
