@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+import json
 import logging
 import time
 from typing import Any
@@ -47,6 +48,8 @@ _KEY_SETS: ContextVar[dict[str, set[str]] | None] = ContextVar("rag_partition_ke
 
 
 log = logging.getLogger(__name__)
+FAILED_BATCH = 5_000  # planned events per insert when a failed run's partitions are marked
+_MARK = "@@rag-partition-key@@"  # where a copied planned event's partition key goes
 
 
 def _is_run_failure(event) -> bool:
@@ -87,24 +90,41 @@ class RagEventLogStorage(PostgresEventLogStorage):
         try:
             records = self.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
             now = time.time()
-            expanded = []
             for record in records:
-                entry = record.event_log_entry
-                event = entry.dagster_event
-                data = event.event_specific_data
+                data = record.event_log_entry.dagster_event.event_specific_data
                 if data.partitions_subset is None:  # planned per partition already (or unpartitioned)
                     continue
                 done = self.get_materialized_partitions(data.asset_key, after_cursor=record.storage_id)
-                for key in sorted(set(data.partitions_subset.get_partition_keys()) - done):
-                    expanded.append(entry._replace(timestamp=now, dagster_event=event.build_asset_materialization_planned_event(
-                        event.job_name, event.step_key, type(data)(data.asset_key, partition=key))))
-            if expanded:
-                self.store_event_batch(expanded)
+                keys = sorted(set(data.partitions_subset.get_partition_keys()) - done)
+                for i in range(0, len(keys), FAILED_BATCH):  # bounded statements: a run may cover 100,000s
+                    self._plan_each(record.event_log_entry, keys[i:i + FAILED_BATCH], now)
         except Exception:
             # The failure itself is stored; raising here would turn the run's failure report into
             # an error of whoever reported it (the run worker, the daemon). Logged, in full.
             log.exception("run %s failed, but its unmaterialized partitions could not be marked failed "
                           "in the UI (`rag status` lists the run's failure)", run_id)
+
+    def _plan_each(self, entry, keys: list[str], now: float) -> None:
+        """One planned event per key, as Dagster would have written at the run's creation. The
+        events differ only in their partition: one is serialized and compiled, the rest are copies
+        of its row with the key put in, inserted in one executemany. Building, serializing and
+        compiling each (Dagster's way, or store_event_batch's) cost ~1 ms an event: 60 s for a
+        failed run over 10,000 files."""
+        event = entry.dagster_event
+        data = event.event_specific_data
+
+        def planned(partition: str):
+            return entry._replace(timestamp=now, dagster_event=event.build_asset_materialization_planned_event(
+                event.job_name, event.step_key, type(data)(data.asset_key, partition=partition)))
+
+        template = self.prepare_insert_event(planned(_MARK))
+        row = template.compile().params
+        body = row["event"]
+        rows = [{**row, "event": body.replace(_MARK, json.dumps(key)[1:-1]), "partition": key} for key in keys]
+        table = template.table
+        with self.index_transaction() as conn:
+            ids = [int(r[0]) for r in conn.execute(table.insert().returning(table.c.id), rows)]
+        self.store_asset_event(planned(keys[-1]), max(ids))  # the asset's last planned event
 
     def store_event_batch(self, events: Sequence) -> None:
         planned = [e for e in events if _is_planned(e)]
