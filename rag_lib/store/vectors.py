@@ -267,7 +267,10 @@ class VectorStore:
             exact = exact or self._scan_for(conn, where, params, filters) == "exact"
         moved = bool(toward) and weight > 0
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
-            # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip
+            # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip.
+            # The ranking carries only ids and distances; the chunks' text and metadata are read for the
+            # rows kept: an exact ranking carried them for every row it sorted (3,325 here), which
+            # was over half of the query's time (EXPLAIN ANALYZE 35 -> 12 ms on the shared corpus)
             local = {"jit": "off"}  # compiling costs more than it saves on these queries
             # cosine distance ignores length: query/weight + mean ranks like query + weight x mean
             target = sql.SQL("(SELECT m FROM moved)") if moved else sql.SQL("%s::vector")
@@ -285,9 +288,10 @@ class VectorStore:
             if not moved:
                 query = sql.SQL(
                     "WITH nearest AS MATERIALIZED ("
-                    " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                    " SELECT v.chunk_id, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
                     " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
-                    " SELECT *, 1 - distance AS similarity FROM nearest WHERE 1 - distance >= %s ORDER BY distance"
+                    " SELECT {cols}, n.distance, 1 - n.distance AS similarity FROM nearest n JOIN rag_chunks c USING (chunk_id)"
+                    " WHERE 1 - n.distance >= %s ORDER BY n.distance"
                 ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
                 args = [vector, *params, vector, limit, min_similarity]
             else:
@@ -296,11 +300,12 @@ class VectorStore:
                     "WITH moved AS MATERIALIZED (SELECT %s::vector + avg(embedding) AS m FROM rag_chunk_vectors"
                     "  WHERE space = {space} AND chunk_id = ANY(%s)),"
                     " nearest AS MATERIALIZED ("
-                    " SELECT {cols}, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                    " SELECT v.chunk_id, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
                     " WHERE v.space = {space} AND {where} AND (SELECT m FROM moved) IS NOT NULL ORDER BY {dist} LIMIT %s),"
                     " scored AS (SELECT n.*, 1 - (v.embedding <=> %s::vector) AS similarity FROM nearest n"
                     "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = n.chunk_id)"
-                    " SELECT * FROM scored WHERE %s <= 0 OR similarity >= %s ORDER BY distance"
+                    " SELECT {cols}, s.distance, s.similarity FROM scored s JOIN rag_chunks c USING (chunk_id)"
+                    " WHERE %s <= 0 OR s.similarity >= %s ORDER BY s.distance"
                 ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
                 args = [np.asarray(vector, dtype=np.float32) / weight, list(toward), *params, limit, vector,
                         min_similarity, min_similarity]
