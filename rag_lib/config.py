@@ -217,6 +217,11 @@ class SearchSettings(BaseModel):
     feedback_weight: float = Field(0.8, ge=0.0, le=10.0)
     feedback_depth: int = Field(4, ge=1, le=50)
     feedback_scope: Literal["shared", "unnamed", "all"] = "shared"
+    # hybrid: a ticker the question names weighs this much (times its IDF) in the full-text query. It
+    # picks documents (the hint boost and the semantic list still prefer them), not sections: every
+    # chunk of its documents holds it, and sections naming several of the question's tickers outranked
+    # the one that answers (dev2 cross_doc 0.562 -> 0.690). CV over dev + dev2 (README, Retrieval).
+    lexical_named_ticker_weight: float = Field(0.1, ge=0.0, le=10.0)
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

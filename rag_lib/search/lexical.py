@@ -79,7 +79,8 @@ class LexicalQuery:
     conjunctive: bool = False  # candidates hold every `match` lexeme of a config, not any
 
 
-def plan_terms(store, stats: TermStatistics, query: str, collection: str | None, max_candidates: int) -> LexicalQuery:
+def plan_terms(store, stats: TermStatistics, query: str, collection: str | None, max_candidates: int,
+               scaled: dict[str, float] | None = None) -> LexicalQuery:
     """All query lexemes score; the rarest select candidates until their document frequencies add up
     to `max_candidates` (max-score style pruning: rows holding only common terms rank low anyway).
     When even the rarest term is that common (a query of common words only), candidates are the rows
@@ -91,7 +92,7 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
         if not lexemes:
             continue
         _, info = stats.weights(store, collection, config, lexemes)
-        terms[config] = [(lex, info[lex][0]) for lex in lexemes]
+        terms[config] = [(lex, info[lex][0] * (scaled or {}).get(lex, 1.0)) for lex in lexemes]
         by_rarity += [(info[lex][1], config, lex) for lex in lexemes]
     match: dict[str, list[str]] = {}
     ranked = sorted(by_rarity)
@@ -109,14 +110,16 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
 
 
 def lexical_search(store, stats: TermStatistics, query: str, filters: SearchFilters, limit: int,
-                   timings: dict[str, float] | None = None) -> list[tuple[SearchHit, float]]:
+                   timings: dict[str, float] | None = None,
+                   scaled: dict[str, float] | None = None) -> list[tuple[SearchHit, float]]:
     """Chunks with their raw lexical scores, best first. `timings` gets the ms spent planning the
-    terms (lexemes and their statistics) under `lexical_terms`."""
+    terms (lexemes and their statistics) under `lexical_terms`. `scaled` multiplies the IDF weight
+    of the lexemes it names (hybrid search's named tickers)."""
     cap = store.settings.search.lexical_max_candidates
     if is_websearch(query):
         return store.lexical_search({}, filters, limit, websearch=query, max_candidates=cap)
     t0 = time.perf_counter()
-    planned = plan_terms(store, stats, query, filters.collection, cap)
+    planned = plan_terms(store, stats, query, filters.collection, cap, scaled)
     if timings is not None:
         timings["lexical_terms"] = round(timings.get("lexical_terms", 0.0) + (time.perf_counter() - t0) * 1000, 2)
     return store.lexical_search(planned.terms, filters, limit, match=planned.match,

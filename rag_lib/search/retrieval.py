@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -62,6 +63,7 @@ class SearchOptions:
     feedback_weight: float = 0.8
     feedback_depth: int = 4
     feedback_scope: str = "shared"
+    lexical_named_ticker_weight: float = 0.1
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
     @classmethod
@@ -196,6 +198,21 @@ def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilt
     return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
 
 
+def _named_ticker_weights(query: str, plan: QueryPlan, opts: SearchOptions) -> dict[str, float] | None:
+    """Full-text weights for the tickers a hybrid query names (`lexical_named_ticker_weight` times
+    their IDF). A named ticker picks documents, not sections: every chunk of its documents holds it
+    (the ticker field and the embedded prefix), and sections that repeat it in their text outrank the
+    one that answers. The ticker hint boost and the semantic list still prefer its documents. None
+    when the weight is 1.0 or the query is nothing but tickers."""
+    named = [t for t in plan.tickers if t not in plan.linked]
+    if opts.lexical_named_ticker_weight == 1.0 or not named:
+        return None
+    rest = re.sub(r"\b(?:" + "|".join(map(re.escape, named)) + r")\b", " ", query, flags=re.I)
+    if not re.search(r"[^\W\d_]{2,}", rest):
+        return None
+    return {t.lower(): opts.lexical_named_ticker_weight for t in named}
+
+
 def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
     """Trend questions read best oldest to newest; undated results keep their place at the end."""
     return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
@@ -304,10 +321,11 @@ def search(
 
     def lexical_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
+        scaled = _named_ticker_weights(query, plan, opts) if mode == "hybrid" else None
         with _timed(timings, "lexical"):
             for q, qw in queries:
                 for f, fw in variants:
-                    scored = lexical.lexical_search(store, caches.terms, q, f, depth, timings)
+                    scored = lexical.lexical_search(store, caches.terms, q, f, depth, timings, scaled)
                     for hit, raw in scored:
                         hit.score = lexical.normalise(raw)
                     lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
