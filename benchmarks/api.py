@@ -4,7 +4,8 @@ measured in the same script for comparison. Prints ONE JSON line.
 
 CPU per request: the CPU time (user + system, from /proc via psutil) that the server's processes,
 the database server's processes and this client spent during a level, divided by its requests; the
-load average is read before and after each level (the machine is shared).
+load average is read before and after each level (the machine is shared), and `cores_busy` says how
+many cores the benchmark's processes and the whole machine kept busy during it.
 
 `--compare-src DIR` first runs the same levels against a server running the code in DIR (e.g. a
 checkout of an older commit), so old and new are compared as ratios within one run.
@@ -113,19 +114,47 @@ def postmaster(url: str) -> int | None:
         return None  # a server elsewhere: its CPU is not counted
 
 
+def busy_cores() -> float:
+    """CPU seconds the whole machine has spent not idle (every process, ours or not)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+
+
+def connections_per_worker(server_pid: int, port: int) -> list[int]:
+    """Established connections each server process holds on `port` (how the clients spread)."""
+    counts = []
+    for proc in tree(server_pid):
+        try:
+            held = sum(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port for c in proc.net_connections("tcp"))
+        except psutil.Error:
+            continue
+        if held:
+            counts.append(held)
+    return sorted(counts, reverse=True)
+
+
 def measured_level(base: str, queries: list[str], mode: str, clients: int, seconds: float, server_pid: int,
                    db_pid: int | None) -> dict:
-    """One level with the CPU its requests cost (server, database, client) and the load around it."""
+    """One level with the CPU its requests cost (server, database, client), the load around it, the
+    cores the whole machine kept busy (ours and everyone else's: on a shared machine a level that
+    leaves cores idle is held back by itself, one that finds them all busy by the machine) and how
+    the clients' connections spread over the server's processes."""
     server_procs = tree(server_pid)
     db_procs = tree(db_pid) if db_pid else []
-    before = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0])
-    level = asyncio.run(load(base, queries, mode, clients, seconds))
-    after = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0])
+    port = int(base.rsplit(":", 1)[1])
+    spread = lambda: connections_per_worker(server_pid, port)  # noqa: E731
+    started = time.perf_counter()
+    before = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0], busy_cores())
+    level = asyncio.run(load(base, queries, mode, clients, seconds, spread))
+    after = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0], busy_cores())
+    wall = time.perf_counter() - started
     n = max(level["requests"], 1)
     cpu = {name: round((a - b) * 1000 / n, 2) for name, a, b in zip(("server", "database", "client"), after, before)}
     cpu["total"] = round(sum(cpu.values()), 2)
     level["cpu_ms_per_request"] = cpu
     level["loadavg_1m"] = [round(before[3], 2), round(after[3], 2)]
+    level["cores_busy"] = {"benchmark": round(sum(a - b for a, b in zip(after[:3], before[:3])) / wall, 2),
+                           "machine": round((after[4] - before[4]) / wall, 2), "of": psutil.cpu_count()}
     return level
 
 
@@ -142,8 +171,9 @@ def run_server(url: str, mode: str, queries: list[str], levels: list[int], secon
         server.stop(timeout=20)
 
 
-async def load(base: str, queries: list[str], mode: str, clients: int, seconds: float) -> dict:
-    """`clients` concurrent loops, each sending one search at a time until the time is up."""
+async def load(base: str, queries: list[str], mode: str, clients: int, seconds: float, spread=None) -> dict:
+    """`clients` concurrent loops, each sending one search at a time until the time is up; `spread()`
+    (how the connections spread over the server's processes) is read while they are all open."""
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -170,9 +200,10 @@ async def load(base: str, queries: list[str], mode: str, clients: int, seconds: 
         started = time.perf_counter()
         await asyncio.gather(*(worker(n) for n in range(clients)))
         elapsed = time.perf_counter() - started
+        held = spread() if spread else None
     return {"clients": clients, "requests": len(latencies), "errors": errors,
             "rps": round(len(latencies) / elapsed, 2), "p50_ms": pct(latencies, 50), "p95_ms": pct(latencies, 95),
-            "p99_ms": pct(latencies, 99)}
+            "p99_ms": pct(latencies, 99), **({"connections_per_process": held} if held is not None else {})}
 
 
 def main() -> None:

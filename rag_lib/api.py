@@ -716,9 +716,13 @@ class KnowledgeBase:
         provider = self.__dict__.get("provider")
         return provider is not None and provider.loaded
 
-    def warm_up(self) -> None:
-        """Open the pool and load the model now, so the first request pays nothing."""
+    def warm_up(self, fill_pool: bool = False) -> None:
+        """Open the pool and load the model now, so the first request pays nothing. `fill_pool` (a
+        server's): open all `pool_max_size` connections now and keep them open."""
         _ = self.store
+        if fill_pool:
+            for store in {id(s): s for s in (self.store, self.search_store)}.values():
+                store.db.fill()
         if hasattr(self.provider, "load"):
             self.provider.load()
         self.provider.embed(["warm-up"])

@@ -190,14 +190,16 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     app.add_middleware(RequestGuard, policy=host_policy)  # inside RequestContext: ids and size limit first
     app.add_middleware(RequestContext, max_body_bytes=settings.server.max_body_bytes)
 
-    def get_kb() -> KnowledgeBase:
+    # Dependencies are `async def` (they do no I/O): FastAPI runs a sync one on the thread pool, a
+    # thread hop (and a wait for the GIL) per dependency per request.
+    async def get_kb() -> KnowledgeBase:
         base = state.get("kb")
         if base is None:
             raise DatabaseError("the server is still starting")
         return base
 
     def require(scope: Scope):
-        def check(request: Request) -> Scope | None:
+        async def check(request: Request) -> Scope | None:
             return keyring.authorize(key_from_headers(request.headers), scope)
 
         return check
@@ -247,27 +249,34 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         data = service.health(base) if base else {"status": "degraded", "database": False, "model": False}
         return JSONResponse(data, status_code=200 if data["status"] == "ok" else 503)
 
+    # Searching routes are `async def` and run their search with `service.run_search`: at most
+    # `search_slots` at once per process, on the request thread pool; the response is checked and
+    # written on the event loop (a sync route hops to the thread pool for that as well).
+    search_slots = service.search_slots(settings)
+
     @app.post("/api/rag/search", response_model=s.SearchResponse, dependencies=read, tags=["search"])
-    def search(body: s.SearchRequest, kb: KB) -> dict[str, Any]:
+    async def search(body: s.SearchRequest, kb: KB) -> dict[str, Any]:
         """Semantic, lexical or hybrid search with metadata filters (in `filters`, or seed 000's top-level
         `ticker`, `doc_type`, ...); results carry unit ids and scores."""
-        out = service.search(
-            kb, body.query, mode=body.mode, filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
+        out = await service.run_search(
+            search_slots, service.search, kb, body.query, mode=body.mode, filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
             min_similarity=body.min_similarity, collection=body.collection, rerank=body.rerank,
         )
         return {**out, "request_id": request_id_var.get()}
 
     @app.post("/api/rag/context", response_model=s.ContextResponse, dependencies=read, tags=["search"])
-    def context(body: s.ContextRequest, kb: KB) -> dict[str, Any]:
+    async def context(body: s.ContextRequest, kb: KB) -> dict[str, Any]:
         """Context for an LLM prompt: the best passages within a token budget, with citations."""
-        out = service.context(kb, body.query, token_budget=body.token_budget, mode=body.mode,
-                              filters=body.filters.model_dump(exclude_none=True), collection=body.collection)
+        out = await service.run_search(search_slots, service.context, kb, body.query, token_budget=body.token_budget,
+                                       mode=body.mode, filters=body.filters.model_dump(exclude_none=True),
+                                       collection=body.collection)
         return {**out, "request_id": request_id_var.get()}
 
     @app.post("/api/rag/similar", tags=["search"], dependencies=read)
-    def similar(body: s.SimilarRequest, kb: KB) -> dict[str, Any]:
+    async def similar(body: s.SimilarRequest, kb: KB) -> dict[str, Any]:
         """Chunks most similar to a stored unit, chunk or document."""
-        return service.similar(kb, body.ref, top_k=body.top_k, collection=body.collection)
+        return await service.run_search(search_slots, service.similar, kb, body.ref, top_k=body.top_k,
+                                        collection=body.collection)
 
     @app.get("/api/rag/metrics", dependencies=read, tags=["search"])
     def metrics(kb: KB, days: Annotated[float, Query(gt=0, le=3650, description="Summarise the last N days.")] = 7
@@ -347,11 +356,12 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
                                         metadata=body.metadata, collection=body.collection, force=body.force)
 
     @app.post("/rag/retrieve", response_model=s.RetrieveResponse, dependencies=read, tags=compat)
-    def rag_retrieve(body: s.RetrieveRequest, kb: KB) -> dict[str, Any]:
+    async def rag_retrieve(body: s.RetrieveRequest, kb: KB) -> dict[str, Any]:
         """Seed 003: semantic search in seed 003's shape; alias of `POST /api/rag/search`."""
-        return service.retrieve(kb, body.query, top_k=body.top_k, similarity_threshold=body.similarity_threshold,
-                                filters=body.filters.model_dump(exclude_none=True), mode=body.mode,
-                                collection=body.collection)
+        return await service.run_search(search_slots, service.retrieve, kb, body.query, top_k=body.top_k,
+                                        similarity_threshold=body.similarity_threshold,
+                                        filters=body.filters.model_dump(exclude_none=True), mode=body.mode,
+                                        collection=body.collection)
 
     @app.get("/rag/sources", response_model=s.SourcesListing, dependencies=read, tags=compat)
     def rag_sources(kb: KB, collection: Collection = None,

@@ -220,5 +220,11 @@ class Connections:
                 if not conn.broken:  # a broken one is discarded by the pool
                     conn.autocommit = False
 
+    def fill(self) -> None:
+        """Open every connection the pool may hold now, and keep them (a server's): otherwise the pool
+        grows one connection at a time while requests queue for one, in every burst after an idle spell."""
+        self.pool.resize(min_size=self.pool.max_size)
+        self.pool.wait()
+
     def close(self) -> None:
         self.pool.close()
