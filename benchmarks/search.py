@@ -185,7 +185,7 @@ def main() -> None:
     corpus = build_generated(kb, args.chunks, seed=7)
     space = kb.store.active_space()
     index = kb.store.ensure_hnsw_index(space["space"], space["dimensions"], rebuild=bool(corpus["generated_added"]))
-    kb.store.analyze()
+    kb.store.refresh_statistics(force=True)
     corpus.update(total_chunks=kb.store.status_counts(None)["chunks"], build_seconds=round(time.perf_counter() - t0, 1),
                   index=index)
 

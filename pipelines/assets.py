@@ -171,6 +171,7 @@ def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeR
     last = state["last_build"] or {}
     return MaterializeResult(metadata={
         "index": state["index"], "space": space, "created_now": built["created"], "valid": state["valid"],
+        "tables_analyzed": ", ".join(built["analyzed"]) or "none (few changes)",
         "size_bytes": state["size_bytes"], "rows_indexed": int(last.get("rows_indexed") or 0),
         "build_seconds": round(float(last.get("build_seconds") or 0.0), 3),
         "m": kb.settings.search.hnsw_m, "ef_construction": kb.settings.search.hnsw_ef_construction,

@@ -339,3 +339,51 @@ def test_graph_fusion_lifts_linked_documents_in_hybrid_search(corpus_kb):
     # queries naming no ticker or document type keep plain hybrid fusion
     s.graph_fusion = True
     assert "graph" not in corpus_kb.search("max log file size before rotation", mode="hybrid").timings_ms
+
+
+def test_search_goes_on_without_the_graph_list_when_the_graph_query_times_out(kb, corpus_copy, caplog):
+    """The graph's list waits on `graph.query_timeout_ms` like every graph query; past it the
+    search answers without the list (and says so in the log) instead of waiting on the graph."""
+    import threading
+
+    import psycopg
+
+    kb.ingest([corpus_copy(TRADE, STRATEGY, LEARNING, EARNINGS)])
+    query = "NVDA trade exit and what the trader learned"
+    assert "graph" in kb.search(query, mode="hybrid").timings_ms
+    kb.settings.search.graph_fusion = False
+    without = [h.chunk_id for h in kb.search(query, mode="hybrid").hits]
+    kb.settings.search.graph_fusion = True
+    kb.settings.graph.query_timeout_ms = 300
+    released = threading.Event()
+    with psycopg.connect(kb.settings.database_url) as locker:
+        locker.execute("LOCK TABLE rag_graph_edges IN ACCESS EXCLUSIVE MODE")  # held until commit
+        timer = threading.Timer(60, lambda: (released.set(), locker.cancel()))
+        timer.start()
+        try:
+            with caplog.at_level("WARNING", logger="rag_lib.search.fusion"):
+                result = kb.search(query, mode="hybrid")
+        finally:
+            timer.cancel()
+    assert not released.is_set()  # answered while the graph was still locked
+    assert without and [h.chunk_id for h in result.hits] == without  # as if the graph's list were off
+    assert any("without the graph's list" in r.getMessage() and "query_timeout_ms=300" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_load_leaves_the_tables_searches_read_with_planner_statistics(kb, corpus_copy):
+    """Searches right after a bulk load are planned on real statistics (not after autovacuum's
+    next round): the graph list's query ran seconds on tables without them."""
+    import psycopg
+
+    from rag_lib.store.stages import SERVING_TABLES
+
+    def with_statistics() -> set[str]:
+        with psycopg.connect(kb.settings.database_url) as conn:
+            return {r[0] for r in conn.execute(
+                "SELECT DISTINCT tablename FROM pg_stats WHERE tablename = ANY(%s)", (list(SERVING_TABLES),))}
+
+    assert with_statistics() == set()
+    kb.ingest([corpus_copy(TRADE, STRATEGY, LEARNING, EARNINGS, PROFILE)])
+    assert {"rag_documents", "rag_chunks", "rag_chunk_vectors", "rag_graph_edges", "rag_graph_nodes"} <= with_statistics()
+    assert kb.store.refresh_statistics(force=True) == sorted(SERVING_TABLES)

@@ -96,6 +96,7 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         total_chunks = sum(mats[("chunks", f)]["chunks"].value for f in FILES[:2])
         assert 0 < emb["run_embedded"].value <= total_chunks  # fresh cache: the model was called
         assert mats[("hnsw_index", None)]["valid"].value is True
+        assert "rag_chunks" in mats[("hnsw_index", None)]["tables_analyzed"].value  # a first load: statistics
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
         assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs", "hnsw_recall",
                                "retrieval_quality"}

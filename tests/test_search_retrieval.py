@@ -38,7 +38,7 @@ def test_document_frequencies_from_statistics_match_counting(corpus_kb):
     store = corpus_kb.store
     lexemes = store.query_lexemes("NVDA earnings revenue guidance stop loss position sizing", "english")
     total = store.collection_generation("default")[1]
-    store.analyze()  # element statistics for tsv: the common lexemes' frequencies
+    store.refresh_statistics(force=True)  # element statistics for tsv: the common lexemes' frequencies
     from_stats = store.term_statistics("default", "english", lexemes, total)
     with store.db.connection() as conn:  # the exact answer, counted row by row
         counted = {lex: conn.execute("SELECT count(*) FROM rag_chunks WHERE collection = 'default' AND tsv @@ %s::tsquery",

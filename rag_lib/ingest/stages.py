@@ -295,9 +295,11 @@ class Publisher:
         )
 
     def ensure_index(self) -> dict:
-        """The one place the HNSW index is built: the provider space's index if missing (bulk loads
-        build it after loading; later publishes insert into it). The store's build record."""
-        return self.store.ensure_hnsw_index(self.provider.space, self.settings.embedding.dimensions)
+        """After a load: the one place the HNSW index is built (the provider space's, if missing:
+        bulk loads build it after loading; later publishes insert into it), and fresh statistics
+        for the tables the load changed much. The store's build record, with `analyzed`: those tables."""
+        built = self.store.ensure_hnsw_index(self.provider.space, self.settings.embedding.dimensions)
+        return {**built, "analyzed": self.store.refresh_statistics()}
 
     def is_current(self, doc: Document, states: dict[str, tuple[str, str]]) -> bool:
         """True when the stored version has the same content and was made with the same settings."""

@@ -4,11 +4,15 @@ parent-document evidence, the knowledge graph's list, and soft boosts from query
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from dataclasses import dataclass
 
+from rag_lib.errors import QueryTimeoutError
 from rag_lib.graph.extract import STRUCTURAL
 from rag_lib.models import SearchFilters, SearchHit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -121,7 +125,11 @@ def graph_candidates(store, filters: SearchFilters, ranked: list[SearchHit], opt
     collection = filters.collection or (ranked[0].collection if ranked else None)
     if not seeds or not collection:
         return None
-    related = {p for p, _ in store.graph_related_paths(collection, seeds, STRUCTURAL, opts.graph_candidates)}
+    try:
+        related = {p for p, _ in store.graph_related_paths(collection, seeds, STRUCTURAL, opts.graph_candidates)}
+    except QueryTimeoutError as exc:  # the graph's list only reorders: the search goes on without it
+        log.warning("search without the graph's list: %s", exc)
+        return None
     hits = [h for h in ranked if h.path in related and h.collection == collection]
     return Candidates("graph", hits, opts.graph_weight) if hits else None
 

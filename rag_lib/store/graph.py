@@ -292,9 +292,10 @@ class GraphStore:
 
     def graph_related_paths(self, collection: str, paths: Sequence[str], exclude: Sequence[str],
                             limit: int = 50) -> list[tuple[str, int]]:
-        """Documents linked to, or sharing a graph node with, `paths`, with how many connections each has."""
+        """Documents linked to, or sharing a graph node with, `paths`, with how many connections each
+        has. Raises QueryTimeoutError after `graph.query_timeout_ms`."""
         keys = [f"doc:{p}" for p in paths]
-        with self.db.connection() as conn:
+        with self._graph_connection() as conn:  # bounded like every graph query: a search waits on it
             rows = conn.execute(
                 """WITH seed AS (SELECT unnest(%(k)s::text[]) AS key),
                    direct AS (
@@ -308,14 +309,19 @@ class GraphStore:
                        JOIN rag_graph_edges e2 ON e2.collection = e1.collection AND e2.dst = e1.dst
                         AND e2.src LIKE 'doc:%%' AND e2.src <> e1.src
                         WHERE e1.collection = %(c)s AND NOT (e1.predicate = ANY(%(x)s))
-                          AND NOT (e2.predicate = ANY(%(x)s)) AND e1.predicate <> 'links_to')
-                   -- a direct link counts twice a shared entity
-                   SELECT substr(other, 5) AS path, count(*) AS n FROM (
-                       SELECT other FROM direct UNION ALL SELECT other FROM direct
-                       UNION ALL SELECT other FROM shared) x
-                   WHERE other LIKE 'doc:%%' AND NOT (other = ANY(%(k)s))
-                     AND EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = %(c)s AND d.path = substr(other, 5))
-                   GROUP BY other ORDER BY n DESC, other LIMIT %(l)s""",
+                          AND NOT (e2.predicate = ANY(%(x)s)) AND e1.predicate <> 'links_to'),
+                   -- a direct link counts twice a shared entity; counted once, before the
+                   -- documents are looked up (a plan that joined first, on a table without
+                   -- statistics, recomputed the shared entities per document: seconds)
+                   counted AS MATERIALIZED (
+                       SELECT other, count(*) AS n FROM (
+                           SELECT other FROM direct UNION ALL SELECT other FROM direct
+                           UNION ALL SELECT other FROM shared) x
+                       WHERE other LIKE 'doc:%%' AND NOT (other = ANY(%(k)s))
+                       GROUP BY other)
+                   SELECT substr(other, 5) AS path, n FROM counted
+                   WHERE EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = %(c)s AND d.path = substr(other, 5))
+                   ORDER BY n DESC, other LIMIT %(l)s""",
                 {"k": keys, "c": collection, "x": list(exclude), "l": limit},
             ).fetchall()
         return [(p, int(n)) for p, n in rows]

@@ -171,13 +171,3 @@ class LexicalStore:
                 " WHERE c.collection = %s ORDER BY c.chunk_id", (collection,))
             cols = [d.name for d in cur.description]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
-
-    def analyze(self) -> None:
-        """Refresh planner statistics after bulk loads (so full-text filters use the GIN indexes)."""
-        with self.db.connection() as conn:
-            conn.autocommit = True
-            try:
-                conn.execute("ANALYZE rag_chunks")
-                conn.execute("ANALYZE rag_chunk_vectors")
-            finally:
-                conn.autocommit = False
