@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import cpu_seconds, start_server  # noqa: E402
+from _bench_db import start_server  # noqa: E402
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -104,6 +104,23 @@ def tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def tree_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by process `pid` and all its descendants, those started since and those
+    gone included (a gone child's time is added to its parent's `children_*` once it is reaped): a
+    pool that opens connections during a level has the database start backends then, which a
+    list of processes taken before the level leaves out."""
+    if pid is None:
+        return 0.0
+    total = 0.0
+    for proc in tree(pid):
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def postmaster(url: str) -> int | None:
     """The pid of the database server behind `url` when it runs on this machine (the embedded one)."""
     try:
@@ -139,14 +156,12 @@ def measured_level(base: str, queries: list[str], mode: str, clients: int, secon
     cores the whole machine kept busy (ours and everyone else's: on a shared machine a level that
     leaves cores idle is held back by itself, one that finds them all busy by the machine) and how
     the clients' connections spread over the server's processes."""
-    server_procs = tree(server_pid)
-    db_procs = tree(db_pid) if db_pid else []
     port = int(base.rsplit(":", 1)[1])
     spread = lambda: connections_per_worker(server_pid, port)  # noqa: E731
     started = time.perf_counter()
-    before = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0], busy_cores())
+    before = (tree_cpu(server_pid), tree_cpu(db_pid), time.process_time(), os.getloadavg()[0], busy_cores())
     level = asyncio.run(load(base, queries, mode, clients, seconds, spread))
-    after = (cpu_seconds(server_procs), cpu_seconds(db_procs), time.process_time(), os.getloadavg()[0], busy_cores())
+    after = (tree_cpu(server_pid), tree_cpu(db_pid), time.process_time(), os.getloadavg()[0], busy_cores())
     wall = time.perf_counter() - started
     n = max(level["requests"], 1)
     cpu = {name: round((a - b) * 1000 / n, 2) for name, a, b in zip(("server", "database", "client"), after, before)}
