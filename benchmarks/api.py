@@ -8,7 +8,8 @@ load average is read before and after each level (the machine is shared), and `c
 many cores the benchmark's processes and the whole machine kept busy during it.
 
 `--compare-src DIR` first runs the same levels against a server running the code in DIR (e.g. a
-checkout of an older commit), so old and new are compared as ratios within one run.
+checkout of an older commit), with the same --workers and --query-cache, so old and new are compared
+as ratios within one run.
 `--workers N` sets server.workers; `--query-cache 0` turns the query-vector cache off (each request
 then encodes its query: the benchmark cycles through the same queries, which the cache would hit).
 
@@ -242,7 +243,7 @@ def main() -> None:
     compared = None
     if args.compare_src:
         compared = run_server(url, mode, queries, counts, args.seconds,
-                              {"PYTHONPATH": str(args.compare_src.resolve())}, db_pid)
+                              {**extra, "PYTHONPATH": str(args.compare_src.resolve())}, db_pid)
     # half before and half after the HTTP levels, so a shared machine's load swings hit both alike
     local_ms = in_process(url, queries, mode, min(args.seconds, 20.0) / 2)
     levels = run_server(url, mode, queries, counts, args.seconds, extra, db_pid)
