@@ -63,9 +63,8 @@ class WorkerSocket(socket.socket):
     socket of its own (SO_REUSEPORT), so the kernel spreads new connections over the workers.
 
     On one shared socket (uvicorn's way) the worker whose event loop wakes first accepts every
-    connection waiting, so 8 clients connecting together all landed on one worker in most trials
-    (8/0, 8/0, 7/1, 6/2, 4/4): that worker's Python ran every search on one core while the other
-    idled. With a socket per worker the kernel picks one per connection by a hash of its addresses.
+    connection waiting, so 8 clients connecting together landed 8/0, 6/2, 6/2, 7/1, 6/2, 7/1 (six
+    trials): the busier worker's Python ran most searches on one core while the other idled. With a socket per worker the kernel picks one per connection by a hash of its addresses.
     uvicorn hands its sockets to the workers it spawns by pickling them: this one pickles as the
     address, and unpickles in the worker as a new socket bound to it (which uvicorn then listens on)."""
 
