@@ -54,8 +54,9 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
 # How long uvicorn's supervisor waits for a worker to answer its health check before killing it and
 # starting another (uvicorn's default: 5 s). A worker answers from a thread that starts only once the
 # process has imported uvicorn: on a busy 2-core machine that took over 5 s, so workers were killed
-# while starting, each time loading the model again, and one served alone meanwhile.
-HEALTHCHECK_SECONDS = 60
+# while starting, each time loading the model again, and one served alone meanwhile. Not much more:
+# the supervisor handles a stop signal only between checks, so a hung worker delays stopping by this.
+HEALTHCHECK_SECONDS = 20
 
 
 class WorkerSocket(socket.socket):
