@@ -259,7 +259,8 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         """Semantic, lexical or hybrid search with metadata filters (in `filters`, or seed 000's top-level
         `ticker`, `doc_type`, ...); results carry unit ids and scores."""
         out = await service.run_search(
-            search_slots, service.search, kb, body.query, mode=body.mode, filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
+            search_slots, service.search, kb, body.query, mode=body.mode,
+            filters=body.filters.model_dump(exclude_none=True), top_k=body.top_k,
             min_similarity=body.min_similarity, collection=body.collection, rerank=body.rerank,
         )
         return {**out, "request_id": request_id_var.get()}
