@@ -222,6 +222,10 @@ class SearchSettings(BaseModel):
     # chunk of its documents holds it, and sections naming several of the question's tickers outranked
     # the one that answers (dev2 cross_doc 0.562 -> 0.690). CV over dev + dev2 (README, Retrieval).
     lexical_named_ticker_weight: float = Field(0.1, ge=0.0, le=10.0)
+    # hybrid: a month or day the question names ("in the February 2026 analyses") is left out of the
+    # full-text query (the date boost picks those documents), unless the question selects documents
+    # ("stock analyses dated February 2026"). Dev2 cross_doc 0.690 -> 0.730 (README, Retrieval)
+    lexical_drop_dates: bool = True
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

@@ -1,7 +1,8 @@
-"""A ticker named in a hybrid question picks documents, not sections: in full text it matches every
-chunk of its documents (the ticker field and the embedded prefix), and sections that repeat it in
-their text would outrank the section that answers. `search.lexical_named_ticker_weight` scales its
-full-text weight. Fixture corpus written here; real database and model."""
+"""A ticker or a month named in a hybrid question picks documents, not sections: in full text a ticker
+matches every chunk of its documents (the ticker field and the embedded prefix), a month every
+section that repeats it, and those sections would outrank the section that answers.
+`search.lexical_named_ticker_weight` scales a named ticker's full-text weight, `search.lexical_drop_dates`
+leaves the month out of the full-text query. Fixture corpus written here; real database and model."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def _analysis(ticker: str, cash: str) -> dict:
                                      "spending on data centers."},
             "sentiment": {"text": "Analysts are split; options skew is neutral and short interest is low."},
             "peers": {"text": f"{ticker} against ACME, BOLT, CRUX and DYNE: {ticker} trades at a premium to "
-                              "ACME and BOLT on sales, in line with CRUX and DYNE."}}
+                              "ACME and BOLT on sales, in line with CRUX and DYNE."},
+            "calendar": {"text": "February 2026 events: the February 2026 CPI print, February 2026 options "
+                                 "expiry and the Fed minutes of February 2026."}}
 
 
 def _corpus(kb, root: Path) -> None:
@@ -60,3 +63,12 @@ def test_a_named_ticker_still_picks_its_own_documents(kb, tmp_path):
     assert units[0] == "analysis/BOLT_20260220T2100.yaml#fundamentals", units
     # a question that is only a ticker keeps it in full text (nothing else to match)
     assert _units(kb, "CRUX")[0].startswith("analysis/CRUX_20260220T2100.yaml#"), _units(kb, "CRUX")
+
+
+def test_a_named_month_does_not_outrank_the_section_that_answers(kb, tmp_path):
+    _corpus(kb, tmp_path / "corpus")
+    units = _units(kb, "how much cash does BOLT generate, per its February 2026 analysis")
+    # every `calendar` section repeats "February 2026" and says nothing about cash; with the month in
+    # the full-text query they took the first four places
+    assert units[0] == "analysis/BOLT_20260220T2100.yaml#fundamentals", units
+    assert "analysis/BOLT_20260220T2100.yaml#calendar" not in units[:4], units

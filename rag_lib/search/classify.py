@@ -98,6 +98,11 @@ def find_dates(query: str) -> list[str]:
     return [dt.date(year, month, 1).isoformat(), dt.date(year, month, last).isoformat()]
 
 
+def without_date(query: str) -> str:
+    """The query without the month or day `find_dates` reads in it."""
+    return _DATE.sub(" ", query, count=1)
+
+
 def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
     text = " " + re.sub(r"\s+", " ", query.lower()) + " "
     found = []

@@ -24,7 +24,7 @@ from rag_lib.errors import ValidationError
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
-from rag_lib.search.classify import QueryPlan, classify
+from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf,
                                    weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
@@ -64,6 +64,7 @@ class SearchOptions:
     feedback_depth: int = 4
     feedback_scope: str = "shared"
     lexical_named_ticker_weight: float = 0.1
+    lexical_drop_dates: bool = True
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
     @classmethod
@@ -213,6 +214,18 @@ def _named_ticker_weights(query: str, plan: QueryPlan, opts: SearchOptions) -> d
     return {t.lower(): opts.lexical_named_ticker_weight for t in named}
 
 
+def _full_text_query(query: str, plan: QueryPlan, opts: SearchOptions) -> str:
+    """A hybrid query's full-text words: without the month or day it names (`lexical_drop_dates`),
+    which picks documents (documents dated then are boosted) and in full text only matched the
+    sections that repeat the month ("February 2026" in every analysis's date, status and text); kept
+    when the question selects documents ("stock analyses dated February 2026": the sections stating
+    the date answer it) or has no other word."""
+    if not (opts.lexical_drop_dates and plan.dates) or plan.selects_documents:
+        return query
+    rest = without_date(query)
+    return rest if re.search(r"[^\W\d_]{2,}", rest) else query
+
+
 def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
     """Trend questions read best oldest to newest; undated results keep their place at the end."""
     return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
@@ -324,6 +337,7 @@ def search(
         scaled = _named_ticker_weights(query, plan, opts) if mode == "hybrid" else None
         with _timed(timings, "lexical"):
             for q, qw in queries:
+                q = _full_text_query(q, plan, opts) if mode == "hybrid" else q
                 for f, fw in variants:
                     scored = lexical.lexical_search(store, caches.terms, q, f, depth, timings, scaled)
                     for hit, raw in scored:
