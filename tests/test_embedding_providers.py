@@ -247,6 +247,18 @@ def test_local_single_query_path_matches_batch_encoding(provider):
         assert np.abs(one - many).max() < 1e-5 and abs(np.linalg.norm(one) - 1) < 1e-5
 
 
+def test_query_threads_do_not_spin_and_batch_threads_do(provider):
+    # a server runs many searches at once: a query's ONNX threads sleep between operators (half the
+    # CPU per query on a busy machine), while ingest batches keep spinning for throughput
+    encoder = provider._onnx
+    spinning = "session.intra_op.allow_spinning"
+    assert encoder.query_session.get_session_options().get_session_config_entry(spinning) == "0"
+    assert encoder.batch_session.get_session_options().get_session_config_entry(spinning) == "1"
+    queries = ["NVDA bull case", "which trades hit their stop loss after earnings", "0-dimensional biomaterials"]
+    singles = np.vstack([provider.embed([q]) for q in queries])
+    assert np.allclose(singles, provider.embed(queries), atol=1e-5)
+
+
 def test_concurrent_single_queries_get_their_own_vectors(provider):
     # the API and MCP servers embed queries from many threads at once, without a lock on ONNX
     queries = [f"{ticker} guidance after earnings" for ticker in ("NVDA", "AMD", "TSLA", "AAPL", "MSFT", "META")] * 4

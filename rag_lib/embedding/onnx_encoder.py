@@ -15,10 +15,10 @@ import copy
 import hashlib
 import json
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -50,21 +50,38 @@ def default_cache_dir() -> Path:
     return Path(base) / "rag-kb" / "onnx"
 
 
-@dataclass
 class OnnxEncoder:
-    """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch)."""
+    """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch).
 
-    session: object  # onnxruntime.InferenceSession
-    tokenizer: Tokenizer
-    path: Path
+    Two sessions of one export, told apart by their threads' spinning. A query's two intra-op
+    threads sleep between operators: spinning bought ~1 ms of latency on a quiet machine but cost
+    twice the CPU per query (14.9 vs 7.9 ms at load 12), which a server running many searches at
+    once, or a machine busy with other work, pays in throughput (docs/scale.md "HTTP"). A batch's
+    threads spin: its operators are long and its core is its own. The batch session loads on the
+    first batch, so a search-only process holds one copy of the weights (~90 MB)."""
+
+    def __init__(self, ort, path: Path, tokenizer: Tokenizer):
+        self._ort = ort
+        self.path = path
+        self.tokenizer = tokenizer
+        self.query_session = _session(ort, path, spinning=False)
+        self._batch_session = None
+        self._batch_lock = threading.Lock()
+
+    @property
+    def batch_session(self):
+        with self._batch_lock:  # two first batches at once make one session, not two
+            if self._batch_session is None:
+                self._batch_session = _session(self._ort, self.path, spinning=True)
+            return self._batch_session
 
     @property
     def dimensions(self) -> int:
-        return int(self.session.get_outputs()[0].shape[1])
+        return int(self.query_session.get_outputs()[0].shape[1])
 
     def encode(self, text: str) -> np.ndarray:
         """The normalised vector of `text`, shape (1, dimensions)."""
-        return self.session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
+        return self.query_session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
 
     def encode_batch(self, texts: list[str], batch_size: int, lock: AbstractContextManager | None = None) -> np.ndarray:
         """Normalised vectors of `texts`, shape (len(texts), dimensions). Like sentence-transformers,
@@ -85,7 +102,7 @@ class OnnxEncoder:
                     values = rows[i][name][0]
                     feed[name][row, :len(values)] = values
             with lock:
-                out[members] = self.session.run(None, feed)[0]
+                out[members] = self.batch_session.run(None, feed)[0]
         return out
 
 
@@ -109,7 +126,7 @@ def load_onnx_encoder(model_path: str, cache_dir: Path | str | None, load_model:
             _export(model, path)
             _write_manifest(model, tokenizer, manifest)
         try:
-            encoder = OnnxEncoder(_session(ort, path), tokenizer, path)
+            encoder = OnnxEncoder(ort, path, tokenizer)
             _verify(encoder, manifest)
             return encoder
         except Exception as exc:
@@ -187,16 +204,16 @@ def _export(model, path: Path) -> None:
         raise ConfigError(f"cannot export the local model to ONNX at {path}: {exc}") from exc
 
 
-def _session(ort, path: Path):
+def _session(ort, path: Path, spinning: bool):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Two threads: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one (both cores busy with an
-    # ingest: 5.5/8.7 vs 5.8/13). They spin while a query runs (inside search: 4.9/7.0 ms vs 6.1/8.4
-    # sleeping between operators) but stop when it ends: a thread still spinning would steal the
-    # core PostgreSQL needs right after (torch's OpenMP threads did: search p95 33 vs 25 ms).
+    # ingest: 5.5/8.7 vs 5.8/13). Spinning between operators (see OnnxEncoder) stops when a run
+    # ends: a thread still spinning would steal the core PostgreSQL needs right after (torch's
+    # OpenMP threads did: search p95 33 vs 25 ms).
     options.intra_op_num_threads = min(2, os.cpu_count() or 1)
     options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 3  # warnings about unused initialisers are noise
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
