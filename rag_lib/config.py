@@ -226,6 +226,11 @@ class SearchSettings(BaseModel):
     # full-text query (the date boost picks those documents), unless the question selects documents
     # ("stock analyses dated February 2026"). Dev2 cross_doc 0.690 -> 0.730 (README, Retrieval)
     lexical_drop_dates: bool = True
+    # hnsw.ef_search of feedback's second query (0: ef_search). Its vector lies among the first
+    # units' own, where a shorter walk finds the same: on 18k chunks of the search benchmark its
+    # top 50 against an exact ranking 0.999 at 200, 0.993 at 100, final top 10 as at 200 to 0.9995;
+    # exact rankings (filters leaving <= exact_max_rows chunks, the shared corpus) ignore it
+    feedback_ef_search: int = Field(100, ge=0, le=1000)
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

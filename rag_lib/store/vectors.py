@@ -281,7 +281,8 @@ class VectorStore:
             else:
                 t = vector_sql_type(s.vector_type, dimensions)
                 distance = sql.SQL("v.embedding::{t} <=> {x}::{t}").format(t=t, x=target)
-                local.update({"hnsw.ef_search": str(max(s.ef_search, limit)), "hnsw.iterative_scan": "relaxed_order",
+                ef = (s.feedback_ef_search or s.ef_search) if moved else s.ef_search
+                local.update({"hnsw.ef_search": str(max(ef, limit)), "hnsw.iterative_scan": "relaxed_order",
                               "hnsw.max_scan_tuples": str(s.max_scan_tuples)})
             conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(local)),
                          [v for pair in local.items() for v in pair])
