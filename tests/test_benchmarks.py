@@ -85,6 +85,8 @@ SMALL = {
                                                   *_tiny_eval_set(tmp)], {"ndcg@10"}),
     "local_batch_size.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "8", "--sizes", "8",
                                                  "--runtimes", "onnx", "--rounds", "1"], set()),
+    "onnx_spinning.py": (lambda corpus, tmp: ["--queries", "4", "--chunks", "8", "--clients", "2", "--rounds", "1"],
+                         {"spinning", "not_spinning", "same_vectors", "load_before"}),
     "parallel.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--runs", "1", "--local-files", "2",
                                          "--latency", "0"], {"stub", "local"}),
     # scale.py samples 2,000 chunks for its recall figures and picks among 20 nearby anchors
