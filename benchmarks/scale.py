@@ -372,6 +372,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the server and loaded chunks in this folder")
     ap.add_argument("--reuse-index", action="store_true", help="with --keep: keep an index built with these settings")
     ap.add_argument("--modes", default="semantic,hybrid")
+    ap.add_argument("--ef-search-sweep", default="", help="also recall@10 and store latency at these hnsw.ef_search values, e.g. 300,400")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
 
@@ -487,6 +488,21 @@ def main() -> None:
                 found += len(want & {h.chunk_id for h in hits})
             out["recall_at_10"] = round(found / (10 * len(qvecs)), 4)
             out["store_semantic_ms"] = {"p50": round(percentile(lat_store, 50), 1), "p95": round(percentile(lat_store, 95), 1)}
+            # the same at other hnsw.ef_search values: what a higher recall costs at this size
+            product_ef = settings.search.ef_search
+            for ef in [int(e) for e in args.ef_search_sweep.split(",") if e]:
+                settings.search.ef_search = ef
+                found, lat_ef = 0, []
+                for q, want in zip(qvecs, truth):
+                    t0 = time.perf_counter()
+                    hits = kb.store.semantic_search(q, space["space"], dims, SearchFilters(), 10)
+                    lat_ef.append((time.perf_counter() - t0) * 1000)
+                    found += len(want & {h.chunk_id for h in hits})
+                out.setdefault("ef_search_sweep", {})[str(ef)] = {
+                    "recall_at_10": round(found / (10 * len(qvecs)), 4),
+                    "store_semantic_ms": {"p50": round(percentile(lat_ef, 50), 1), "p95": round(percentile(lat_ef, 95), 1)},
+                    "loadavg_1m": round(os.getloadavg()[0], 2)}
+            settings.search.ef_search = product_ef
             for mode in args.modes.split(","):
                 load_before = round(os.getloadavg()[0], 2)
                 lat, stages = [], []
