@@ -4,6 +4,7 @@ Great Expectations suite on the chunk frame), skipped inputs, and HNSW validity 
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import multiprocessing.util
 import os
@@ -119,14 +120,27 @@ def _import_great_expectations() -> None:
 
 def _spawn_reimports_safely() -> bool:
     """Whether a spawned child may re-import this process's `__main__`: yes for installed entry
-    points (`rag`, `dagster`, `pytest`: guarded by `if __name__ == "__main__"`) and interactive
-    sessions; no for a user's own script, whose top level would run again in the child (spawn
-    refuses that, and a broken validation process would fail the chunk check)."""
+    points (`rag`, `dagster`, `pytest`), interactive sessions and scripts that keep their work
+    under `if __name__ == "__main__"`; no for a script whose top level does its work, which would
+    run again in the child (spawn refuses that, and a broken validation process would fail the
+    chunk check)."""
     main = sys.modules.get("__main__")
     origin = getattr(getattr(main, "__spec__", None), "origin", None) or getattr(main, "__file__", None)
     if origin is None:
         return True
-    return Path(origin).resolve().is_relative_to(Path(sys.prefix).resolve())
+    path = Path(origin).resolve()
+    return path.is_relative_to(Path(sys.prefix).resolve()) or _guards_its_work(path)
+
+
+def _guards_its_work(script: Path) -> bool:
+    """Whether a script's top level has an `if __name__ == "__main__":` block."""
+    try:
+        tree = ast.parse(script.read_text())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return False
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               for node in tree.body)
 
 
 def preload_great_expectations() -> None:

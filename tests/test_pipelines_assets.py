@@ -24,6 +24,7 @@ from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
+from rag_lib.store.stages import SERVING_TABLES  # noqa: E402
 from pipelines.partitions import PartitionMap  # noqa: E402
 
 # Not tests of embedding: the shared corpus's vectors come from the cache (no model calls),
@@ -277,4 +278,4 @@ def test_index_maintenance_job_reindexes_the_active_space(corpus_copy, rag_facto
     result = index_maintenance_job.execute_in_process(resources={"rag": rag})
     done = result.output_for_node("maintain_indexes")
     assert done["reindexed"] == index_name(space)
-    assert done["analyzed"] == ["rag_documents", "rag_chunks", "rag_chunk_vectors", "rag_embedding_cache"]
+    assert done["analyzed"] == [*SERVING_TABLES, "rag_embedding_cache"]

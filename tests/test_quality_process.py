@@ -24,6 +24,7 @@ SCRIPT = textwrap.dedent("""
     results = quality.validate_chunk_frame(frame, 1, 256)
     bad = [r["expectation"] for r in results if not r["success"]]
     print("failed:", ",".join(bad), flush=True)
+    print("validation process:", quality._validator is not None, flush=True)
 """)
 
 
@@ -36,3 +37,20 @@ def test_unguarded_script_validates_in_its_own_process(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("top level ran") == 1  # the script's own work was not done twice
     assert "failed: expect_column_values_to_be_between" in done.stdout
+    assert "validation process: False" in done.stdout  # validated in the script's own process
+
+
+def test_a_guarded_script_validates_beside_itself(tmp_path):
+    """A script that keeps its work under `if __name__ == "__main__"` may be re-imported by the
+    spawned validation process: Great Expectations' import then runs beside the caller."""
+    script = tmp_path / "my_script.py"
+    body = textwrap.indent(SCRIPT.split("import pandas as pd", 1)[1].split("from rag_lib import quality", 1)[1], "    ")
+    script.write_text("import pandas as pd\nfrom rag_lib import quality\n\n\ndef main():\n" + body
+                      + "\n\nif __name__ == \"__main__\":\n    main()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={"GX_ANALYTICS_ENABLED": "false", "PATH": "/usr/bin:/bin",
+                                             "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("top level ran") == 1
+    assert "failed: expect_column_values_to_be_between" in done.stdout
+    assert "validation process: True" in done.stdout
