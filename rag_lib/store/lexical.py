@@ -50,10 +50,12 @@ class LexicalStore:
                 (english, simple)).fetchone()
         return list(row[0]), list(row[1])
 
-    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int) -> dict[str, int]:
+    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int,
+                        cap: int | None = None) -> dict[str, int]:
         """Chunks containing each lexeme, of the collection's `total`. Common lexemes take their share
         from ANALYZE's element statistics when the collection is (nearly) the whole table: counting
-        them visits a large part of it on every cold query. Rare lexemes are counted exactly."""
+        them visits a large part of it on every cold query. The others are counted, exactly up to
+        `cap` rows (a lexeme in more rows than that reads as `cap`)."""
         column = sql.Identifier(CONFIGS[config])
         where = sql.SQL("collection = %s") if collection else sql.SQL("TRUE")
         base = [collection] if collection else []
@@ -72,10 +74,11 @@ class LexicalStore:
             todo = [lex for lex in lexemes if lex not in common]
             if todo:
                 parts = [
-                    sql.SQL("(SELECT count(*) FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery)").format(w=where, col=column)
+                    sql.SQL("(SELECT count(*) FROM (SELECT FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery"
+                            " LIMIT %s) t)").format(w=where, col=column)
                     for _ in todo
                 ]
-                params = [v for lex in todo for v in (*base, tsquery_literal(lex))]
+                params = [v for lex in todo for v in (*base, tsquery_literal(lex), cap)]
                 row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
                 counts.update(zip(todo, (int(n) for n in row)))
         return counts
