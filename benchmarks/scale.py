@@ -479,29 +479,26 @@ def main() -> None:
                                        "hnsw_bytes", "database_bytes")}
             result["by_type"][vtype] = out
             checkpoint(f"build-{vtype}")
-            # recall@10 of the store's semantic query (HNSW, ef_search from settings) vs exact numpy
-            found, lat_store = 0, []
-            for q, want in zip(qvecs, truth):
-                t0 = time.perf_counter()
-                hits = kb.store.semantic_search(q, space["space"], dims, SearchFilters(), 10)
-                lat_store.append((time.perf_counter() - t0) * 1000)
-                found += len(want & {h.chunk_id for h in hits})
-            out["recall_at_10"] = round(found / (10 * len(qvecs)), 4)
-            out["store_semantic_ms"] = {"p50": round(percentile(lat_store, 50), 1), "p95": round(percentile(lat_store, 95), 1)}
+            def store_recall() -> dict:
+                """recall@10 of the store's semantic query (the HNSW path, settings' ef_search) vs
+                exact numpy, and the query's latency."""
+                found, lat_store = 0, []
+                for q, want in zip(qvecs, truth):
+                    t0 = time.perf_counter()
+                    hits = kb.store.semantic_search(q, space["space"], dims, SearchFilters(), 10)
+                    lat_store.append((time.perf_counter() - t0) * 1000)
+                    found += len(want & {h.chunk_id for h in hits})
+                return {"recall_at_10": round(found / (10 * len(qvecs)), 4),
+                        "store_semantic_ms": {"p50": round(percentile(lat_store, 50), 1),
+                                              "p95": round(percentile(lat_store, 95), 1)}}
+
+            out.update(store_recall())
             # the same at other hnsw.ef_search values: what a higher recall costs at this size
             product_ef = settings.search.ef_search
             for ef in [int(e) for e in args.ef_search_sweep.split(",") if e]:
                 settings.search.ef_search = ef
-                found, lat_ef = 0, []
-                for q, want in zip(qvecs, truth):
-                    t0 = time.perf_counter()
-                    hits = kb.store.semantic_search(q, space["space"], dims, SearchFilters(), 10)
-                    lat_ef.append((time.perf_counter() - t0) * 1000)
-                    found += len(want & {h.chunk_id for h in hits})
-                out.setdefault("ef_search_sweep", {})[str(ef)] = {
-                    "recall_at_10": round(found / (10 * len(qvecs)), 4),
-                    "store_semantic_ms": {"p50": round(percentile(lat_ef, 50), 1), "p95": round(percentile(lat_ef, 95), 1)},
-                    "loadavg_1m": round(os.getloadavg()[0], 2)}
+                out.setdefault("ef_search_sweep", {})[str(ef)] = {**store_recall(),
+                                                                  "loadavg_1m": round(os.getloadavg()[0], 2)}
             settings.search.ef_search = product_ef
             for mode in args.modes.split(","):
                 load_before = round(os.getloadavg()[0], 2)

@@ -91,7 +91,8 @@ SMALL = {
                                          "--latency", "0"], {"stub", "local"}),
     # scale.py samples 2,000 chunks for its recall figures and picks among 20 nearby anchors
     "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "40", "--queries", "3", "--types", "vector",
-                                      "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy")],
+                                      "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy"),
+                                      "--ef-search-sweep", "40"],
                  {"load", "chunks"}),
     "search.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "400", "--queries", "3",
                                        "--recall-queries", "2", "--warmup", "0", "--work", str(tmp / "bench")],
