@@ -1,5 +1,5 @@
 """CPU per query encoding with ONNX Runtime's intra-op threads spinning between operators or not
-(onnx_encoder.py's one session does not spin), in one run: SciFact claims encoded one
+(onnx_encoder.py: queries do not spin, ingest batches do), in one run: SciFact claims encoded one
 at a time, from 1 thread and from --clients threads at once (a server at capacity), then SciFact
 abstract chunks encoded as ingest batches. Rounds alternate the two sessions so a change of the
 machine's load hits both. Prints ONE JSON line with the load average.
@@ -56,18 +56,18 @@ def main() -> None:
 
     sessions = {
         "spinning": onnx_encoder._session(ort, encoder.path, spinning=True),
-        "not_spinning": encoder.session,
+        "not_spinning": encoder.query_session,
     }
     load_before = os.getloadavg()
     totals = {name: {"seq": [0.0, 0.0], "conc": [0.0, 0.0], "batch": [0.0, 0.0]} for name in sessions}
     vectors = {}
     for name, session in sessions.items():  # warm: each session's memory arena grows to the longest batch once
-        encoder.session = session
+        encoder.query_session = encoder._batch_session = session
         encoder.encode(claims[0])
         encoder.encode_batch(chunks[:LOCAL_BATCH_SIZE], LOCAL_BATCH_SIZE)
     for round_ in range(args.rounds):
         for name, session in sorted(sessions.items(), reverse=bool(round_ % 2)):  # alternate which goes first
-            encoder.session = session  # what encode and encode_batch run on
+            encoder.query_session = encoder._batch_session = session  # what encode and encode_batch run on
             for key, fn in (
                 ("seq", lambda: [encoder.encode(c) for c in claims]),
                 ("conc", lambda: concurrently(encoder.encode, claims, args.clients)),

@@ -247,12 +247,13 @@ def test_local_single_query_path_matches_batch_encoding(provider):
         assert np.abs(one - many).max() < 1e-5 and abs(np.linalg.norm(one) - 1) < 1e-5
 
 
-def test_the_encoders_threads_do_not_spin(provider):
-    # a server runs many searches at once, and ingest shares the machine with PostgreSQL: ONNX
-    # threads sleep between operators (half the CPU per query on a busy machine, batches as fast)
+def test_query_threads_do_not_spin_and_batch_threads_do(provider):
+    # a server runs many searches at once: a query's ONNX threads sleep between operators (half the
+    # CPU per query on a busy machine), while ingest batches keep spinning for throughput
     encoder = provider._onnx
     spinning = "session.intra_op.allow_spinning"
-    assert encoder.session.get_session_options().get_session_config_entry(spinning) == "0"
+    assert encoder.query_session.get_session_options().get_session_config_entry(spinning) == "0"
+    assert encoder.batch_session.get_session_options().get_session_config_entry(spinning) == "1"
     queries = ["NVDA bull case", "which trades hit their stop loss after earnings", "0-dimensional biomaterials"]
     singles = np.vstack([provider.embed([q]) for q in queries])
     assert np.allclose(singles, provider.embed(queries), atol=1e-5)
@@ -295,10 +296,11 @@ def _in_a_fresh_process(provider, tmp_path, body: str) -> list[str]:
 
 @pytest.mark.subprocess
 def test_a_search_process_does_not_import_torch(provider, tmp_path):
-    runtime, torch_loaded, *_ = _in_a_fresh_process(provider, tmp_path, (
+    runtime, torch_loaded, no_batch_session, *_ = _in_a_fresh_process(provider, tmp_path, (
         "v = p.embed(['NVDA bull case'])\n"
-        "print(p.active_query_runtime, 'torch' in sys.modules, v.shape)\n"))
-    assert (runtime, torch_loaded) == ("onnx", "False")
+        "print(p.active_query_runtime, 'torch' in sys.modules, p._onnx._batch_session is None, v.shape)\n"))
+    # nor does it load the batch session: one copy of the weights (~90 MB) in a search-only server
+    assert (runtime, torch_loaded, no_batch_session) == ("onnx", "False", "True")
 
 
 @pytest.mark.slow  # exports the model to ONNX again (about a minute on a busy machine)

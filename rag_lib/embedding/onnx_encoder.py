@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -50,25 +51,37 @@ def default_cache_dir() -> Path:
 
 
 class OnnxEncoder:
-    """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch), on one
-    session whose two intra-op threads sleep between operators instead of spinning. Spinning
-    bought ~1 ms per query on a quiet machine and nothing for batches (27.0 vs 26.9 chunks/s), but
-    on a busy machine, or a server running many searches at once, it cost twice the CPU per query
-    (14.9 vs 7.9 ms at load 12) and slowed batches 1.15-1.5× (benchmarks/onnx_spinning.py,
-    docs/scale.md "HTTP")."""
+    """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch).
+
+    Two sessions of one export, told apart by their threads' spinning. A query's two intra-op
+    threads sleep between operators: spinning bought ~1 ms of latency on a quiet machine but cost
+    twice the CPU per query (14.9 vs 7.9 ms at load 12), which a server running many searches at
+    once, or a machine busy with other work, pays in throughput (docs/scale.md "HTTP"). A batch's
+    threads spin: its operators are long and its core is its own. The batch session loads on the
+    first batch, so a search-only process holds one copy of the weights (~90 MB)."""
 
     def __init__(self, ort, path: Path, tokenizer: Tokenizer):
+        self._ort = ort
         self.path = path
         self.tokenizer = tokenizer
-        self.session = _session(ort, path, spinning=False)
+        self.query_session = _session(ort, path, spinning=False)
+        self._batch_session = None
+        self._batch_lock = threading.Lock()
+
+    @property
+    def batch_session(self):
+        with self._batch_lock:  # two first batches at once make one session, not two
+            if self._batch_session is None:
+                self._batch_session = _session(self._ort, self.path, spinning=True)
+            return self._batch_session
 
     @property
     def dimensions(self) -> int:
-        return int(self.session.get_outputs()[0].shape[1])
+        return int(self.query_session.get_outputs()[0].shape[1])
 
     def encode(self, text: str) -> np.ndarray:
         """The normalised vector of `text`, shape (1, dimensions)."""
-        return self.session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
+        return self.query_session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
 
     def encode_batch(self, texts: list[str], batch_size: int, lock: AbstractContextManager | None = None) -> np.ndarray:
         """Normalised vectors of `texts`, shape (len(texts), dimensions). Like sentence-transformers,
@@ -89,7 +102,7 @@ class OnnxEncoder:
                     values = rows[i][name][0]
                     feed[name][row, :len(values)] = values
             with lock:
-                out[members] = self.session.run(None, feed)[0]
+                out[members] = self.batch_session.run(None, feed)[0]
         return out
 
 
@@ -191,7 +204,7 @@ def _export(model, path: Path) -> None:
         raise ConfigError(f"cannot export the local model to ONNX at {path}: {exc}") from exc
 
 
-def _session(ort, path: Path, spinning: bool = False):
+def _session(ort, path: Path, spinning: bool):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # Two threads: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one (both cores busy with an
