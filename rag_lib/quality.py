@@ -144,9 +144,9 @@ def _guards_its_work(script: Path) -> bool:
 
 
 def preload_great_expectations() -> None:
-    """Start the validation process (importing Great Expectations) now, when the caller's main
-    module is an installed entry point; later chunk-frame validations in this process run there.
-    Otherwise validations run in this process. Idempotent."""
+    """Start the validation process (importing Great Expectations) now, when a spawned process may
+    re-import the caller's main module (`_spawn_reimports_safely`); later chunk-frame validations in
+    this process run there. Otherwise validations run in this process. Idempotent."""
     global _validator
     if _validator is None and _spawn_reimports_safely():
         _validator = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),

@@ -71,6 +71,11 @@ class QueryPlan:
         plural = _PLURAL_DOCUMENTS.search(self.query)
         return not self.tickers and bool(plural) and (bool(self.doc_types) or plural.group(1).lower() == "documents")
 
+    @property
+    def named_tickers(self) -> list[str]:
+        """The tickers the question names itself (not those entity linking added)."""
+        return [t for t in self.tickers if t not in self.linked]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

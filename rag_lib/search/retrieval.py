@@ -166,7 +166,7 @@ def link_query(store, plan: QueryPlan, vector, space: str, collection: str | Non
 
 def _hints(hits: list[SearchHit], plan: QueryPlan, opts: SearchOptions) -> list[SearchHit]:
     """Soft boosts: named tickers, document types and dates by `hint_boost`, linked tickers by `link_boost`."""
-    named = [t for t in plan.tickers if t not in plan.linked]
+    named = plan.named_tickers
     hits = date_boost(boost(hits, named, plan.doc_types, opts.hint_boost), plan.dates, opts.hint_boost)
     return boost(hits, list(plan.linked), [], opts.link_boost) if plan.linked else hits
 
@@ -199,17 +199,22 @@ def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilt
     return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
 
 
+def _has_word(text: str) -> bool:
+    """Whether `text` holds a word of two letters or more (what is left of a query is worth a search)."""
+    return re.search(r"[^\W\d_]{2,}", text) is not None
+
+
 def _named_ticker_weights(query: str, plan: QueryPlan, opts: SearchOptions) -> dict[str, float] | None:
     """Full-text weights for the tickers a hybrid query names (`lexical_named_ticker_weight` times
     their IDF). A named ticker picks documents, not sections: every chunk of its documents holds it
     (the ticker field and the embedded prefix), and sections that repeat it in their text outrank the
     one that answers. The ticker hint boost and the semantic list still prefer its documents. None
     when the weight is 1.0 or the query is nothing but tickers."""
-    named = [t for t in plan.tickers if t not in plan.linked]
+    named = plan.named_tickers
     if opts.lexical_named_ticker_weight == 1.0 or not named:
         return None
     rest = re.sub(r"\b(?:" + "|".join(map(re.escape, named)) + r")\b", " ", query, flags=re.I)
-    if not re.search(r"[^\W\d_]{2,}", rest):
+    if not _has_word(rest):
         return None
     return {t.lower(): opts.lexical_named_ticker_weight for t in named}
 
@@ -223,7 +228,7 @@ def _full_text_query(query: str, plan: QueryPlan, opts: SearchOptions) -> str:
     if not (opts.lexical_drop_dates and plan.dates) or plan.selects_documents:
         return query
     rest = without_date(query)
-    return rest if re.search(r"[^\W\d_]{2,}", rest) else query
+    return rest if _has_word(rest) else query
 
 
 def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
@@ -374,7 +379,7 @@ def search(
     if vectors is not None:
         with _timed(timings, "link"):
             plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
-    named = [t for t in plan.tickers if t not in plan.linked]
+    named = plan.named_tickers
     feedback = mode == "hybrid" and opts.feedback_weight > 0 and (opts.feedback_scope != "unnamed" or not named)
     # Feedback replaces the query's own semantic lists (hybrid gathers them first, one per filter
     # variant) and fuses the other lists again; fusion rewrites the hits' scores, so from copies.
