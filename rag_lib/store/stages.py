@@ -127,10 +127,10 @@ class StageStore:
             )
         return sorted(set(deleted))
 
-    def refresh_statistics(self, force: bool = False) -> list[str]:
-        """ANALYZE the serving tables that hold rows but no statistics yet, or changed by
+    def refresh_statistics(self, force: bool = False, tables: Sequence[str] = SERVING_TABLES) -> list[str]:
+        """ANALYZE those of `tables` that hold rows but no statistics yet, or changed by
         autovacuum's own measure (50 rows + 10%) since their last (all of them with `force`); the
-        tables analyzed. After a bulk load its searches are planned on real statistics at once, not
+        tables analyzed, by name. After a bulk load its searches are planned on real statistics at once, not
         after autovacuum's next round: without them the graph list's query ran as a 5 s nested loop
         over 151 documents. (The change counters may lag a second or so; the first check does not.)"""
         with self.db.connection() as conn:
@@ -143,7 +143,7 @@ class StageStore:
                                OR (pg_relation_size(t.relid) > 0 AND NOT EXISTS (
                                    SELECT 1 FROM pg_stats s WHERE s.schemaname = t.schemaname
                                       AND s.tablename = t.relname)))
-                        ORDER BY t.relname""", (list(SERVING_TABLES), force))]
+                        ORDER BY t.relname""", (list(tables), force))]
                 for table in stale:
                     conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
             finally:
@@ -161,9 +161,7 @@ class StageStore:
                     if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None:
                         conn.execute(sql.SQL("REINDEX INDEX CONCURRENTLY {}").format(sql.Identifier(name)))
                         done["reindexed"] = name
-                for table in (*SERVING_TABLES, "rag_embedding_cache"):
-                    conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
-                    done["analyzed"].append(table)
             finally:
                 conn.autocommit = False
+        done["analyzed"] = self.refresh_statistics(force=True, tables=(*SERVING_TABLES, "rag_embedding_cache"))
         return done
