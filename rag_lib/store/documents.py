@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 from rag_lib.errors import AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
+from rag_lib.store.lexical import change_lexeme_frequencies, lexeme_counts
 
 
 def _lock_key(collection: str, path: str) -> str:
@@ -64,6 +65,7 @@ class DocumentStore:
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)
             )
             old_nodes = self._graph_keys(conn, doc.collection, [doc.path])
+            old_lexemes = lexeme_counts(conn, doc.collection, [doc.path])
             # Client tags are not in the file: the new version keeps the old one's.
             kept = conn.execute(
                 "DELETE FROM rag_documents WHERE collection = %s AND path = %s RETURNING tags",
@@ -110,6 +112,7 @@ class DocumentStore:
                 self._graph_write(conn, doc, graph)
             self._graph_drop_orphans(conn, doc.collection, old_nodes)
             conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND path = %s", (doc.collection, doc.path))
+            change_lexeme_frequencies(conn, doc.collection, [doc.path], old_lexemes)  # last: see its docstring
 
     def set_tags(self, collection: str, path: str, tags: dict[str, Any]) -> int:
         """Replace the client tags of a document (a JSONL file: of each of its records); returns how
@@ -158,6 +161,7 @@ class DocumentStore:
             for path in paths:
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(collection, path),))
             old_nodes = self._graph_keys(conn, collection, paths)
+            old_lexemes = lexeme_counts(conn, collection, paths)
             conn.execute(
                 "DELETE FROM rag_documents WHERE collection = %s AND path = ANY(%s)", (collection, paths)
             )
@@ -168,6 +172,8 @@ class DocumentStore:
             skipped = conn.execute(
                 "DELETE FROM rag_skipped WHERE collection = %s AND path = %s RETURNING path", (collection, ref)
             ).fetchall()
+            if paths:
+                change_lexeme_frequencies(conn, collection, paths, old_lexemes)  # last: see its docstring
         return paths or [r[0] for r in skipped]
 
     @staticmethod
@@ -253,7 +259,8 @@ class DocumentStore:
         with self.db.connection() as conn, conn.transaction():
             conn.execute(
                 "TRUNCATE rag_documents, rag_sections, rag_chunks, rag_chunk_vectors, rag_skipped,"
-                 " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds, rag_graph_edges, rag_graph_nodes"
+                " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds, rag_graph_edges, rag_graph_nodes,"
+                " rag_lexeme_frequencies"
             )
 
 

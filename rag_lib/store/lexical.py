@@ -12,6 +12,52 @@ from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
 
 CONFIGS = {"english": "tsv", "simple": "tsv_simple"}
 
+# Chunks per (config, lexeme) among a collection's chunks at some paths. unnest(tsvector) gives each
+# lexeme of a chunk once, so count(*) is the number of chunks holding it (what `tsv @@ 'lexeme'` counts).
+_PATH_COUNTS = """SELECT 'english' AS config, u.lexeme, count(*) AS n FROM rag_chunks c, unnest(c.tsv) u
+                    WHERE c.collection = %(c)s AND c.path = ANY(%(p)s) GROUP BY u.lexeme
+                  UNION ALL
+                  SELECT 'simple', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv_simple) u
+                    WHERE c.collection = %(c)s AND c.path = ANY(%(p)s) GROUP BY u.lexeme"""
+
+
+def lexeme_counts(conn, collection: str, paths: Sequence[str]) -> tuple[list[str], list[str], list[int]]:
+    """(configs, lexemes, chunks) of the chunks now stored at `paths`, as three parallel lists: what
+    `change_lexeme_frequencies` subtracts once those chunks are replaced or deleted."""
+    rows = conn.execute(_PATH_COUNTS, {"c": collection, "p": list(paths)}).fetchall()
+    return [r[0] for r in rows], [r[1] for r in rows], [int(r[2]) for r in rows]
+
+
+def change_lexeme_frequencies(conn, collection: str, paths: Sequence[str],
+                              before: tuple[list[str], list[str], list[int]]) -> None:
+    """Move rag_lexeme_frequencies from the counts `before` (`lexeme_counts` of these paths before
+    they were rewritten) to those of the chunks now at `paths`, in the caller's transaction.
+
+    Concurrent publishers of one collection update the same rows (a common lexeme is in every
+    document). Each transaction nets its change per lexeme and writes it in one statement in lexeme
+    order, so two publishers lock shared rows in the same order and cannot deadlock; called last in
+    the transaction, it holds those row locks only until the commit."""
+    row = conn.execute(
+        f"""WITH now AS ({_PATH_COUNTS}),
+                 delta AS (SELECT config, lexeme, sum(n)::int AS n FROM (
+                             SELECT config, lexeme, n FROM now
+                             UNION ALL
+                             SELECT o.config, o.lexeme, -o.n FROM unnest(%(oc)s::text[], %(ol)s::text[], %(on)s::int[])
+                                    AS o(config, lexeme, n)) d
+                           GROUP BY config, lexeme HAVING sum(n) <> 0),
+                 changed AS (INSERT INTO rag_lexeme_frequencies AS f (collection, config, lexeme, chunks)
+                             SELECT %(c)s, config, lexeme, n FROM delta ORDER BY config, lexeme
+                             ON CONFLICT (collection, config, lexeme) DO UPDATE SET chunks = f.chunks + EXCLUDED.chunks
+                             RETURNING f.config, f.lexeme, f.chunks)
+            SELECT array_agg(config), array_agg(lexeme) FROM changed WHERE chunks <= 0""",
+        {"c": collection, "p": list(paths), "oc": before[0], "ol": before[1], "on": before[2]},
+    ).fetchone()
+    if row[0]:  # lexemes no chunk of the collection holds any more (rows already locked by us)
+        conn.execute(
+            """DELETE FROM rag_lexeme_frequencies f USING unnest(%s::text[], %s::text[]) AS g(config, lexeme)
+               WHERE f.collection = %s AND f.config = g.config AND f.lexeme = g.lexeme AND f.chunks <= 0""",
+            (row[0], row[1], collection))
+
 
 def field_weights(search_settings) -> sql.Composable:
     """ts_rank's weights array {D, C, B, A} (text, document type, ticker, section heading; sql/020)
@@ -53,35 +99,49 @@ class LexicalStore:
     def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int,
                         cap: int | None = None) -> dict[str, int]:
         """Chunks containing each lexeme, of the collection's `total`. Common lexemes take their share
-        from ANALYZE's element statistics when the collection is (nearly) the whole table: counting
-        them visits a large part of it on every cold query. The others are counted, exactly up to
-        `cap` rows (a lexeme in more rows than that reads as `cap`)."""
-        column = sql.Identifier(CONFIGS[config])
-        where = sql.SQL("collection = %s") if collection else sql.SQL("TRUE")
-        base = [collection] if collection else []
-        with self.db.connection() as conn:
-            rows, elems, freqs = conn.execute(
-                """SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
-                   FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()
-                        AND s.tablename = 'rag_chunks' AND s.attname = %s
-                   WHERE c.oid = 'rag_chunks'::regclass""",
-                (CONFIGS[config],),
+        from ANALYZE's element statistics when the collection is (nearly) the whole table, as they
+        always have (the rankings stay what they were). The others are read from
+        rag_lexeme_frequencies, one row per lexeme, and cut at `cap` when given (a lexeme in more
+        rows reads as `cap`, what counting up to `cap` rows through the GIN index gave)."""
+        where = sql.SQL("collection = %s AND ") if collection else sql.SQL("")
+        with self.db.reading() as conn:
+            rows, elems, freqs, found, chunks = conn.execute(
+                sql.SQL(
+                    """SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs,
+                              k.lexemes, k.chunks
+                       FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()
+                            AND s.tablename = 'rag_chunks' AND s.attname = %s
+                       CROSS JOIN (SELECT array_agg(lexeme) AS lexemes, array_agg(n) AS chunks FROM (
+                                     SELECT lexeme, sum(chunks) AS n FROM rag_lexeme_frequencies
+                                     WHERE {w} config = %s AND lexeme = ANY(%s) GROUP BY lexeme) f) k
+                       WHERE c.oid = 'rag_chunks'::regclass""").format(w=where),
+                (CONFIGS[config], *([collection] if collection else []), config, list(lexemes)),
             ).fetchone()
-            common: dict[str, float] = {}
-            if elems and freqs and total >= 0.9 * rows:
-                common = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
-            counts = {lex: round(common[lex] * total) for lex in lexemes if lex in common}
-            todo = [lex for lex in lexemes if lex not in common]
-            if todo:
-                parts = [
-                    sql.SQL("(SELECT count(*) FROM (SELECT FROM rag_chunks WHERE {w} AND {col} @@ %s::tsquery"
-                            " LIMIT %s) t)").format(w=where, col=column)
-                    for _ in todo
-                ]
-                params = [v for lex in todo for v in (*base, tsquery_literal(lex), cap)]
-                row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
-                counts.update(zip(todo, (int(n) for n in row)))
+        common: dict[str, float] = {}
+        if elems and freqs and total >= 0.9 * rows:
+            common = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
+        stored = dict(zip(found or (), (int(n) for n in chunks or ())))
+        counts = {}
+        for lex in lexemes:
+            if lex in common:
+                counts[lex] = round(common[lex] * total)
+            else:
+                n = stored.get(lex, 0)
+                counts[lex] = n if cap is None else min(n, cap)
         return counts
+
+    def rebuild_lexeme_frequencies(self) -> int:
+        """Recount rag_lexeme_frequencies from every stored chunk (after a bulk load that bypassed
+        publishing, or a change to the text-search columns); returns the rows written."""
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute("LOCK TABLE rag_chunks IN SHARE MODE")  # no publish or delete meanwhile
+            conn.execute("DELETE FROM rag_lexeme_frequencies")
+            return conn.execute(
+                """INSERT INTO rag_lexeme_frequencies (collection, config, lexeme, chunks)
+                   SELECT c.collection, 'english', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv) u GROUP BY 1, 3
+                   UNION ALL
+                   SELECT c.collection, 'simple', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv_simple) u
+                   GROUP BY 1, 3""").rowcount
 
     def collection_generation(self, collection: str | None) -> tuple[int, int, str]:
         """(documents, chunks, last publish) of the collection: changes whenever documents are published
