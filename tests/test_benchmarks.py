@@ -54,6 +54,14 @@ def _tiny_eval_set(tmp: Path) -> list[str]:
     return ["--queries", str(tmp / "queries.jsonl"), "--qrels", str(tmp / "qrels.tsv")]
 
 
+def _tiny_set_folder(tmp: Path) -> Path:
+    """A folder holding `_tiny_eval_set`'s queries.jsonl and qrels.tsv (scripts that take --set)."""
+    folder = tmp / "tiny-set"
+    folder.mkdir(exist_ok=True)
+    _tiny_eval_set(folder)
+    return folder
+
+
 # Per script: the arguments of a run of a few seconds (given the small corpus copy `corpus`, a
 # scratch folder `tmp`), and figures its JSON line must hold.
 SMALL = {
@@ -89,6 +97,10 @@ SMALL = {
                          {"spinning", "not_spinning", "same_vectors", "load_before"}),
     "parallel.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--runs", "1", "--local-files", "2",
                                          "--latency", "0"], {"stub", "local"}),
+    "retrieval_cv.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--set", str(_tiny_set_folder(tmp)),
+                                             "--variant", "alpha:convex_alpha=0.4", "--folds", "2", "--repeats", "1",
+                                             "--work", str(tmp / "bench")],
+                        {"ndcg@10", "cv", "variants"}),
     # scale.py samples 2,000 chunks for its recall figures and picks among 20 nearby anchors
     "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "40", "--queries", "3", "--types", "vector",
                                       "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy"),
