@@ -116,12 +116,68 @@ def test_feedback_brings_the_answering_documents_other_sections_forward(corpus_k
     next; the feedback step lifts the analysis's further sections above them."""
     question = "how does the streaming service plan to grow ad revenue"
 
-    def top(weight: float) -> list[str]:
+    def top(weight: float, pool: int = 10) -> list[tuple[str, str]]:
         corpus_kb.settings.search.feedback_weight = weight
         corpus_kb.settings.search.feedback_depth = 4
-        return [h.path for h in corpus_kb.search(question, mode="hybrid", top_k=6).hits]
+        corpus_kb.settings.search.feedback_pool = pool
+        return [(h.chunk_id, h.path) for h in corpus_kb.search(question, mode="hybrid", top_k=6).hits]
 
     before, after = top(0.0), top(0.8)
-    netflix = "NFLX_20250118T0800.yaml"
-    assert all(p.endswith(netflix) for p in before[:4]) and all(p.endswith(netflix) for p in after[:4])
-    assert sum(p.endswith(netflix) for p in after) > sum(p.endswith(netflix) for p in before)
+    netflix = lambda hits: [p.endswith("NFLX_20250118T0800.yaml") for _, p in hits]  # noqa: E731
+    assert all(netflix(before[:4])) and all(netflix(after[:4]))
+    assert sum(netflix(after)) > sum(netflix(before))
+    # the corpus (3,325 chunks) is ranked exactly: feedback re-scored the first pass's pool of 500,
+    # and finds what ranking every chunk again finds
+    assert top(0.8, pool=0) == after
+
+
+def test_an_exact_ranking_hands_feedback_a_pool_of_its_nearest_chunks(kb, tmp_path):
+    """A filter leaving few chunks is ranked exactly; that ranking also returns the ids of the
+    query's `pool` nearest chunks, for the feedback step to re-score instead of ranking every
+    filtered row again. Not after a graph walk, nor when the pool would be over half the rows."""
+    _ingest(kb, tmp_path)
+    space = kb.store.active_space()
+    query = kb.provider.embed([QUESTION])[0]
+    flt = SearchFilters(collection=kb.settings.collection)
+    rows = len(kb.store.chunk_vectors(kb.settings.collection, space["space"]))
+    assert rows >= 8
+    ranked = kb.store.semantic_search(query, space["space"], space["dimensions"], flt, rows)
+    first = kb.store.semantic_search(query, space["space"], space["dimensions"], flt, 2, pool=4)
+    assert [h.chunk_id for h in first] == [h.chunk_id for h in ranked[:2]]  # the hits as without a pool
+    assert first.pool == [h.chunk_id for h in ranked[:4]]
+    assert kb.store.semantic_search(query, space["space"], space["dimensions"], flt, 2).pool is None
+    assert kb.store.semantic_search(query, space["space"], space["dimensions"], flt, 2, pool=rows).pool is None
+    # unfiltered, the HNSW walk: it scores only what it visits, so no pool
+    walked = kb.store.semantic_search(query, space["space"], space["dimensions"], SearchFilters(), 2, pool=4)
+    assert len(walked) == 2 and walked.pool is None
+
+
+def test_feedback_re_scores_the_pool_and_the_first_units_documents(kb, tmp_path):
+    """Feedback after an exact ranking ranks, by the moved vector, only the chunks it is given
+    (the first pass's pool and full-text hits) and every chunk of the documents holding the first
+    units (a document's other sections are what it is for); filters still apply."""
+    _ingest(kb, tmp_path)
+    space = kb.store.active_space()
+    query = kb.provider.embed([QUESTION])[0]
+    flt = SearchFilters(collection=kb.settings.collection)
+    rows = {row["chunk_id"]: row for row, _ in kb.store.chunk_vectors(kb.settings.collection, space["space"])}
+    by_name = lambda name: [c for c, r in rows.items() if Path(r["path"]).name == name]  # noqa: E731
+    streamer, bank = by_name("streamer.md"), by_name("bank.md")
+    toward = streamer[:2]
+    among = bank[:1]
+    everything = kb.store.semantic_search(query, space["space"], space["dimensions"], flt, len(rows), toward=toward,
+                                          weight=0.8)
+    got = kb.store.semantic_search(query, space["space"], space["dimensions"], flt, len(rows), toward=toward,
+                                   weight=0.8, among=among)
+    allowed = set(among) | set(streamer)
+    assert [h.chunk_id for h in got] == [h.chunk_id for h in everything if h.chunk_id in allowed]
+    np.testing.assert_allclose([h.score for h in got],
+                               [h.score for h in everything if h.chunk_id in allowed], atol=1e-5)
+    np.testing.assert_allclose([h.similarity for h in got],
+                               [h.similarity for h in everything if h.chunk_id in allowed], atol=1e-5)
+    banks = SearchFilters(collection=kb.settings.collection, path="bank.md")
+    assert [h.chunk_id for h in kb.store.semantic_search(query, space["space"], space["dimensions"], banks, len(rows),
+                                                         toward=toward, weight=0.8, among=among)] == among
+    elsewhere = SearchFilters(collection=kb.settings.collection, path="miner.md")
+    assert kb.store.semantic_search(query, space["space"], space["dimensions"], elsewhere, len(rows), toward=toward,
+                                    weight=0.8, among=among) == []

@@ -63,6 +63,7 @@ class SearchOptions:
     feedback_weight: float = 0.8
     feedback_depth: int = 4
     feedback_scope: str = "shared"
+    feedback_pool: int = 10
     lexical_named_ticker_weight: float = 0.1
     lexical_drop_dates: bool = True
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
@@ -322,15 +323,22 @@ def search(
             return caches.embed(provider, texts, store.settings.search.query_cache_size)
 
     vectors = embed([q for q, _ in queries]) if mode == "semantic" else None
+    may_feed = mode == "hybrid" and opts.feedback_weight > 0
+    # per filter variant, the query's nearest `feedback_pool` x depth chunks when it was ranked exactly
+    # (None: by the HNSW walk): feedback re-scores them instead of ranking every filtered row again
+    pools: list[list[str] | None] = [None] * len(variants)
 
     def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
         with _timed(timings, "semantic"):
             for n, ((q, qw), vec) in enumerate(zip(queries, vectors)):
-                for f, fw in variants:
+                for i, (f, fw) in enumerate(variants):
                     # an expansion's hits are held to their cosine with the query itself (below), not to it
                     hits = store.semantic_search(vec, space["space"], space["dimensions"], f, depth,
-                                                 min_similarity if n == 0 else 0.0)
+                                                 min_similarity if n == 0 else 0.0,
+                                                 pool=depth * opts.feedback_pool if may_feed and n == 0 else 0)
+                    if n == 0:
+                        pools[i] = hits.pool
                     if n > 0:
                         for hit in hits:
                             hit.similarity = None
@@ -380,7 +388,7 @@ def search(
         with _timed(timings, "link"):
             plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
     named = plan.named_tickers
-    feedback = mode == "hybrid" and opts.feedback_weight > 0 and (opts.feedback_scope != "unnamed" or not named)
+    feedback = may_feed and (opts.feedback_scope != "unnamed" or not named)
     # Feedback replaces the query's own semantic lists (hybrid gathers them first, one per filter
     # variant) and fuses the other lists again; fusion rewrites the hits' scores, so from copies.
     kept = [dataclasses.replace(c, hits=[copy.copy(h) for h in c.hits]) for c in lists[len(variants):]] \
@@ -390,10 +398,14 @@ def search(
     if toward:
         with _timed(timings, "feedback"):
             # one query per variant: the moved vector and each hit's cosine with the query itself
-            # are computed in the database, in the query's own round trip
+            # are computed in the database, in the query's own round trip. After an exact ranking,
+            # its pool and the full-text hits are re-scored (with the documents of `toward`): the
+            # moved vector's nearest lie among the query's own (README: "Pseudo-relevance feedback's cost")
+            found = list(dict.fromkeys(h.chunk_id for c in kept for h in c.hits))
             again = [Candidates("semantic", store.semantic_search(
                 vectors[0], space["space"], space["dimensions"], f, depth, min_similarity, toward=toward,
-                weight=opts.feedback_weight), opts.semantic_weight * fw) for f, fw in variants]
+                weight=opts.feedback_weight, among=None if pool is None else pool + found),
+                opts.semantic_weight * fw) for (f, fw), pool in zip(variants, pools)]
         if again[0].hits:  # none: no vector stored for the first units, the first pass stands
             lists = again + kept
             ranked = _first_pass(lists, plan, opts, mode, timings)

@@ -88,6 +88,13 @@ HIT_COLUMNS = sql.SQL(
 )
 
 
+class SemanticHits(list):
+    """Hits of `semantic_search`; `pool` holds the ids of the query's `pool` nearest chunks (best
+    first) when an exact ranking was asked for them, else None."""
+
+    pool: list[str] | None = None
+
+
 def hit_from_row(row: dict[str, Any], score: float) -> SearchHit:
     return SearchHit(
         chunk_id=row["chunk_id"], score=score, text=row["text"], doc_id=row["doc_id"], path=row["path"],
@@ -95,6 +102,19 @@ def hit_from_row(row: dict[str, Any], score: float) -> SearchHit:
         doc_type=row["doc_type"], collection=row["collection"], ticker=row["ticker"],
         doc_date=row["doc_date"], metadata=row["metadata"] or {},
     )
+
+
+def _hits(cur: psycopg.Cursor) -> SemanticHits:
+    """SemanticHits from a query's rows (chunk columns, distance, similarity, pool)."""
+    cols = [d.name for d in cur.description]
+    hits = SemanticHits()
+    for values in cur.fetchall():
+        row = dict(zip(cols, values))
+        hit = hit_from_row(row, max(0.0, 1.0 - float(row["distance"])))
+        hit.similarity = float(row["similarity"])
+        hits.append(hit)
+        hits.pool = hits.pool or row["pool"]
+    return hits
 
 
 class VectorStore:
@@ -220,12 +240,13 @@ class VectorStore:
     def semantic_scan(self, filters: SearchFilters) -> str:
         """'exact' when the filters leave at most `search.exact_max_rows` chunks, else 'hnsw'."""
         with self.db.connection() as conn:
-            return self._scan_for(conn, *_filter_sql(filters))
+            return self._scan_for(conn, *_filter_sql(filters))[0]
 
     def _scan_for(self, conn: psycopg.Connection, where: sql.Composable, params: list[Any],
-                  filters: SearchFilters | None = None) -> str:
+                  filters: SearchFilters | None = None) -> tuple[str, int | None]:
+        """The scan, and the chunks the filters leave when it is 'exact' (None: more, or unknown)."""
         if not params:
-            return "hnsw"
+            return "hnsw", None
         # A filter on the collection alone (every KnowledgeBase search has one) is decided once per
         # SCAN_TTL: counting it reads up to exact_max_rows index entries per search otherwise.
         key = ("scan", filters.collection) if filters is not None and _collection_only(filters) else None
@@ -235,10 +256,11 @@ class VectorStore:
         cap = self.settings.search.exact_max_rows
         # counted up to cap + 1: an index-only scan for the usual filters, well under a millisecond
         query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
-        scan = "exact" if conn.execute(query, [*params, cap + 1]).fetchone()[0] <= cap else "hnsw"
+        rows = conn.execute(query, [*params, cap + 1]).fetchone()[0]
+        decision = ("exact", rows) if rows <= cap else ("hnsw", None)
         if key is not None:
-            self.scan_decisions[key] = (now, scan)
-        return scan
+            self.scan_decisions[key] = (now, decision)
+        return decision
 
     def semantic_search(
         self,
@@ -251,21 +273,34 @@ class VectorStore:
         exact: bool = False,
         toward: Sequence[str] = (),
         weight: float = 0.0,
-    ) -> list[SearchHit]:
+        pool: int = 0,
+        among: Sequence[str] | None = None,
+    ) -> SemanticHits:
         """Nearest chunks by cosine similarity (score = max(0, cos)). HNSW with iterative scans, except
         when `exact` or when the filters leave at most `search.exact_max_rows` chunks: those are
-        ranked exactly, which finds what a graph walk from the query misses, and sooner.
+        ranked exactly, which finds what a graph walk from the query misses, and sooner. An exact
+        ranking with `pool` also returns the ids of the `pool` nearest chunks (`.pool`), at almost
+        no cost: it has scored every row already.
 
         With `toward` (chunk ids) and `weight`, pseudo-relevance feedback: the ranking is by the
         query's vector plus `weight` times the mean stored vector of those chunks (a Rocchio step),
         which the database computes in the same round trip (the vectors never travel); `similarity`
         and `min_similarity` stay the cosine with the query itself. Nothing when none of them has a
-        vector in the space."""
+        vector in the space. With `among` as well, only those chunks and the chunks of the
+        documents holding `toward` (the filters still apply) are ranked, exactly: a first pass's
+        pool re-scored instead of every filtered row ranked again."""
         where, params = _filter_sql(filters)
         s = self.settings.search
-        with self.db.reading() as conn:
-            exact = exact or self._scan_for(conn, where, params, filters) == "exact"
         moved = bool(toward) and weight > 0
+        if moved and among is not None:
+            return self._feedback_among(vector, space, where, params, limit, min_similarity, toward, weight, among)
+        rows = None
+        if not exact:
+            with self.db.reading() as conn:
+                scan, rows = self._scan_for(conn, where, params, filters)
+            exact = scan == "exact"
+        # a pool of more than half the rows would save its re-scoring little over ranking them all
+        pool = pool if exact and not moved and (rows is None or 2 * pool <= rows) else 0
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
             # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip.
             # The ranking carries only ids and distances; the chunks' text and metadata are read for the
@@ -287,14 +322,19 @@ class VectorStore:
             conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(local)),
                          [v for pair in local.items() for v in pair])
             if not moved:
+                # with a pool, the ranking keeps its `pool` nearest ids; the first row carries them
                 query = sql.SQL(
                     "WITH nearest AS MATERIALIZED ("
                     " SELECT v.chunk_id, {dist} AS distance FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
-                    " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s)"
-                    " SELECT {cols}, n.distance, 1 - n.distance AS similarity FROM nearest n JOIN rag_chunks c USING (chunk_id)"
+                    " WHERE v.space = {space} AND {where} ORDER BY {dist} LIMIT %s),"
+                    " head AS (SELECT * FROM nearest ORDER BY distance LIMIT %s)"
+                    " SELECT {cols}, n.distance, 1 - n.distance AS similarity,"
+                    "  CASE WHEN %s AND row_number() OVER (ORDER BY n.distance) = 1"
+                    "  THEN (SELECT array_agg(chunk_id ORDER BY distance) FROM nearest) END AS pool"
+                    " FROM head n JOIN rag_chunks c USING (chunk_id)"
                     " WHERE 1 - n.distance >= %s ORDER BY n.distance"
                 ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
-                args = [vector, *params, vector, limit, min_similarity]
+                args = [vector, *params, vector, max(limit, pool), limit, pool > 0, min_similarity]
             else:
                 # the query's own cosine only for the rows kept (not for every row an exact ranking sorts)
                 query = sql.SQL(
@@ -305,18 +345,43 @@ class VectorStore:
                     " WHERE v.space = {space} AND {where} AND (SELECT m FROM moved) IS NOT NULL ORDER BY {dist} LIMIT %s),"
                     " scored AS (SELECT n.*, 1 - (v.embedding <=> %s::vector) AS similarity FROM nearest n"
                     "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = n.chunk_id)"
-                    " SELECT {cols}, s.distance, s.similarity FROM scored s JOIN rag_chunks c USING (chunk_id)"
+                    " SELECT {cols}, s.distance, s.similarity, NULL AS pool FROM scored s JOIN rag_chunks c USING (chunk_id)"
                     " WHERE %s <= 0 OR s.similarity >= %s ORDER BY s.distance"
                 ).format(cols=HIT_COLUMNS, dist=distance, space=sql.Literal(space), where=where)
                 args = [np.asarray(vector, dtype=np.float32) / weight, list(toward), *params, limit, vector,
                         min_similarity, min_similarity]
             cur = conn.execute(query, args)
-        cols = [d.name for d in cur.description]
-        rows = [dict(zip(cols, r)) for r in cur.fetchall()]
-        hits = [hit_from_row(r, max(0.0, 1.0 - float(r["distance"]))) for r in rows]
-        for hit, row in zip(hits, rows):
-            hit.similarity = float(row["similarity"])
-        return hits
+        # no row (none as similar as min_similarity asks): no pool, and a feedback step ranks afresh
+        return _hits(cur)
+
+    def _feedback_among(self, vector: np.ndarray, space: str, where: sql.Composable, params: list[Any], limit: int,
+                        min_similarity: float, toward: Sequence[str], weight: float,
+                        among: Sequence[str]) -> SemanticHits:
+        """Feedback's ranking (see `semantic_search`) of `among` and of the chunks of the documents
+        holding `toward`, exactly: a few hundred rows, not every filtered row again."""
+        with self.db.connection() as conn, conn.pipeline(), conn.transaction():
+            conn.execute("SELECT set_config('jit', 'off', true)")  # as in semantic_search
+            # the documents' chunks are bounded like the pool: a long guide has hundreds
+            query = sql.SQL(
+                "WITH moved AS MATERIALIZED (SELECT %s::vector + avg(embedding) AS m FROM rag_chunk_vectors"
+                "  WHERE space = {space} AND chunk_id = ANY(%s)),"
+                " candidates AS (SELECT unnest(%s::text[]) AS chunk_id UNION (SELECT d.chunk_id FROM rag_chunks t"
+                "  JOIN rag_chunks d ON d.collection = t.collection AND d.path = t.path WHERE t.chunk_id = ANY(%s)"
+                "  LIMIT %s)),"
+                " nearest AS MATERIALIZED ("
+                " SELECT v.chunk_id, v.embedding <=> (SELECT m FROM moved) AS distance FROM candidates a"
+                "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = a.chunk_id"
+                "  JOIN rag_chunks c ON c.chunk_id = a.chunk_id"
+                "  WHERE {where} AND (SELECT m FROM moved) IS NOT NULL ORDER BY 2 LIMIT %s)"
+                " SELECT {cols}, n.distance, 1 - (v.embedding <=> %s::vector) AS similarity, NULL AS pool FROM nearest n"
+                "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = n.chunk_id"
+                "  JOIN rag_chunks c ON c.chunk_id = n.chunk_id"
+                " WHERE %s <= 0 OR 1 - (v.embedding <=> %s::vector) >= %s ORDER BY n.distance"
+            ).format(cols=HIT_COLUMNS, space=sql.Literal(space), where=where)
+            cur = conn.execute(query, [np.asarray(vector, dtype=np.float32) / weight, list(toward), list(among),
+                                       list(toward), max(limit, len(among)), *params, limit, vector, min_similarity,
+                                       vector, min_similarity])
+        return _hits(cur)
 
     def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
