@@ -52,8 +52,14 @@ class TermStatistics:
 
     def weights(self, store, collection: str | None, config: str, lexemes: list[str],
                 cap: int | None = None) -> tuple[int, dict[str, tuple[float, int]]]:
-        """(chunks in collection, {lexeme: (IDF, document frequency)}); a frequency counted is
-        exact up to `cap` (see `plan_terms`)."""
+        """`weights_many` for one configuration."""
+        total, info = self.weights_many(store, collection, {config: lexemes}, cap)
+        return total, info.get(config, {})
+
+    def weights_many(self, store, collection: str | None, wanted: dict[str, list[str]],
+                     cap: int | None = None) -> tuple[int, dict[str, dict[str, tuple[float, int]]]]:
+        """(chunks in collection, {config: {lexeme: (IDF, document frequency)}}); a frequency read
+        is exact up to `cap` (see `plan_terms`). The lexemes not cached yet are read in one round trip."""
         with self._lock:
             stats = self._by_collection.setdefault(collection, _Stats())
             now = time.monotonic()
@@ -62,14 +68,15 @@ class TermStatistics:
                 if generation != stats.generation:
                     stats.generation, stats.df, stats.total = generation, {}, generation[1]
                 stats.checked = now
-            missing = [lex for lex in lexemes if (config, lex) not in stats.df]
-            if missing:
-                counts = store.term_statistics(collection, config, missing, stats.total, cap)
-                stats.df.update({(config, lex): n for lex, n in counts.items()})
+            missing = {config: [lex for lex in lexemes if (config, lex) not in stats.df]
+                       for config, lexemes in wanted.items()}
+            if any(missing.values()):
+                counts = store.term_statistics_many(collection, missing, stats.total, cap)
+                stats.df.update({(config, lex): n for config, found in counts.items() for lex, n in found.items()})
             total = max(stats.total, 1)
             # df 0 may be stale (published since the last check): keep such a term, at the highest weight
-            return stats.total, {lex: (bm25_idf(total, stats.df[(config, lex)]), stats.df[(config, lex)])
-                                 for lex in lexemes}
+            return stats.total, {config: {lex: (bm25_idf(total, stats.df[(config, lex)]), stats.df[(config, lex)])
+                                          for lex in lexemes} for config, lexemes in wanted.items()}
 
 
 @dataclass
@@ -94,10 +101,10 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
     english, simple = store.query_lexemes_pair(query, " ".join(exact_tokens(query)))
     terms: dict[str, list[tuple[str, float]]] = {}
     by_rarity: list[tuple[int, str, str]] = []
-    for config, lexemes in (("english", english), ("simple", simple)):
-        if not lexemes:
-            continue
-        _, info = stats.weights(store, collection, config, lexemes, cap=max_candidates + 1)
+    wanted = {config: lexemes for config, lexemes in (("english", english), ("simple", simple)) if lexemes}
+    _, weights = stats.weights_many(store, collection, wanted, cap=max_candidates + 1)
+    for config, lexemes in wanted.items():
+        info = weights[config]
         terms[config] = [(lex, info[lex][0] * (scaled or {}).get(lex, 1.0)) for lex in lexemes]
         by_rarity += [(info[lex][1], config, lex) for lex in lexemes]
     match: dict[str, list[str]] = {}

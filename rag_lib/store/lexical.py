@@ -98,37 +98,50 @@ class LexicalStore:
 
     def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int,
                         cap: int | None = None) -> dict[str, int]:
-        """Chunks containing each lexeme, of the collection's `total`. Common lexemes take their share
-        from ANALYZE's element statistics when the collection is (nearly) the whole table, as they
-        always have (the rankings stay what they were). The others are read from
-        rag_lexeme_frequencies, one row per lexeme, and cut at `cap` when given (a lexeme in more
-        rows reads as `cap`, what counting up to `cap` rows through the GIN index gave)."""
+        """`term_statistics_many` for one configuration."""
+        return self.term_statistics_many(collection, {config: lexemes}, total, cap).get(config, {})
+
+    def term_statistics_many(self, collection: str | None, wanted: dict[str, Sequence[str]], total: int,
+                             cap: int | None = None) -> dict[str, dict[str, int]]:
+        """Chunks containing each lexeme, per configuration, of the collection's `total`. Common
+        lexemes take their share from ANALYZE's element statistics when the collection is (nearly)
+        the whole table, as they always have (the rankings stay what they were). The others are read
+        from rag_lexeme_frequencies, one row per lexeme, and cut at `cap` when given (a lexeme in
+        more rows reads as `cap`, what counting up to `cap` rows through the GIN index gave). Both
+        reads go to the server in one round trip."""
+        wanted = {config: list(lexemes) for config, lexemes in wanted.items() if lexemes}
+        if not wanted:
+            return {}
         where = sql.SQL("collection = %s AND ") if collection else sql.SQL("")
-        with self.db.reading() as conn:
-            rows, elems, freqs, found, chunks = conn.execute(
-                sql.SQL(
-                    """SELECT c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs,
-                              k.lexemes, k.chunks
-                       FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()
-                            AND s.tablename = 'rag_chunks' AND s.attname = %s
-                       CROSS JOIN (SELECT array_agg(lexeme) AS lexemes, array_agg(n) AS chunks FROM (
-                                     SELECT lexeme, sum(chunks) AS n FROM rag_lexeme_frequencies
-                                     WHERE {w} config = %s AND lexeme = ANY(%s) GROUP BY lexeme) f) k
-                       WHERE c.oid = 'rag_chunks'::regclass""").format(w=where),
-                (CONFIGS[config], *([collection] if collection else []), config, list(lexemes)),
-            ).fetchone()
-        common: dict[str, float] = {}
-        if elems and freqs and total >= 0.9 * rows:
-            common = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
-        stored = dict(zip(found or (), (int(n) for n in chunks or ())))
-        counts = {}
-        for lex in lexemes:
-            if lex in common:
-                counts[lex] = round(common[lex] * total)
-            else:
-                n = stored.get(lex, 0)
-                counts[lex] = n if cap is None else min(n, cap)
-        return counts
+        every = sorted({lex for lexemes in wanted.values() for lex in lexemes})
+        with self.db.reading() as conn, conn.pipeline():
+            elements = conn.execute(
+                """SELECT s.attname, c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
+                   FROM pg_class c JOIN pg_stats s ON s.schemaname = current_schema()
+                        AND s.tablename = 'rag_chunks' AND s.attname = ANY(%s)
+                   WHERE c.oid = 'rag_chunks'::regclass""",
+                ([CONFIGS[config] for config in wanted],))
+            stored = conn.execute(
+                sql.SQL("SELECT config, lexeme, sum(chunks) FROM rag_lexeme_frequencies"
+                        " WHERE {w} config = ANY(%s) AND lexeme = ANY(%s) GROUP BY config, lexeme").format(w=where),
+                (*([collection] if collection else []), list(wanted), every))
+            element_rows, stored_rows = elements.fetchall(), stored.fetchall()
+        common: dict[str, dict[str, float]] = {}
+        for column, rows, elems, freqs in element_rows:
+            if elems and freqs and total >= 0.9 * rows:
+                common[column] = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
+        chunks = {(config, lex): int(n) for config, lex, n in stored_rows}
+        out: dict[str, dict[str, int]] = {}
+        for config, lexemes in wanted.items():
+            shares = common.get(CONFIGS[config], {})
+            counts = out[config] = {}
+            for lex in lexemes:
+                if lex in shares:
+                    counts[lex] = round(shares[lex] * total)
+                else:
+                    n = chunks.get((config, lex), 0)
+                    counts[lex] = n if cap is None else min(n, cap)
+        return out
 
     def rebuild_lexeme_frequencies(self) -> int:
         """Recount rag_lexeme_frequencies from every stored chunk (after a bulk load that bypassed
