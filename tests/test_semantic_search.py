@@ -81,3 +81,55 @@ def test_bad_queries_get_clear_errors(corpus_kb):
         corpus_kb.search("x", mode="telepathic")
     with pytest.raises(ValidationError, match="top_k"):
         corpus_kb.search("x", top_k=0)
+
+
+def _hashed_tables(node: dict, under_hash: bool = False) -> set[str]:
+    """Tables read beneath a Hash node of an EXPLAIN (FORMAT JSON) plan."""
+    under_hash = under_hash or node.get("Node Type") == "Hash"
+    found = {node["Relation Name"]} if under_hash and "Relation Name" in node else set()
+    for child in node.get("Plans", []):
+        found |= _hashed_tables(child, under_hash)
+    return found
+
+
+def test_exact_ranking_over_most_of_the_space_never_hashes_the_vectors(corpus_kb, monkeypatch):
+    """A collection that is (most of) the space is ranked by computing each distance as its vector is
+    read; joined to the filtered rows first, PostgreSQL hashed every vector (5 MB copied per query on
+    this corpus, twice per hybrid search). A selective filter still joins first. Both shapes rank
+    the same chunks with the same scores, the feedback query's as well."""
+    from psycopg import sql
+
+    from rag_lib.store import vectors
+
+    store = corpus_kb.store
+    space = store.active_space()
+    vector = corpus_kb.embed_text("data center revenue guidance")
+    everything = SearchFilters(collection="default")
+    nvda = SearchFilters(collection="default", ticker="NVDA")
+
+    def ranked(filters: SearchFilters, ratio: int, **feedback) -> list[tuple[str, float]]:
+        monkeypatch.setattr(vectors, "SPACE_SCAN_RATIO", ratio)  # 0: always join first; huge: always scan
+        store.scan_decisions.clear()
+        hits = store.semantic_search(vector, space["space"], space["dimensions"], filters, 30, **feedback)
+        return [(h.chunk_id, h.score, h.similarity) for h in hits]
+
+    for filters in (everything, nvda):
+        joined = ranked(filters, 0)
+        assert len(joined) == 30 and joined == ranked(filters, 10**6)
+    toward = [cid for cid, _, _ in ranked(everything, 0)[:3]]
+    moved = ranked(everything, 0, toward=toward, weight=0.8)
+    assert moved and moved == ranked(everything, 10**6, toward=toward, weight=0.8)
+    assert [cid for cid, _, _ in moved] != [cid for cid, _, _ in ranked(everything, 0)]  # feedback moved it
+
+    # the default ratio scans the whole space for the whole collection, and its plan hashes no vector
+    monkeypatch.setattr(vectors, "SPACE_SCAN_RATIO", 4)
+    store.scan_decisions.clear()
+    with store.db.connection() as conn:
+        rows = store._scan_for(conn, *vectors._filter_sql(everything))[1]
+        assert store._scans_whole_space(conn, space["space"], rows)
+        assert not store._scans_whole_space(conn, space["space"], store._scan_for(conn, *vectors._filter_sql(nvda))[1])
+        where, params = vectors._filter_sql(everything)
+        query, args = vectors.nearest_sql(sql.SQL("v.embedding <=> %s::vector"), [vector], space["space"], where,
+                                          params, 50, True, False)
+        plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, args).fetchone()[0][0]["Plan"]
+    assert "rag_chunk_vectors" not in _hashed_tables(plan)
