@@ -133,3 +133,17 @@ def test_exact_ranking_over_most_of_the_space_never_hashes_the_vectors(corpus_kb
                                           params, 50, True, False)
         plan = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, args).fetchone()[0][0]["Plan"]
     assert "rag_chunk_vectors" not in _hashed_tables(plan)
+
+
+def test_long_id_lists_reach_the_database_intact(corpus_kb):
+    """Feedback's candidate ids travel as one string the server splits (dumping a list of 550 ids
+    cost 0.9 ms of the server's CPU per search); ids holding the separator, and no ids, arrive as sent."""
+    from psycopg import sql
+
+    from rag_lib.store.vectors import text_array
+
+    for values in (["a1b2", "c3d4", "e5f6"], ["plain", "with,comma"], [""], ["a", ""], []):
+        fragment, arg = text_array(values)
+        with corpus_kb.store.db.connection() as conn:
+            got = conn.execute(sql.SQL("SELECT ARRAY(SELECT unnest({}))").format(fragment), [arg]).fetchone()[0]
+        assert got == values

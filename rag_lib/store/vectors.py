@@ -121,6 +121,16 @@ def _hits(cur: psycopg.Cursor) -> SemanticHits:
     return hits
 
 
+def text_array(values: Sequence[str]) -> tuple[sql.Composable, Any]:
+    """A text[] query parameter for a long list (feedback's ~550 candidate ids): (SQL, argument). Sent
+    as one string the server splits: psycopg dumps a list element by element in Python, 0.9 ms of
+    CPU for 550 ids against 0.04 ms for the joined string. A list when a value holds the separator
+    or is empty (the server would split it away)."""
+    if any("," in v or not v for v in values):
+        return sql.SQL("%s::text[]"), list(values)
+    return sql.SQL("string_to_array(%s, ',')"), ",".join(values)
+
+
 def nearest_sql(distance: sql.Composable, target_args: list[Any], space: str, where: sql.Composable,
                 params: list[Any], limit: int, whole: bool, moved: bool) -> tuple[sql.Composable, list[Any]]:
     """The ranking: (chunk_id, distance) of the `limit` nearest chunks the filter `where` keeps, and
@@ -406,13 +416,14 @@ class VectorStore:
                         among: Sequence[str]) -> SemanticHits:
         """Feedback's ranking (see `semantic_search`) of `among` and of the chunks of the documents
         holding `toward`, exactly: a few hundred rows, not every filtered row again."""
+        among_sql, among_arg = text_array(among)
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
             conn.execute("SELECT set_config('jit', 'off', true)")  # as in semantic_search
             # the documents' chunks are bounded like the pool: a long guide has hundreds
             query = sql.SQL(
                 "WITH moved AS MATERIALIZED (SELECT %s::vector + avg(embedding) AS m FROM rag_chunk_vectors"
                 "  WHERE space = {space} AND chunk_id = ANY(%s)),"
-                " candidates AS (SELECT unnest(%s::text[]) AS chunk_id UNION (SELECT d.chunk_id FROM rag_chunks t"
+                " candidates AS (SELECT unnest({among}) AS chunk_id UNION (SELECT d.chunk_id FROM rag_chunks t"
                 "  JOIN rag_chunks d ON d.collection = t.collection AND d.path = t.path WHERE t.chunk_id = ANY(%s)"
                 "  LIMIT %s)),"
                 # each candidate's vector looked up by key (a subquery per row): joined, the planner
@@ -427,8 +438,8 @@ class VectorStore:
                 "  JOIN rag_chunk_vectors v ON v.space = {space} AND v.chunk_id = n.chunk_id"
                 "  JOIN rag_chunks c ON c.chunk_id = n.chunk_id"
                 " WHERE %s <= 0 OR 1 - (v.embedding <=> %s::vector) >= %s ORDER BY n.distance"
-            ).format(cols=HIT_COLUMNS, space=sql.Literal(space), where=where)
-            cur = conn.execute(query, [np.asarray(vector, dtype=np.float32) / weight, list(toward), list(among),
+            ).format(cols=HIT_COLUMNS, space=sql.Literal(space), where=where, among=among_sql)
+            cur = conn.execute(query, [np.asarray(vector, dtype=np.float32) / weight, list(toward), among_arg,
                                        list(toward), max(limit, len(among)), *params, limit, vector, min_similarity,
                                        vector, min_similarity])
         return _hits(cur)
