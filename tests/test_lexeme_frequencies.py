@@ -69,6 +69,9 @@ def test_frequencies_follow_publish_republish_and_delete(kb, corpus_copy):
     assert ("default", "simple", "zyzzogeton") not in gone  # no row left at zero
     assert ("other", "simple", "zyzzogeton") not in gone and len([k for k in gone if k[0] == "other"]) > 500
 
+    kb.reset()  # `rag reset`: every table dropped and recreated, the frequencies too
+    assert _stored(kb) == {}
+
 
 def test_a_failed_publish_leaves_the_frequencies_as_they_were(kb, corpus_copy):
     root = corpus_copy(PFE, LEARNING)
