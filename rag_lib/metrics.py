@@ -26,6 +26,10 @@ _SINK: contextvars.ContextVar[MetricsRecorder | None] = contextvars.ContextVar("
 _IN_EMBED: contextvars.ContextVar[bool] = contextvars.ContextVar("rag_metrics_in_embed", default=False)
 BATCH = 500  # records per write
 IDLE_SECONDS = 0.5  # the writer wakes at least this often
+# After a record arrives the writer waits this long for more (unless flushed or closed): one
+# transaction for a busy server's many searches. Written one by one, each search cost the server's
+# process ~0.7 ms of CPU and the database ~0.5 ms (a transaction and its commit), measured alone.
+LINGER_SECONDS = 0.5
 
 
 class MetricsRecorder:
@@ -41,6 +45,7 @@ class MetricsRecorder:
         self._done = threading.Condition(self._lock)
         self._closed = False
         self.dropped = 0  # records lost to write errors (logged)
+        self._hurry = threading.Event()  # set by flush() and close(): write without lingering
         self._thread = threading.Thread(target=self._run, name="rag-metrics", daemon=True)
         self._thread.start()
 
@@ -60,6 +65,8 @@ class MetricsRecorder:
                 continue
             if first is None:
                 return
+            self._hurry.wait(LINGER_SECONDS)
+            self._hurry.clear()  # before draining: a flush during the write hurries the next batch
             batch = [first]
             stop = False
             while len(batch) < BATCH:
@@ -99,6 +106,7 @@ class MetricsRecorder:
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._pending:
+                self._hurry.set()
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
@@ -112,6 +120,7 @@ class MetricsRecorder:
         self.flush()
         self._closed = True
         self._queue.put(None)
+        self._hurry.set()
         self._thread.join(timeout=5)
 
 
