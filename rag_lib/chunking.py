@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rag_lib.config import ChunkSettings
 from rag_lib.models import Chunk, Document, Section
-from rag_lib.tokens import Tokenizer
+from rag_lib.tokens import SpanCounter, Tokenizer
 
 CHUNKER_VERSION = "1"
 
@@ -121,8 +121,10 @@ class Chunker:
         self.settings = settings
         self.limit = tokenizer.limit
 
-    def _leaves(self, text: str, span: Span, budget: int, level: int, markdown: bool) -> list[tuple[Span, int]]:
-        tokens = self.tok.count(text[span.start : span.end])
+    def _leaves(self, counter: SpanCounter, span: Span, budget: int, level: int,
+                markdown: bool) -> list[tuple[Span, int]]:
+        text = counter.text
+        tokens = counter.count(span.start, span.end)
         if tokens <= budget:
             return [(span, tokens)]
         splitters = [
@@ -136,18 +138,19 @@ class Chunker:
             if len(parts) > 1:
                 out: list[tuple[Span, int]] = []
                 for part in parts:
-                    out.extend(self._leaves(text, part, budget, lvl, markdown))
+                    out.extend(self._leaves(counter, part, budget, lvl, markdown))
                 return out
         # Last resort: consecutive token windows (no words lost, none cut mid-token).
         piece = text[span.start : span.end]
         return [
-            (Span(span.start + a, span.start + b), self.tok.count(piece[a:b]))
+            (Span(span.start + a, span.start + b), counter.count(span.start + a, span.start + b))
             for a, b in self.tok.windows(piece, budget, self.settings.overlap_tokens)
         ]
 
-    def _pack(self, text: str, leaves: list[tuple[Span, int]], budget: int) -> list[Span]:
+    def _pack(self, text: str, leaves: list[tuple[Span, int]], budget: int, carry_headings: bool = True) -> list[Span]:
         """Greedy packing with piece-level overlap; a heading never ends a chunk (it moves on
-        with the text it introduces, even if that needs a re-split with a tighter budget)."""
+        with the text it introduces, even if that needs a re-split with a tighter budget) unless
+        `carry_headings` is off."""
         chunks: list[Span] = []
         current: list[tuple[Span, int]] = []
 
@@ -158,7 +161,7 @@ class Chunker:
         for leaf in leaves:
             if current and sum(t for _, t in current) + leaf[1] > budget:
                 carry: list[tuple[Span, int]] = []
-                while current and is_heading(current[-1]):
+                while carry_headings and current and is_heading(current[-1]):
                     carry.insert(0, current.pop())
                 if current:
                     chunks.append(Span(current[0][0].start, current[-1][0].end))
@@ -177,42 +180,60 @@ class Chunker:
             chunks.append(Span(current[0][0].start, current[-1][0].end))
         return chunks
 
-    def split_section(self, doc: Document, section: Section) -> list[tuple[Span, str, int]]:
+    def split_section(self, doc: Document, section: Section,
+                      counter: SpanCounter | None = None) -> list[tuple[Span, str, int]]:
         """(span in section text, embed text, token count) for each chunk of one section."""
         text = section.text
         if not text.strip():
             return []
+        counter = counter or self.tok.span_counter(text)
         prefix = context_prefix(doc, section) + "\n"
-        budget = min(self.settings.max_tokens, self.limit) - self.tok.count(prefix)
+        prefix_tokens = self.tok.count(prefix)
+        budget = min(self.settings.max_tokens, self.limit) - prefix_tokens
         if budget < 16:
-            budget = self.limit - self.tok.count(prefix)
+            budget = self.limit - prefix_tokens
         start = len(text) - len(text.lstrip())
         whole = Span(start, len(text.rstrip()))
         result: list[tuple[Span, str, int]] = []
-        pending = self._pack(text, self._leaves(text, whole, budget, 0, doc.format == "markdown"), budget)
+        pending = self._pack(text, self._leaves(counter, whole, budget, 0, doc.format == "markdown"), budget)
         while pending:
             span = pending.pop(0)
             embed_text = prefix + text[span.start : span.end]
-            tokens = self.tok.count(embed_text)
+            # the prefix ends in a newline: where words are split at whitespace, its tokens and the
+            # span's add up to the embed text's
+            tokens = (prefix_tokens + counter.count(span.start, span.end) if self.tok.splits_on_whitespace
+                      else self.tok.count(embed_text))
             if tokens > self.limit:
-                # Boundary effects made a packed chunk overflow: re-split it with a tighter budget.
-                tighter = budget - (tokens - self.limit) - 8
-                if tighter < 16:  # pathological (e.g. a giant heading): plain token windows, no packing
-                    piece = text[span.start : span.end]
-                    room = self.limit - self.tok.count(prefix) - 4
-                    pending[:0] = [Span(span.start + a, span.start + b) for a, b in self.tok.windows(piece, room)]
-                else:
-                    pending[:0] = self._pack(text, self._leaves(text, span, tighter, 0, doc.format == "markdown"), tighter)
+                # A heading kept with its text, or boundary effects, made a packed chunk overflow:
+                # re-split it with a tighter budget.
+                pending[:0] = self._resplit(counter, span, budget - (tokens - self.limit) - 8,
+                                            self.limit - prefix_tokens - 4, doc.format == "markdown")
                 continue
             result.append((span, embed_text, tokens))
         return result
 
+    def _resplit(self, counter: SpanCounter, span: Span, tighter: int, room: int, markdown: bool) -> list[Span]:
+        """An overflowing chunk's span packed again within `tighter` tokens; always smaller pieces,
+        so re-splitting ends: when packing gives the same span back (a heading and the paragraph
+        after it over the budget together), the heading ends a chunk of its own; when even that
+        does not split it, or the budget is pathological (a giant heading), plain token windows of
+        `room` tokens."""
+        if tighter >= 16:
+            leaves = self._leaves(counter, span, tighter, 0, markdown)
+            for carry_headings in (True, False):
+                packed = self._pack(counter.text, leaves, tighter, carry_headings)
+                if packed != [span]:
+                    return packed
+        piece = counter.text[span.start : span.end]
+        return [Span(span.start + a, span.start + b) for a, b in self.tok.windows(piece, room)]
+
     def chunk(self, doc: Document, sections: list[Section]) -> list[Chunk]:
         """Chunks of a document, in order, with deterministic ids."""
         chunks: list[Chunk] = []
-        for section, count in zip(sections, self.tok.count_many([s.text for s in sections])):
-            section.token_count = count
-            for n, (span, embed_text, tokens) in enumerate(self.split_section(doc, section)):
+        for section in sections:
+            counter = self.tok.span_counter(section.text)
+            section.token_count = counter.count(0, len(section.text))
+            for n, (span, embed_text, tokens) in enumerate(self.split_section(doc, section, counter)):
                 text_hash = sha256(embed_text)
                 chunks.append(
                     Chunk(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_lib.chunking import Chunker
+from rag_lib.chunking import Chunker, context_prefix
 from rag_lib.config import ChunkSettings, Settings
 from rag_lib.documents import iter_corpus_files, load_file
 from rag_lib.flatten import flatten, flatten_markdown, load_mapping
@@ -121,3 +121,50 @@ def test_oversize_single_line_is_split_by_tokens_not_truncated(tokenizer):
     chunks = Chunker(tokenizer, ChunkSettings()).chunk(doc, flatten_markdown(text))
     assert all(c.token_count <= tokenizer.limit for c in chunks)
     assert "token0 " in chunks[0].text and chunks[-1].text.rstrip().endswith("token899")
+
+
+def test_span_counts_equal_each_span_encoded_alone(tokenizer):
+    """The chunker counts a section's nested spans from one encoding of it: every span, cut at
+    whitespace or inside a word, next to characters BERT deletes or treats as space, CJK and
+    accents, must count what encoding it alone would."""
+    text = ("Q3 rev +12% y/y;  ÉTÉ naïve\tcafé\n\n  NVDA's H100\u00a0demand\x1cjoined 東京証券 取引所.\r\n"
+            "supercalifragilisticexpialidocious-ly (ok)\u3000end. ") * 2
+    counter = tokenizer.span_counter(text)
+    assert tokenizer.splits_on_whitespace and counter.total == tokenizer.count(text)
+    for start in range(0, len(text) + 1, 3):
+        for end in range(start, len(text) + 1):
+            assert counter.count(start, end) == tokenizer.count(text[start:end]), (start, end, text[start:end])
+
+
+def test_a_heading_and_the_paragraph_after_it_over_the_limit_together_are_chunked(tokenizer):
+    """A long title line and the paragraph under it that fit the model only apart: the heading
+    rule re-packed them into the same overflowing chunk forever, and ingest hung (found on a
+    SciFact abstract under its `# title`). Each must become a chunk within the limit."""
+    import signal
+
+    title = "# " + " ".join(f"zinc-finger nuclease {i}" for i in range(12))
+    words: list[str] = []
+    doc = Document("c", "n.md", "n.md", "note", "markdown", "h", title)
+    prefix = tokenizer.count(context_prefix(doc, flatten_markdown(f"{title}\n\nx\n")[0]) + "\n")
+    budget = min(ChunkSettings().max_tokens, tokenizer.limit) - prefix
+    # a paragraph short enough that the re-split's tighter budget keeps it whole, too long to join the title
+    room = (budget + tokenizer.limit - prefix - tokenizer.count(title) - 8) // 2
+    while tokenizer.count(" ".join(words + ["gene"]) + ".") <= room:
+        words.append("gene")
+    text = f"{title}\n\n{' '.join(words)}.\n"
+    section = flatten_markdown(text)[0]
+    assert prefix + tokenizer.count(section.text) > tokenizer.limit  # but not with the title
+    doc = Document("c", "n.md", "n.md", "note", "markdown", "h", text)
+
+    def hung(*_):
+        raise TimeoutError("chunking did not finish")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        chunks = Chunker(tokenizer, ChunkSettings()).chunk(doc, flatten_markdown(text))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [c.text.split("\n")[0] for c in chunks] == [title, " ".join(words) + "."]
+    assert all(c.token_count == tokenizer.count(c.embed_text) <= tokenizer.limit for c in chunks)
