@@ -254,15 +254,6 @@ class DocumentStore:
             self.delete_document(collection, path)
         return gone
 
-    def reset(self) -> None:
-        """Delete every row of every collection (schema and migrations stay)."""
-        with self.db.connection() as conn, conn.transaction():
-            conn.execute(
-                "TRUNCATE rag_documents, rag_sections, rag_chunks, rag_chunk_vectors, rag_skipped,"
-                " rag_stage_outputs, rag_failures, rag_embedding_cache, rag_index_builds, rag_graph_edges, rag_graph_nodes,"
-                " rag_lexeme_frequencies"
-            )
-
 
 def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
     shown = ", ".join(f"'{p}'" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
