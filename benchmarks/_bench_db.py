@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,3 +77,14 @@ def cpu_seconds(procs) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def ingest_once(kb, corpus: Path, collection: str = "default") -> float:
+    """Ingest `corpus` into `collection` unless it holds documents already (a reusable benchmark
+    database); the seconds it took. A failed file stops the benchmark: its figures would be wrong."""
+    started = time.perf_counter()
+    if kb.status(collection)["documents"] == 0:
+        report = kb.ingest([corpus], collection)
+        if report.count("failed"):
+            raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
+    return round(time.perf_counter() - started, 1)

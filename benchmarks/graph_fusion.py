@@ -14,11 +14,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, bench_database  # noqa: E402
+from _bench_db import SHARED, bench_database, ingest_once  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -60,12 +59,7 @@ def main() -> None:
     queries, qrels = load_queries(EVAL / "queries.jsonl"), load_qrels(EVAL / "qrels.tsv")
     types = query_types(EVAL / "queries.jsonl")
     with KnowledgeBase(settings) as kb:
-        started = time.perf_counter()
-        if kb.status("default")["documents"] == 0:
-            report = kb.ingest([args.corpus], "default")
-            if report.count("failed"):
-                raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
-        ingest_s = round(time.perf_counter() - started, 1)
+        ingest_s = ingest_once(kb, args.corpus)
         s = kb.settings.search
         s.graph_candidates = args.candidates
         s.graph_fusion = False

@@ -22,12 +22,11 @@ import json
 import random
 import statistics
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, bench_database  # noqa: E402
+from _bench_db import SHARED, bench_database, ingest_once  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -110,12 +109,7 @@ def main() -> None:
     scores: dict[str, dict[tuple[str, str], float]] = {}
     tables: dict[str, dict[str, dict[str, float]]] = {}
     with KnowledgeBase(settings) as kb:
-        started = time.perf_counter()
-        if kb.status("default")["documents"] == 0:
-            report = kb.ingest([args.corpus], "default")
-            if report.count("failed"):
-                raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
-        ingest_s = round(time.perf_counter() - started, 1)
+        ingest_s = ingest_once(kb, args.corpus)
         current = kb.settings.search.model_copy()
         for name, values in {BASE: {}, **variants}.items():
             # each variant starts from the current settings, so variants never leak into each other
