@@ -137,7 +137,17 @@ def test_chunk_size_check(staged):
                                WHERE stage = 'chunks' AND path = %s""", (FILES[0],))[0]
     bad = quality.check_chunks(kb.store, kb.settings, limit)
     assert not bad.passed and bad.severity == "error" and bad.metadata["oversize_ids"] == [oversize]
-    assert "expect_column_values_to_be_between" in bad.description
+    assert "expect_column_values_to_be_between(token_count)" in bad.description
+    # An empty or missing text fails too (the frame holds each text's length, not the text)
+    for text, expectation in (('""', "expect_column_values_to_be_between(text_chars)"),
+                              ("null", "expect_column_values_to_not_be_null(text_chars)")):
+        _sql(url, f"""UPDATE rag_stage_outputs SET payload = jsonb_set(jsonb_set(payload,
+                      '{{documents,0,chunks,0,token_count}}', '40'), '{{documents,0,chunks,0,text}}', '{text}')
+                      WHERE stage = 'chunks' AND path = %s""", (FILES[0],))
+        empty = quality.check_chunks(kb.store, kb.settings, limit)
+        assert not empty.passed and empty.severity == "error" and expectation in empty.description, empty.description
+    _sql(url, """UPDATE rag_stage_outputs SET payload = jsonb_set(payload, '{documents,0,chunks,0,text}', '"restored"')
+                 WHERE stage = 'chunks' AND path = %s""", (FILES[0],))
     # Too many tiny chunks is a warning, not an error.
     _sql(url, """UPDATE rag_stage_outputs SET payload = jsonb_set(payload, '{documents,0,chunks,0,token_count}', '40')
                  WHERE stage = 'chunks' AND path = %s""", (FILES[0],))

@@ -19,8 +19,7 @@ SCRIPT = textwrap.dedent("""
 
     print("top level ran", flush=True)
     quality.preload_great_expectations()
-    frame = pd.DataFrame({"chunk_id": ["a", "b"], "collection": ["c", "c"], "path": ["p", "p"],
-                          "section": ["s", "s"], "token_count": [5, 900], "text": ["x", "y"]})
+    frame = pd.DataFrame({"chunk_id": ["a", "b"], "token_count": [5, 900], "text_chars": [1, 1]})
     results = quality.validate_chunk_frame(frame, 1, 256)
     bad = [r["expectation"] for r in results if not r["success"]]
     print("failed:", ",".join(bad), flush=True)
