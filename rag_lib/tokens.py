@@ -76,9 +76,13 @@ class Tokenizer:
             "token_type_ids": np.array([encoding.type_ids], dtype=np.int64),
         }
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """The character span of each of `text`'s tokens (no special tokens)."""
+        return self._tok.encode(text, add_special_tokens=False).offsets
+
     def windows(self, text: str, max_tokens: int, overlap: int = 0) -> list[tuple[int, int]]:
         """Character spans of windows of at most `max_tokens` tokens, `overlap` tokens shared."""
-        offsets = self._tok.encode(text, add_special_tokens=False).offsets
+        offsets = self.offsets(text)
         step = max(1, max_tokens - max(0, min(overlap, max_tokens // 2)))
         spans: list[tuple[int, int]] = []
         for i in range(0, len(offsets), step):
@@ -100,13 +104,7 @@ class SpanCounter:
         self._tok, self.text = tokenizer, text
         self._starts: list[int] | None = None
         if tokenizer.splits_on_whitespace:
-            encoding = tokenizer._tok.encode(text, add_special_tokens=False)
-            self._starts = [start for start, _ in encoding.offsets]
-
-    @property
-    def total(self) -> int | None:
-        """Tokens of the whole text, when it was encoded."""
-        return None if self._starts is None else len(self._starts)
+            self._starts = [start for start, _ in tokenizer.offsets(text)]
 
     def _at_whitespace(self, i: int) -> bool:
         return i <= 0 or i >= len(self.text) or _bert_space(self.text[i - 1]) or _bert_space(self.text[i])

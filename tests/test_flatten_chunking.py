@@ -130,7 +130,7 @@ def test_span_counts_equal_each_span_encoded_alone(tokenizer):
     text = ("Q3 rev +12% y/y;  ÉTÉ naïve\tcafé\n\n  NVDA's H100\u00a0demand\x1cjoined 東京証券 取引所.\r\n"
             "supercalifragilisticexpialidocious-ly (ok)\u3000end. ") * 2
     counter = tokenizer.span_counter(text)
-    assert tokenizer.splits_on_whitespace and counter.total == tokenizer.count(text)
+    assert tokenizer.splits_on_whitespace and counter.count(0, len(text)) == tokenizer.count(text)
     for start in range(0, len(text) + 1, 3):
         for end in range(start, len(text) + 1):
             assert counter.count(start, end) == tokenizer.count(text[start:end]), (start, end, text[start:end])
