@@ -12,20 +12,21 @@ from rag_lib.store.vectors import HIT_COLUMNS, _filter_sql, hit_from_row
 
 CONFIGS = {"english": "tsv", "simple": "tsv_simple"}
 
-# Chunks per (config, lexeme) among a collection's chunks at some paths. unnest(tsvector) gives each
+# Chunks per (collection, config, lexeme) among the chunks `{where}` keeps. unnest(tsvector) gives each
 # lexeme of a chunk once, so count(*) is the number of chunks holding it (what `tsv @@ 'lexeme'` counts).
-_PATH_COUNTS = """SELECT 'english' AS config, u.lexeme, count(*) AS n FROM rag_chunks c, unnest(c.tsv) u
-                    WHERE c.collection = %(c)s AND c.path = ANY(%(p)s) GROUP BY u.lexeme
-                  UNION ALL
-                  SELECT 'simple', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv_simple) u
-                    WHERE c.collection = %(c)s AND c.path = ANY(%(p)s) GROUP BY u.lexeme"""
+_COUNTS = """SELECT c.collection, 'english' AS config, u.lexeme, count(*) AS n FROM rag_chunks c, unnest(c.tsv) u
+               WHERE {where} GROUP BY c.collection, u.lexeme
+             UNION ALL
+             SELECT c.collection, 'simple', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv_simple) u
+               WHERE {where} GROUP BY c.collection, u.lexeme"""
+_PATH_COUNTS = _COUNTS.format(where="c.collection = %(c)s AND c.path = ANY(%(p)s)")
 
 
 def lexeme_counts(conn, collection: str, paths: Sequence[str]) -> tuple[list[str], list[str], list[int]]:
     """(configs, lexemes, chunks) of the chunks now stored at `paths`, as three parallel lists: what
     `change_lexeme_frequencies` subtracts once those chunks are replaced or deleted."""
     rows = conn.execute(_PATH_COUNTS, {"c": collection, "p": list(paths)}).fetchall()
-    return [r[0] for r in rows], [r[1] for r in rows], [int(r[2]) for r in rows]
+    return [r[1] for r in rows], [r[2] for r in rows], [int(r[3]) for r in rows]
 
 
 def change_lexeme_frequencies(conn, collection: str, paths: Sequence[str],
@@ -149,12 +150,8 @@ class LexicalStore:
         with self.db.connection() as conn, conn.transaction():
             conn.execute("LOCK TABLE rag_chunks IN SHARE MODE")  # no publish or delete meanwhile
             conn.execute("DELETE FROM rag_lexeme_frequencies")
-            return conn.execute(
-                """INSERT INTO rag_lexeme_frequencies (collection, config, lexeme, chunks)
-                   SELECT c.collection, 'english', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv) u GROUP BY 1, 3
-                   UNION ALL
-                   SELECT c.collection, 'simple', u.lexeme, count(*) FROM rag_chunks c, unnest(c.tsv_simple) u
-                   GROUP BY 1, 3""").rowcount
+            return conn.execute("INSERT INTO rag_lexeme_frequencies (collection, config, lexeme, chunks) "
+                                + _COUNTS.format(where="TRUE")).rowcount
 
     def collection_generation(self, collection: str | None) -> tuple[int, int, str]:
         """(documents, chunks, last publish) of the collection: changes whenever documents are published

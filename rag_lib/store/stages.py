@@ -152,7 +152,7 @@ class StageStore:
 
     def maintain_indexes(self, space: str | None) -> dict[str, Any]:
         """Weekly maintenance: REINDEX the space's HNSW index concurrently, then ANALYZE the tables."""
-        done: dict[str, Any] = {"reindexed": None, "analyzed": []}
+        done: dict[str, Any] = {"reindexed": None}
         with self.db.connection() as conn:
             conn.autocommit = True
             try:
