@@ -181,6 +181,6 @@ def test_lexical_plans_are_those_counting_gave(corpus_kb):
             for config, lexemes in (("english", english), ("simple", simple)):
                 counted = _counted_before(corpus_kb, config, lexemes, generation[1], cap + 1)
                 before._by_collection["default"].df.update({(config, lex): n for lex, n in counted.items()})
-                assert store.term_statistics("default", config, lexemes, generation[1], cap + 1) == counted
+                assert store.term_statistics_many("default", {config: lexemes}, generation[1], cap + 1).get(config, {}) == counted
             planned = plan_terms(store, TermStatistics(), query, "default", cap)
             assert planned == plan_terms(store, before, query, "default", cap), query

@@ -39,12 +39,12 @@ def test_document_frequencies_from_statistics_match_counting(corpus_kb):
     lexemes = store.query_lexemes("NVDA earnings revenue guidance stop loss position sizing", "english")
     total = store.collection_generation("default")[1]
     store.refresh_statistics(force=True)  # element statistics for tsv: the common lexemes' frequencies
-    from_stats = store.term_statistics("default", "english", lexemes, total)
+    from_stats = store.term_statistics_many("default", {"english": lexemes}, total)["english"]
     with store.db.connection() as conn:  # the exact answer, counted row by row
         counted = {lex: conn.execute("SELECT count(*) FROM rag_chunks WHERE collection = 'default' AND tsv @@ %s::tsquery",
                                      (f"'{lex}'",)).fetchone()[0] for lex in lexemes}
     assert from_stats == counted  # ANALYZE samples every row of a table this size
-    _, weights = TermStatistics().weights(store, "default", "english", lexemes)
+    weights = TermStatistics().weights_many(store, "default", {"english": lexemes})[1]["english"]
     assert {lex: df for lex, (_, df) in weights.items()} == counted
     rare, common = min(counted, key=counted.get), max(counted, key=counted.get)
     assert counted[rare] < counted[common] and weights[rare][0] > weights[common][0]  # rarer weighs more

@@ -50,12 +50,6 @@ class TermStatistics:
         with self._lock:
             self._by_collection.clear()
 
-    def weights(self, store, collection: str | None, config: str, lexemes: list[str],
-                cap: int | None = None) -> tuple[int, dict[str, tuple[float, int]]]:
-        """`weights_many` for one configuration."""
-        total, info = self.weights_many(store, collection, {config: lexemes}, cap)
-        return total, info.get(config, {})
-
     def weights_many(self, store, collection: str | None, wanted: dict[str, list[str]],
                      cap: int | None = None) -> tuple[int, dict[str, dict[str, tuple[float, int]]]]:
         """(chunks in collection, {config: {lexeme: (IDF, document frequency)}}); a frequency read

@@ -97,11 +97,6 @@ class LexicalStore:
                 (english, simple)).fetchone()
         return list(row[0]), list(row[1])
 
-    def term_statistics(self, collection: str | None, config: str, lexemes: Sequence[str], total: int,
-                        cap: int | None = None) -> dict[str, int]:
-        """`term_statistics_many` for one configuration."""
-        return self.term_statistics_many(collection, {config: lexemes}, total, cap).get(config, {})
-
     def term_statistics_many(self, collection: str | None, wanted: dict[str, Sequence[str]], total: int,
                              cap: int | None = None) -> dict[str, dict[str, int]]:
         """Chunks containing each lexeme, per configuration, of the collection's `total`. Common
