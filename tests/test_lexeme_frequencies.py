@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from rag_lib.models import Chunk, Document, Section
-from rag_lib.search.lexical import TermStatistics, _Stats, exact_tokens, plan_terms
+from rag_lib.search import lexical
+from rag_lib.search.lexical import TermStatistics, choose_terms, exact_tokens, plan_terms
 from rag_lib.store import apply_migrations
 
 PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
@@ -166,21 +167,76 @@ def _counted_before(kb, config: str, lexemes: list[str], total: int, cap: int) -
 
 def test_lexical_plans_are_those_counting_gave(corpus_kb):
     """Every query of both dev sets plans the same lexical query (each lexeme's weight and the
-    lexemes selecting candidates: all its ranking depends on) from the table as from counting."""
+    lexemes selecting candidates: all its ranking depends on) from the table, read with the query's
+    lexemes in one statement, as from counting through the GIN index (10fcc30)."""
     store = corpus_kb.store
     store.refresh_statistics(force=True)
     queries = [json.loads(line)["text"] for d in DEV_SETS for line in (d / "queries.jsonl").read_text().splitlines()
                if line.strip()]
     assert len(queries) >= 60
-    generation = store.collection_generation("default")
+    total = store.collection_generation("default")[1]
+    stats = TermStatistics()  # one cache for all the queries, as a knowledge base keeps it
     for cap in (20, 2000):  # 20: most lexemes are cut at the cap, as at 1M chunks
         for query in queries:
-            before = TermStatistics()
-            before._by_collection["default"] = _Stats(generation, time.monotonic() + 3600, generation[1])
-            english, simple = store.query_lexemes_pair(query, " ".join(exact_tokens(query)))
-            for config, lexemes in (("english", english), ("simple", simple)):
-                counted = _counted_before(corpus_kb, config, lexemes, generation[1], cap + 1)
-                before._by_collection["default"].df.update({(config, lex): n for lex, n in counted.items()})
-                assert store.term_statistics_many("default", {config: lexemes}, generation[1], cap + 1).get(config, {}) == counted
-            planned = plan_terms(store, TermStatistics(), query, "default", cap)
-            assert planned == plan_terms(store, before, query, "default", cap), query
+            exact = " ".join(exact_tokens(query))
+            lexemes = {"english": store.query_lexemes(query, "english"), "simple": store.query_lexemes(exact, "simple")}
+            counted = {config: list(_counted_before(corpus_kb, config, found, total, cap + 1).items())
+                       for config, found in lexemes.items() if found}
+            assert stats.frequencies(store, "default", query, exact, cap + 1) == (total, counted), query
+            assert plan_terms(store, stats, query, "default", cap) == choose_terms(counted, total, cap), query
+
+
+def _store_calls(store) -> Counter:
+    """Count the calls of the store's public methods (each runs its real queries)."""
+    calls: Counter[str] = Counter()
+    for name in [n for n in dir(store) if not n.startswith("_") and callable(getattr(store, n))]:
+        real = getattr(store, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(store, name, counted)
+    return calls
+
+
+def test_planning_a_lexical_query_is_one_round_trip(kb, corpus_copy):
+    """A query's lexemes and their frequencies are one statement; the collection's size and
+    ANALYZE's common lexemes are read once per collection state, not per query (issue 32: at 1M
+    chunks each round trip waited for a core while the query encoder held both)."""
+    kb.ingest([corpus_copy(PFE, TRADE, LEARNING)])
+    store, stats = kb.store, TermStatistics()
+    calls = _store_calls(store)
+    cap = store.settings.search.lexical_max_candidates
+    plan_terms(store, stats, "loss aversion before earnings", "default", cap)
+    assert calls == {"collection_generation": 1, "element_statistics": 1, "query_terms": 1}
+    calls.clear()
+    for query in ("NVDA stop loss 145.50", "pfizer pipeline risk", "what did the trade teach"):
+        assert plan_terms(store, stats, query, "default", cap).terms
+    assert calls == {"query_terms": 3}
+
+
+def test_common_lexemes_are_read_again_after_analyze(kb, corpus_copy, monkeypatch):
+    """ANALYZE's most common lexemes are cached per collection state: an ANALYZE of the chunks
+    (which rewrites them) makes the next check read them again, even when no document changed."""
+    kb.ingest([corpus_copy(PFE, TRADE, LEARNING)])
+    store, stats = kb.store, TermStatistics()
+    store.refresh_statistics(force=True)
+    query = "loss aversion before earnings risk"
+    first = stats.frequencies(store, "default", query, "")
+    before = store.collection_generation("default")
+    monkeypatch.setattr(lexical, "GENERATION_TTL", 0.0)  # check the collection's state on every query
+    calls = _store_calls(store)
+    assert stats.frequencies(store, "default", query, "") == first
+    assert calls["element_statistics"] == 0  # same state: still cached
+    with store.db.connection() as conn:  # only the common lexemes' statistics change, not the collection
+        conn.execute("ALTER TABLE rag_chunks ALTER COLUMN tsv SET STATISTICS 1")
+        conn.commit()
+    store.refresh_statistics(force=True)
+    after = store.collection_generation("default")
+    assert after[:3] == before[:3] and after[3] > before[3]
+    calls.clear()
+    assert stats.frequencies(store, "default", query, "") == TermStatistics().frequencies(store, "default", query, "")
+    assert calls["element_statistics"] == 2  # read again by this cache, as by a new one
+    assert stats._by_collection["default"].common == store.element_statistics()[1]
+    assert len(stats._by_collection["default"].common["english"]) <= 10  # statistics target 1: ten lexemes at most

@@ -32,14 +32,16 @@ def bm25_idf(n: int, df: int) -> float:
 
 @dataclass
 class _Stats:
-    generation: tuple[int, int, str] | None = None
+    generation: tuple[int, int, str, int] | None = None
     checked: float = 0.0
     total: int = 0
-    df: dict[tuple[str, str], int] = field(default_factory=dict)
+    common: dict[str, dict[str, float]] = field(default_factory=dict)  # {config: {lexeme: share of chunks}}
 
 
 class TermStatistics:
-    """Per-collection document frequencies, cached and dropped when the collection changes."""
+    """Per collection: its size and ANALYZE's most common lexemes, cached until the collection
+    changes or ANALYZE runs again (checked every `GENERATION_TTL` seconds); the other lexemes'
+    document frequencies come with the query's lexemes (rag_lexeme_frequencies), one round trip."""
 
     def __init__(self) -> None:
         self._by_collection: dict[str | None, _Stats] = {}
@@ -50,27 +52,34 @@ class TermStatistics:
         with self._lock:
             self._by_collection.clear()
 
-    def weights_many(self, store, collection: str | None, wanted: dict[str, list[str]],
-                     cap: int | None = None) -> tuple[int, dict[str, dict[str, tuple[float, int]]]]:
-        """(chunks in collection, {config: {lexeme: (IDF, document frequency)}}); a frequency read
-        is exact up to `cap` (see `plan_terms`). The lexemes not cached yet are read in one round trip."""
+    def _current(self, store, collection: str | None) -> tuple[int, dict[str, dict[str, float]]]:
         with self._lock:
             stats = self._by_collection.setdefault(collection, _Stats())
             now = time.monotonic()
             if now - stats.checked > GENERATION_TTL:
                 generation = store.collection_generation(collection)
                 if generation != stats.generation:
-                    stats.generation, stats.df, stats.total = generation, {}, generation[1]
+                    counted, elements = store.element_statistics()
+                    # ANALYZE's shares are of the whole table: they stand for a collection that is (nearly) all of it
+                    stats.common = elements if generation[1] >= 0.9 * counted else {}
+                    stats.generation, stats.total = generation, generation[1]
                 stats.checked = now
-            missing = {config: [lex for lex in lexemes if (config, lex) not in stats.df]
-                       for config, lexemes in wanted.items()}
-            if any(missing.values()):
-                counts = store.term_statistics_many(collection, missing, stats.total, cap)
-                stats.df.update({(config, lex): n for config, found in counts.items() for lex, n in found.items()})
-            total = max(stats.total, 1)
-            # df 0 may be stale (published since the last check): keep such a term, at the highest weight
-            return stats.total, {config: {lex: (bm25_idf(total, stats.df[(config, lex)]), stats.df[(config, lex)])
-                                          for lex in lexemes} for config, lexemes in wanted.items()}
+            return stats.total, stats.common
+
+    def frequencies(self, store, collection: str | None, english: str, simple: str,
+                    cap: int | None = None) -> tuple[int, dict[str, list[tuple[str, int]]]]:
+        """(chunks in collection, {config: [(lexeme, document frequency)]}): the lexemes of `english`
+        and `simple` (see `store.query_terms`) in query order. ANALYZE's most common lexemes take
+        their share of the collection (as they always have: the rankings stay what they were); the
+        others' stored frequency is cut at `cap` when given (see `plan_terms`)."""
+        total, common = self._current(store, collection)
+        found = store.query_terms(collection, english, simple)
+        out = {}
+        for config, pairs in found.items():
+            shares = common.get(config, {})
+            out[config] = [(lex, round(shares[lex] * total) if lex in shares else n if cap is None else min(n, cap))
+                           for lex, n in pairs]
+        return total, out
 
 
 @dataclass
@@ -92,15 +101,19 @@ def plan_terms(store, stats: TermStatistics, query: str, collection: str | None,
     a cold query at 1M chunks counted every row of its mid-frequency terms (57/270 ms p50/p95). Such
     a lexeme's IDF is then that of `max_candidates` + 1 rows, a little high; lexemes in ANALYZE's
     most-common list keep their share, and collections of up to that many chunks are counted exactly."""
-    english, simple = store.query_lexemes_pair(query, " ".join(exact_tokens(query)))
-    terms: dict[str, list[tuple[str, float]]] = {}
-    by_rarity: list[tuple[int, str, str]] = []
-    wanted = {config: lexemes for config, lexemes in (("english", english), ("simple", simple)) if lexemes}
-    _, weights = stats.weights_many(store, collection, wanted, cap=max_candidates + 1)
-    for config, lexemes in wanted.items():
-        info = weights[config]
-        terms[config] = [(lex, info[lex][0] * (scaled or {}).get(lex, 1.0)) for lex in lexemes]
-        by_rarity += [(info[lex][1], config, lex) for lex in lexemes]
+    total, found = stats.frequencies(store, collection, query, " ".join(exact_tokens(query)), cap=max_candidates + 1)
+    return choose_terms(found, total, max_candidates, scaled)
+
+
+def choose_terms(found: dict[str, list[tuple[str, int]]], total: int, max_candidates: int,
+                 scaled: dict[str, float] | None = None) -> LexicalQuery:
+    """The lexical query of `plan_terms` from each config's lexemes and their document frequencies
+    in a collection of `total` chunks. A df of 0 may be stale (published since the last check): such
+    a term is kept, at the highest weight."""
+    n = max(total, 1)
+    terms = {config: [(lex, bm25_idf(n, df) * (scaled or {}).get(lex, 1.0)) for lex, df in pairs]
+             for config, pairs in found.items()}
+    by_rarity = [(df, config, lex) for config, pairs in found.items() for lex, df in pairs]
     match: dict[str, list[str]] = {}
     ranked = sorted(by_rarity)
     if len(ranked) > 1 and ranked[0][0] > max_candidates:

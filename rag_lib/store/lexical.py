@@ -88,56 +88,44 @@ class LexicalStore:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def query_lexemes_pair(self, english: str, simple: str) -> tuple[list[str], list[str]]:
-        """`query_lexemes(english, "english")` and `query_lexemes(simple, "simple")` in one round trip."""
+    def query_terms(self, collection: str | None, english: str, simple: str) -> dict[str, list[tuple[str, int]]]:
+        """{config: [(lexeme, chunks)]}: the distinct lexemes Postgres derives from `english` under the
+        english configuration and from `simple` under simple, each config's in query order, with the
+        number of the collection's chunks holding each (rag_lexeme_frequencies; 0 when none holds it;
+        every collection's when `collection` is None). One statement, one round trip: all a lexical
+        query's planning reads on each search (ANALYZE's common lexemes: `element_statistics`).
+        A config with no lexeme is left out."""
+        where = sql.SQL("f.collection = %(c)s AND ") if collection else sql.SQL("")
+        query = sql.SQL(
+            """SELECT q.config, array_agg(q.lexeme ORDER BY q.first, q.lexeme),
+                      array_agg(coalesce(f.n, 0) ORDER BY q.first, q.lexeme)
+               FROM (SELECT 'english' AS config, lexeme, positions[1] AS first FROM unnest(to_tsvector('english', %(e)s))
+                     UNION ALL
+                     SELECT 'simple', lexeme, positions[1] FROM unnest(to_tsvector('simple', %(s)s))) q
+               LEFT JOIN LATERAL (SELECT sum(f.chunks) AS n FROM rag_lexeme_frequencies f
+                                  WHERE {w} f.config = q.config AND f.lexeme = q.lexeme) f ON true
+               GROUP BY q.config""").format(w=where)
         with self.db.reading() as conn:
-            row = conn.execute(
-                "SELECT ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', %s)) ORDER BY positions[1]),"
-                " ARRAY(SELECT lexeme FROM unnest(to_tsvector('simple', %s)) ORDER BY positions[1])",
-                (english, simple)).fetchone()
-        return list(row[0]), list(row[1])
+            rows = conn.execute(query, {"c": collection, "e": english, "s": simple}).fetchall()
+        found = {config: list(zip(lexemes, map(int, counts))) for config, lexemes, counts in rows}
+        return {config: found[config] for config in CONFIGS if config in found}
 
-    def term_statistics_many(self, collection: str | None, wanted: dict[str, Sequence[str]], total: int,
-                             cap: int | None = None) -> dict[str, dict[str, int]]:
-        """Chunks containing each lexeme, per configuration, of the collection's `total`. Common
-        lexemes take their share from ANALYZE's element statistics when the collection is (nearly)
-        the whole table, as they always have (the rankings stay what they were). The others are read
-        from rag_lexeme_frequencies, one row per lexeme, and cut at `cap` when given (a lexeme in
-        more rows reads as `cap`, what counting up to `cap` rows through the GIN index gave). Both
-        reads go to the server in one round trip."""
-        wanted = {config: list(lexemes) for config, lexemes in wanted.items() if lexemes}
-        if not wanted:
-            return {}
-        where = sql.SQL("collection = %s AND ") if collection else sql.SQL("")
-        every = sorted({lex for lexemes in wanted.values() for lex in lexemes})
-        with self.db.reading() as conn, conn.pipeline():
-            elements = conn.execute(
+    def element_statistics(self) -> tuple[float, dict[str, dict[str, float]]]:
+        """(rows ANALYZE counted in rag_chunks, {config: {lexeme: share of the rows holding it}}) for
+        the lexemes in ANALYZE's most-common-elements list of each text-search column (a config
+        without that list is left out). They change only when ANALYZE (or VACUUM: the row count)
+        runs on rag_chunks, which `collection_generation` counts."""
+        with self.db.reading() as conn:
+            rows = conn.execute(
                 """SELECT s.attname, c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
                    FROM pg_class c JOIN pg_stats s ON s.schemaname = current_schema()
                         AND s.tablename = 'rag_chunks' AND s.attname = ANY(%s)
-                   WHERE c.oid = 'rag_chunks'::regclass""",
-                ([CONFIGS[config] for config in wanted],))
-            stored = conn.execute(
-                sql.SQL("SELECT config, lexeme, sum(chunks) FROM rag_lexeme_frequencies"
-                        " WHERE {w} config = ANY(%s) AND lexeme = ANY(%s) GROUP BY config, lexeme").format(w=where),
-                (*([collection] if collection else []), list(wanted), every))
-            element_rows, stored_rows = elements.fetchall(), stored.fetchall()
-        common: dict[str, dict[str, float]] = {}
-        for column, rows, elems, freqs in element_rows:
-            if elems and freqs and total >= 0.9 * rows:
-                common[column] = dict(zip(elems, freqs))  # the freqs array ends with 3 summary values: zip drops them
-        chunks = {(config, lex): int(n) for config, lex, n in stored_rows}
-        out: dict[str, dict[str, int]] = {}
-        for config, lexemes in wanted.items():
-            shares = common.get(CONFIGS[config], {})
-            counts = out[config] = {}
-            for lex in lexemes:
-                if lex in shares:
-                    counts[lex] = round(shares[lex] * total)
-                else:
-                    n = chunks.get((config, lex), 0)
-                    counts[lex] = n if cap is None else min(n, cap)
-        return out
+                   WHERE c.oid = 'rag_chunks'::regclass""", (list(CONFIGS.values()),)).fetchall()
+        config_of = {column: config for config, column in CONFIGS.items()}
+        counted = float(rows[0][1]) if rows else 0.0
+        # the freqs array ends with 3 summary values: zip drops them
+        return counted, {config_of[column]: dict(zip(elems, freqs)) for column, _, elems, freqs in rows
+                         if elems and freqs}
 
     def rebuild_lexeme_frequencies(self) -> int:
         """Recount rag_lexeme_frequencies from every stored chunk (after a bulk load that bypassed
@@ -148,18 +136,24 @@ class LexicalStore:
             return conn.execute("INSERT INTO rag_lexeme_frequencies (collection, config, lexeme, chunks) "
                                 + _COUNTS.format(where="TRUE")).rowcount
 
-    def collection_generation(self, collection: str | None) -> tuple[int, int, str]:
-        """(documents, chunks, last publish) of the collection: changes whenever documents are published
-        or deleted (the term statistics cache key; the chunk count is the collection size for IDF)."""
+    def collection_generation(self, collection: str | None) -> tuple[int, int, str, int]:
+        """(documents, chunks, last publish, statistics runs) of the collection: changes whenever
+        documents are published or deleted, and whenever ANALYZE or VACUUM ran on rag_chunks (the
+        last counts them: they rewrite the element statistics and row count that the term statistics
+        read). The term statistics cache key; the chunk count is the collection size for IDF."""
         where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
         with self.db.reading() as conn:
             row = conn.execute(
                 sql.SQL(
-                    "SELECT count(*), coalesce(sum(chunk_count), 0), coalesce(max(ingested_at)::text, '') FROM rag_documents {}"
+                    "SELECT count(*), coalesce(sum(chunk_count), 0), coalesce(max(ingested_at)::text, ''),"
+                    " (SELECT pg_stat_get_analyze_count(t.oid) + pg_stat_get_autoanalyze_count(t.oid)"
+                    "  + pg_stat_get_vacuum_count(t.oid) + pg_stat_get_autovacuum_count(t.oid)"
+                    "  FROM (SELECT 'rag_chunks'::regclass::oid AS oid) t)"
+                    " FROM rag_documents {}"
                 ).format(where),
                 [collection] if collection else [],
             ).fetchone()
-        return int(row[0]), int(row[1]), row[2]
+        return int(row[0]), int(row[1]), row[2], int(row[3])
 
     def known_tickers(self, collection: str | None) -> set[str]:
         where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
