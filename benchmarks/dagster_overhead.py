@@ -5,7 +5,8 @@ process (default: the library with its model already loaded, Dagster through `ma
 which without a daemon executes its run in this process and loads the model once, in its first
 run); `--rounds` times in ABBA order; then both again with `--force` (cache hits: the orchestration
 share is largest; `--warm-rounds` times, ABBA; `dagster_warm_breakdown`); then both again without (every file unchanged); and the corpus sensor's tick time on a tree of 10,000 files.
-Prints one JSON line; `dagster_cold_breakdown` says where each Dagster run's time went.
+Prints one JSON line; `dagster_cold_breakdown` says where each Dagster run's time went, and
+`*_encoder_ratio` each side's cold encoded chunks/s against the raw encoder on the same texts.
 
     .venv/bin/python benchmarks/dagster_overhead.py [--corpus DIR] [--commands] [--rounds 2] [--warm-rounds 2] [--sensor-files N]
 """
@@ -132,6 +133,36 @@ def run_breakdown(instance, limit: int | None = None) -> dict:
     return out
 
 
+def encoder_pace(results: dict, lib: "Side", dag: "Side", provider, tmp: Path) -> dict:
+    """Issue 32 item 2 for both sides: the chunks each cold run encoded (its fresh embedding cache)
+    per second of the run, against the raw encoder on the same texts (the Dagster side's unique
+    chunk texts, the configured provider, one call): `*_encoder_ratio`. The cold runs' seconds are
+    their first round's; as commands they include the process's imports and model load, so
+    `dagster_run_encoder_ratio` also divides by the Dagster run's own seconds (RUN_START to end)."""
+    counts = {}
+    for name, side in (("library", lib), ("dagster", dag)):
+        with psycopg.connect(side.url) as conn:
+            counts[name] = conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
+    with psycopg.connect(dag.url) as conn:
+        texts = [r[0] for r in conn.execute(
+            "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+    if provider is None:  # --commands: nothing loaded in this process yet
+        provider = get_provider(Settings(database_url=dag.url, home=tmp / "raw_encoder"))
+        provider.embed(["warm-up", "a second text"])
+    started = time.perf_counter()
+    provider.embed(texts)
+    raw_rate = len(texts) / (time.perf_counter() - started)
+    run_seconds = results["dagster_cold_breakdown"][0]["run_seconds"]
+    out = {"raw_encoder_texts": len(texts), "raw_encoder_chunks_per_s": round(raw_rate, 2),
+           "library_encoded_chunks": counts["library"], "dagster_encoded_chunks": counts["dagster"]}
+    for name, seconds in (("library", results["library_seconds"][0]), ("dagster", results["dagster_seconds"][0]),
+                          ("dagster_run", run_seconds)):
+        rate = counts[name.split("_")[0]] / seconds
+        out[f"{name}_encoded_chunks_per_s"] = round(rate, 2)
+        out[f"{name}_encoder_ratio"] = round(rate / raw_rate, 3)
+    return out
+
+
 RAG = str(Path(sys.executable).with_name("rag"))
 
 
@@ -241,6 +272,7 @@ def main() -> None:
                 print(f"progress: {results}", file=sys.stderr, flush=True)
             with psycopg.connect(lib.url) as conn:
                 results["chunks"] = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
+            results.update(encoder_pace(results, lib, dag, provider, tmp))
             results["ratio"] = round(sum(results["dagster_seconds"]) / sum(results["library_seconds"]), 3)
             results["round_ratios"] = [round(d / lb, 3) for d, lb in zip(results["dagster_seconds"],
                                                                           results["library_seconds"])]

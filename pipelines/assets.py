@@ -1,5 +1,8 @@
 """The six stage assets (the seventh, `knowledge_graph`, is in graph_assets.py). Five are partitioned per file and run many partitions in one run
 (`BackfillPolicy.single_run()`); `hnsw_index` depends on every partition of `vector_table`.
+In a run that materializes several of the per-file stages, the first one's step runs them all
+with the library's overlapped ingest engine (`pipelined_stages`) and each later step reports what
+was done for its asset: a run goes at the library's pace, not at the sum of its stages.
 
 Failure policy: a bad file is `skipped` (materialized, reason in metadata). An unexpected error in
 one file is recorded (rag_failures, the stage row, partition metadata `status: failed`) and the
@@ -29,8 +32,10 @@ from rag_lib.versions import stage_versions
 
 from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
-from pipelines.resources import RagResource
-from rag_lib.ingest.state import StageOutcome, StageRunner
+from pipelines.resources import RagResource, _selects
+from rag_lib.ingest import run as ingest_run
+from rag_lib.ingest.overlap import overlapped
+from rag_lib.ingest.state import RAW, STAGES, VECTORS, StageOutcome, StageRunner
 
 # `backfill_policy` is marked beta; we rely on it deliberately (single-run backfills).
 warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)
@@ -81,12 +86,73 @@ def partition_targets(rag: RagResource, keys: list[str]) -> tuple[list[FileTarge
     return targets, failed
 
 
+# The k8s variants run each step in its own pod (pipelines/k8s.py): no step can do another's work there.
+STEP_PER_POD_TAG = ("rag/executor", "k8s")
+
+
+def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: str, targets: list[FileTarget]) -> None:
+    """Run the per-file stages this run selects from `first` on, as the library's ingest does
+    (`rag_lib.ingest.run`: rounds of files, reading-to-chunking, encoding and publishing each on a
+    thread of its own, overlapping), from the step of `first`; the outcomes go to `rag.ahead`, and
+    each stage's own step then reports them as its materializations. Run one stage per step, a
+    Dagster run was the sum of its steps (cold: +10 s over the library, docs/scale.md).
+
+    `vector_table` is published ahead only when no staged vector fails the blocking
+    `embeddings_valid` check's rules (`store.bad_staged_vectors`) before the run starts: the vectors
+    this run stages pass them already (the embedder refuses unusable ones, and that file fails), so
+    the check can only fail on rows staged before, and then `vector_table` waits for it in its own
+    step, as without running ahead."""
+    stages = _chain(context.run, first)
+    if len(stages) < 2 or not targets:
+        return
+    runner = rag.runner()
+    kb = rag.kb()
+    cfg = kb.settings.embedding
+    if VECTORS in stages and kb.store.bad_staged_vectors(cfg.model, cfg.dimensions)["bad"]:
+        stages.remove(VECTORS)
+    found = {stage: rag.ahead.setdefault(stage, {}) for stage in stages}
+    out: dict[str, dict[str, StageOutcome]] = {t.key: {} for t in targets}
+
+    def step(names: tuple[str, ...]):
+        def work(files: list[FileTarget]) -> None:
+            for stage in names:
+                runner.run_all(files, (stage,), out)
+                found[stage].update((t.key, out[t.key][stage]) for t in files)
+                if stage == RAW:  # files with new content: the model loads on a thread meanwhile
+                    rag.prepare_after_raw_documents(context.run, any(out[t.key][RAW].status == "ok" for t in files))
+        return work
+
+    steps = [step(names) for names in (tuple(s for s in group if s in stages) for group in ingest_run.STEPS) if names]
+    rounds = [targets[i: i + ingest_run.FILES_PER_ROUND] for i in range(0, len(targets), ingest_run.FILES_PER_ROUND)]
+    for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
+        pass
+
+
+def _chain(run, first: str) -> list[str]:
+    """`first` and the per-file stages right after it that the run materializes too (one process)."""
+    if run.tags.get(STEP_PER_POD_TAG[0]) == STEP_PER_POD_TAG[1]:
+        return [first]
+    chain = [first]
+    for stage in STAGES[STAGES.index(first) + 1:]:
+        if not _selects(run, stage):
+            break
+        chain.append(stage)
+    return chain
+
+
 def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str) -> MaterializeResult:
-    """Run one stage over the run's partitions, attach per-partition metadata, record failures."""
+    """Run one stage over the run's partitions (or report what the run's first stage step did for
+    it ahead, `pipelined_stages`), attach per-partition metadata, record failures."""
     runner = rag.runner()
     targets, outcomes = partition_targets(rag, list(context.partition_keys))
-    outcomes += getattr(runner, stage)(targets)
-    if stage == "raw_documents":
+    ahead = rag.ahead.setdefault(stage, {})
+    if not ahead:
+        pipelined_stages(context, rag, stage, targets)
+    todo = [t for t in targets if t.key not in ahead]
+    if todo:  # the stage was not run ahead (e.g. vector_table behind a failing check)
+        ahead.update((o.key, o) for o in getattr(runner, stage)(todo))
+    outcomes += [ahead[t.key] for t in targets]
+    if stage == "raw_documents" and todo:
         rag.prepare_after_raw_documents(context.run, new_content=any(o.status == "ok" for o in outcomes))
     with partition_keys_read_once(context.instance):
         for outcome in outcomes:

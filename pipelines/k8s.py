@@ -16,12 +16,14 @@ from dagster import Definitions, ExecutorDefinition, define_asset_job
 
 from rag_lib.errors import ConfigError
 
+from pipelines.assets import STEP_PER_POD_TAG
 from pipelines.definitions import defs as base_defs
 from pipelines.jobs import INGEST_JOB, REEMBED_JOB, ingest_job, reembed_job
 
 SUFFIX = "_k8s"
 # Run tag of the variants: the run queue's tag limit `rag/executor: k8s` (deploy/helm/values.yaml)
-EXECUTOR_TAG = {"rag/executor": "k8s"}
+# (the stage steps see it: none does a later stage's work ahead, as they do sharing one process)
+EXECUTOR_TAG = dict([STEP_PER_POD_TAG])
 # The asset whose step loads the model and encodes (pipelines/assets.py); every other step only
 # parses, chunks and talks to the database.
 ENCODER_STEP = "embeddings"

@@ -60,6 +60,7 @@ class RagResource(ConfigurableResource):
     _kb: KnowledgeBase | None = PrivateAttr(default=None)
     _preparing: threading.Thread | None = PrivateAttr(default=None)
     _runner: StageRunner | None = PrivateAttr(default=None)
+    _ahead: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     def settings(self) -> Settings:
         if self.config_file:
@@ -91,6 +92,12 @@ class RagResource(ConfigurableResource):
         if self._runner is None:
             self._runner = stage_runner(self.kb(), self.force)
         return self._runner
+
+    @property
+    def ahead(self) -> dict[str, dict[str, Any]]:
+        """stage → partition key → outcome: what this run's first stage step did for the later
+        stages' steps (pipelines.assets.pipelined_stages)."""
+        return self._ahead
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         from pipelines.instance import tune_event_writes
@@ -134,6 +141,7 @@ class RagResource(ConfigurableResource):
             self._preparing.join()
             self._preparing = None
         self._runner = None
+        self._ahead = {}
         if self._kb is not None:
             self._kb.close()
             self._kb = None

@@ -23,6 +23,8 @@ from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LocalProvider  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
+from rag_lib.ingest import run as ingest_run  # noqa: E402
+from rag_lib.ingest.state import StageRunner  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
 from rag_lib.store.stages import SERVING_TABLES  # noqa: E402
 from pipelines.partitions import PartitionMap  # noqa: E402
@@ -181,6 +183,67 @@ def test_a_file_that_crashes_its_stage_fails_alone(corpus_copy, rag_factory, dat
         assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
         if raw[bad] == "failed":
             assert any(f["partition"] == bad and "RecursionError" in f["message"] for f in kb.status()["failures"])
+
+
+def test_a_run_publishes_its_first_files_while_it_encodes_the_last(corpus_copy, rag_factory, database_url, provider,
+                                                                   tmp_path, monkeypatch):
+    """One run's stages overlap across its files as `rag ingest`'s do (the library's rounds, one
+    file each here): the last file is embedded only once the first is published. Run one stage
+    after the other over every file, the embedding would wait for that in vain. Every asset still
+    reports every file, and the files are published and searchable."""
+    monkeypatch.setattr(ingest_run, "FILES_PER_ROUND", 1)
+    root = corpus_copy(*RELS[:2])
+    first_published = threading.Event()
+    waited: list[bool] = []
+    publish, embed = StageRunner.vector_table, StageRunner.embeddings
+
+    def vector_table(self, targets):
+        done = publish(self, targets)
+        first_published.set()
+        return done
+
+    def embeddings(self, targets):
+        if [t.key for t in targets] == [FILES[1]]:
+            waited.append(first_published.wait(timeout=60))
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "vector_table", vector_table)
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        assert keys == FILES[:2]
+        result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags=range_tags(keys[0], keys[-1]))
+    assert result.success and waited == [True]
+    for asset in ("raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"):
+        assert _statuses(result, asset) == {FILES[0]: "ok", FILES[1]: "ok"}, asset
+    assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "skipped_inputs")
+    with _kb(database_url, tmp_path, provider) as kb:
+        assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
+
+
+def test_a_step_per_pod_run_runs_each_stage_in_its_own_step(corpus_copy, rag_factory, monkeypatch):
+    """The k8s variants (tag `rag/executor: k8s`) run each step in its own pod, sized for its
+    stage: there no step runs the later stages ahead, so the encoding stays in the embeddings step
+    (all the run's files in one call)."""
+    from pipelines.k8s import EXECUTOR_TAG
+
+    monkeypatch.setattr(ingest_run, "FILES_PER_ROUND", 1)
+    root = corpus_copy(*RELS[:2])
+    calls: list[list[str]] = []
+    embed = StageRunner.embeddings
+
+    def embeddings(self, targets):
+        calls.append([t.key for t in targets])
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        result = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags={**range_tags(keys[0], keys[-1]), **EXECUTOR_TAG})
+    assert result.success and calls == [FILES[:2]]
+    assert _statuses(result, "vector_table") == {FILES[0]: "ok", FILES[1]: "ok"}
 
 
 class _RecordingProvider(LocalProvider):

@@ -99,6 +99,7 @@ def test_blocking_embeddings_check_stops_vector_table(corpus_copy, database_url,
     assert not check.passed and check.metadata["bad_wrong_model"].value == 1
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert "embeddings" in materialized and "vector_table" not in materialized
+    assert _sql(database_url, "SELECT count(*) FROM rag_documents")[0][0] == 0  # nothing published ahead either
 
 
 @pytest.mark.slow
