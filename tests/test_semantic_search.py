@@ -102,6 +102,7 @@ def test_exact_ranking_over_most_of_the_space_never_hashes_the_vectors(corpus_kb
     from rag_lib.store import vectors
 
     store = corpus_kb.store
+    corpus_kb.settings.search.rank_in_process = False  # the database's own ranking (the process's: test_search_in_process)
     space = store.active_space()
     vector = corpus_kb.embed_text("data center revenue guidance")
     everything = SearchFilters(collection="default")

@@ -18,7 +18,7 @@ from rag_lib.store.stages import StageStore
 from rag_lib.store.spaces import SpaceStore
 from rag_lib.store.status import StatusStore
 from rag_lib.store.usage import UsageStore
-from rag_lib.store.vectors import VectorStore
+from rag_lib.store.vectors import HeldVectorsCache, VectorStore
 
 
 class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, StageStore, CheckStore,
@@ -32,6 +32,7 @@ class Store(DocumentStore, VectorStore, StatusStore, SpaceStore, UsageStore, Sta
         # The store's own short-lived answers (whether a collection filter is ranked exactly). An
         # attribute of the store, so the per-search pinned views (embedding/spaces.py) share it.
         self.scan_decisions: dict = {}
+        self.held_vectors = HeldVectorsCache()  # small collections' vectors, for exact rankings in memory
 
     def close(self) -> None:
         self.db.close()

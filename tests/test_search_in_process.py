@@ -1,0 +1,110 @@
+"""Exact rankings of a whole collection in the server process (`search.rank_in_process`): a
+collection of at most `search.exact_max_rows` chunks is ranked from a copy of its vectors held by
+the process, and the database only reads the rows kept. Same hits, scores and feedback as the
+database's ranking; never stale after another process's writes. Real database and model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rag_lib.api import KnowledgeBase
+from rag_lib.config import Settings
+from rag_lib.models import SearchFilters
+
+QUESTIONS = ["data center revenue guidance", "how does the streaming service plan to grow ad revenue",
+             "What are the risks of the AMD position?", "momentum strategy entry rules"]
+
+
+def _same(a: list[tuple[str, float, float]], b: list[tuple[str, float, float]], tol: float = 1e-5) -> bool:
+    """Same rankings up to float rounding (pgvector sums in another order: ~1e-7) and the order of
+    exact ties (chunks with the same vector; the database orders those arbitrarily too)."""
+    if len(a) != len(b):
+        return False
+    for (id_a, score_a, sim_a), (id_b, score_b, sim_b) in zip(a, b):
+        if abs(score_a - score_b) > tol or abs(sim_a - sim_b) > tol:
+            return False
+        if id_a != id_b and not any(i == id_b and abs(s - score_a) <= tol for i, s, _ in a):
+            return False
+    return True
+
+
+def test_a_whole_collection_is_ranked_in_the_process_as_the_database_ranks_it(corpus_kb):
+    store = corpus_kb.store
+    space = store.active_space()
+    everything = SearchFilters(collection="default")
+
+    def ranked(in_process: bool, vector, **kw):
+        corpus_kb.settings.search.rank_in_process = in_process
+        hits = store.semantic_search(vector, space["space"], space["dimensions"], everything, 50, **kw)
+        return [(h.chunk_id, h.score, h.similarity) for h in hits], hits.pool
+
+    for question in QUESTIONS:
+        vector = corpus_kb.embed_text(question)
+        (db, db_pool), (mem, mem_pool) = ranked(False, vector, pool=500), ranked(True, vector, pool=500)
+        assert len(mem) == 50 and _same(db, mem)
+        # the pool feedback re-scores: the same 500 nearest (but for a tie at its very end)
+        assert len(mem_pool) == 500 and len(set(db_pool[:490]) - set(mem_pool)) == 0
+        toward = [cid for cid, _, _ in mem[:3]]
+        for among in (mem_pool, None):  # feedback re-scoring the pool, or ranking every row again
+            db_moved, _ = ranked(False, vector, toward=toward, weight=0.8, among=among)
+            mem_moved, _ = ranked(True, vector, toward=toward, weight=0.8, among=among)
+            assert len(mem_moved) == 50 and _same(db_moved, mem_moved)
+            assert [c for c, _, _ in mem_moved] != [c for c, _, _ in mem]  # feedback moved it
+        # a threshold holds as in the database
+        floor = (mem[20][2] + mem[21][2]) / 2  # between two hits: float rounding cannot move one across
+        db_held, _ = ranked(False, vector, min_similarity=floor)
+        mem_held, _ = ranked(True, vector, min_similarity=floor)
+        assert len(mem_held) == 21 and _same(db_held, mem_held)
+        assert ranked(True, vector, toward=["no such chunk"], weight=0.8)[0] == []
+
+    # whole searches: the same results in every mode
+    for question in QUESTIONS:
+        for mode in ("hybrid", "semantic"):
+            results = []
+            for in_process in (False, True):
+                corpus_kb.settings.search.rank_in_process = in_process
+                hits = corpus_kb.search(question, mode=mode, top_k=10).hits
+                results.append([(h.chunk_id, h.score, h.similarity) for h in hits])
+            assert _same(*results), (question, mode)
+
+    # held: the collection's vectors only (one copy, read once); a ticker filter is ranked by the database
+    assert list(store.held_vectors.entries) == [("default", space["space"])]
+    held = store.held_vectors.entries[("default", space["space"])]
+    assert held.matrix.shape == (len(held.ids), space["dimensions"]) == (3325, 384)
+
+
+def test_a_collection_over_exact_max_rows_is_not_held(corpus_kb):
+    """A collection above `search.exact_max_rows` chunks is walked with HNSW in the database: the
+    process holds at most that many vectors per collection."""
+    corpus_kb.settings.search.exact_max_rows = 3000
+    hits = corpus_kb.search("data center revenue guidance", mode="hybrid", top_k=10).hits
+    assert len(hits) == 10
+    assert corpus_kb.store.held_vectors.entries == {}
+
+
+def test_held_vectors_follow_other_processes_writes_at_once(corpus_kb, tmp_path):
+    """Another process (here another knowledge base on the same database) publishes and deletes a
+    document: the next search of the process holding the collection's vectors sees it, without
+    waiting for any cache to expire."""
+    note = tmp_path / "notes" / "zz_glacier.md"
+    note.parent.mkdir()
+    note.write_text("# Glacier notes\n\n## Ice\nThe glacier retreated four kilometres, exposing lichen-covered "
+                    "bedrock that tourists photograph from the ferry.\n", encoding="utf-8")
+    question = "glacier retreat exposing lichen bedrock seen from the ferry"
+
+    def found() -> list[str]:
+        return [Path(h.path).name for h in corpus_kb.search(question, mode="semantic", top_k=3).hits]
+
+    assert "zz_glacier.md" not in found()  # the vectors are held now
+    assert corpus_kb.store.held_vectors.entries
+    other = KnowledgeBase(Settings(database_url=corpus_kb.settings.database_url, home=tmp_path / "other"),
+                          provider=corpus_kb.provider)
+    try:
+        assert other.ingest([note.parent], root=note.parent).count("failed") == 0
+        assert found()[0] == "zz_glacier.md"
+        hybrid = corpus_kb.search(question, mode="hybrid", top_k=3).hits
+        assert Path(hybrid[0].path).name == "zz_glacier.md"
+        other.delete_document("zz_glacier.md")
+        assert "zz_glacier.md" not in found()
+    finally:
+        other.close()
