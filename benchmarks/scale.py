@@ -260,6 +260,19 @@ def kept_server(folder: Path):
         stop_embedded(folder / "pgdata")
 
 
+def with_shared_buffers(admin: str, pgdata: Path, size: str) -> str:
+    """The server's admin URL once it runs with `size` shared_buffers (restarted when it had another;
+    the product's server keeps a value above its 1 GB minimum: rag_lib/db.py)."""
+    from psycopg import sql
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if conn.execute("SHOW shared_buffers").fetchone()[0] == size:
+            return admin
+        conn.execute(sql.SQL("ALTER SYSTEM SET shared_buffers = {}").format(sql.Literal(size)))
+    stop_embedded(pgdata)
+    return start_embedded(pgdata)
+
+
 def server_cpu(pgdata: Path) -> float:
     """CPU seconds (user + system) the database server's processes have used so far."""
     root = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
@@ -374,6 +387,8 @@ def main() -> None:
     ap.add_argument("--reuse-index", action="store_true", help="with --keep: keep an index built with these settings")
     ap.add_argument("--modes", default="semantic,hybrid")
     ap.add_argument("--ef-search-sweep", default="", help="also recall@10 and store latency at these hnsw.ef_search values, e.g. 300,400")
+    ap.add_argument("--shared-buffers", default="", help="run the server with this shared_buffers, e.g. 3GB (default:"
+                    " as the server has it; the product's minimum is 1GB)")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
 
@@ -393,6 +408,8 @@ def main() -> None:
     state = args.keep / f"loaded-{args.chunks}.npz" if args.keep else None
     server = kept_server(args.keep) if args.keep else scratch_server("rag-scale-")
     with server as (admin, work):
+        if args.shared_buffers:
+            admin = with_shared_buffers(admin, work / "pgdata", args.shared_buffers)
         if state is None or not state.exists():
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute("DROP DATABASE IF EXISTS scale")

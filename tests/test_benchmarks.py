@@ -105,7 +105,7 @@ SMALL = {
     # scale.py samples 2,000 chunks for its recall figures and picks among 20 nearby anchors
     "scale.py": (lambda corpus, tmp: ["--chunks", "2000", "--anchors", "40", "--queries", "3", "--types", "vector",
                                       "--maintenance-work-mem", "64MB", "--cache", str(tmp / "anchors.npy"),
-                                      "--ef-search-sweep", "40"],
+                                      "--ef-search-sweep", "40", "--shared-buffers", "1536MB"],
                  {"load", "chunks"}),
     "search.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "400", "--queries", "3",
                                        "--recall-queries", "2", "--warmup", "0", "--work", str(tmp / "bench")],

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from rag_lib.config import Settings
-from rag_lib.db import embedded_running, server_status, stop_embedded
+from rag_lib.db import embedded_running, server_status, start_embedded, stop_embedded
 
 pytestmark = pytest.mark.subprocess
 
@@ -43,6 +43,24 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path):
         assert stop_embedded(pgdata)
     assert not embedded_running(pgdata)
     assert not server_status(Settings(home=tmp_path, database_url=None)).running
+
+
+def test_the_embedded_server_keeps_a_larger_buffer_pool_an_operator_set(tmp_path: Path):
+    """Its settings are minimums: shared_buffers raised with ALTER SYSTEM (what a million chunks
+    need, docs/scale.md) survives the next start, one below 1 GB is raised again."""
+    pgdata = tmp_path / "pgdata"
+    url = start_embedded(pgdata)
+    try:
+        for wanted, kept in (("1536MB", "1536MB"), ("128MB", "1GB")):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"ALTER SYSTEM SET shared_buffers = '{wanted}'")
+            assert stop_embedded(pgdata)
+            url = start_embedded(pgdata)
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SHOW shared_buffers").fetchone()[0] == kept
+                assert conn.execute("SHOW max_connections").fetchone()[0] == "300"
+    finally:
+        assert stop_embedded(pgdata)
 
 
 def test_rag_db_commands_manage_the_embedded_server(tmp_path: Path):
