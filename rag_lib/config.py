@@ -141,10 +141,10 @@ class SearchSettings(BaseModel):
     # 2 cores, vs ~95 ms and recall 0.49 for a graph walk that starts far from the filtered rows).
     exact_max_rows: int = 10000
     # Exact rankings over a whole collection (a collection filter alone, at most exact_max_rows
-    # chunks) are computed in the process from a copy of the collection's vectors, re-read when its
-    # documents change (each search checks, in the round trip that reads its hits): the database
-    # then only reads the rows kept. Up to exact_max_rows x dimensions x 4 bytes per collection and
-    # process (15 MB at 384 dimensions). False: the database ranks every row (docs/scale.md, HTTP)
+    # chunks) are computed in the process from a copy of the collection's vectors and hit rows,
+    # read again when its documents change (checked at most every 0.1 s). At most 2 x exact_max_rows
+    # chunks per process (~12 MB for 3,325 at 384 dimensions). False: the database ranks every row
+    # (README "Small collections are ranked in the process", docs/scale.md HTTP)
     rank_in_process: bool = True
     # Rows the rarest query terms may select for full-text scoring (cost grows linearly with it); a
     # query of common words only scores at most this many rows holding all of them

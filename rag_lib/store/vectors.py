@@ -94,6 +94,10 @@ HIT_COLUMNS = sql.SQL(
 )
 
 
+HIT_NAMES = ("chunk_id", "text", "doc_id", "path", "section", "section_path", "unit_id", "doc_type", "collection",
+             "ticker", "doc_date", "metadata")
+
+
 class SemanticHits(list):
     """Hits of `semantic_search`; `pool` holds the ids of the query's `pool` nearest chunks (best
     first) when an exact ranking was asked for them, else None."""
@@ -147,16 +151,27 @@ class HeldVectors:
     in the database (2.5-5 ms of its CPU, twice per hybrid search). Distances as pgvector's `<=>`
     computes them (float32 products, the cosine in double, clamped)."""
 
-    def __init__(self, generation: tuple, ids: list[str], paths: list[str], matrix: np.ndarray):
+    def __init__(self, generation: tuple, rows: list[tuple], matrix: np.ndarray):
+        """`rows`: each chunk's HIT_COLUMNS values, in the order of `matrix`'s rows."""
         self.generation = generation
-        self.ids = ids
-        self.position = {cid: i for i, cid in enumerate(ids)}
+        self.checked = time.monotonic()  # when the generation was last found current
+        self.rows = rows
+        self.ids = [r[0] for r in rows]
+        self.paths = [r[3] for r in rows]
+        self.position = {cid: i for i, cid in enumerate(self.ids)}
         self.doc_rows: dict[str, list[int]] = {}
-        for i, path in enumerate(paths):
+        for i, path in enumerate(self.paths):
             self.doc_rows.setdefault(path, []).append(i)
-        self.paths = paths
         self.matrix = matrix
         self.squares = np.einsum("ij,ij->i", matrix, matrix).astype(np.float64)
+
+    def hit(self, i: int, distance: float, similarity: float) -> SearchHit:
+        """Row `i` as a fresh SearchHit (score and similarity as the database's ranking gives them)."""
+        row = dict(zip(HIT_NAMES, self.rows[i]))
+        row["metadata"] = dict(row["metadata"] or {})  # each hit its own, as when read from the database
+        hit = hit_from_row(row, max(0.0, 1.0 - distance))
+        hit.similarity = similarity
+        return hit
 
     def distances(self, target: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Cosine distances of `target` to every row, or to the rows at positions `rows`."""
@@ -169,7 +184,11 @@ class HeldVectors:
         return 1.0 - np.clip(sim, -1.0, 1.0)
 
 
-HELD_COLLECTIONS = 4  # a process holds at most this many times search.exact_max_rows vectors (LRU)
+HELD_COLLECTIONS = 2  # a process holds at most this many times search.exact_max_rows chunks (LRU)
+# A held collection's generation is checked again when its last check is older than this: a busy
+# process checks a few times a second, not once per search; a search sees other processes' writes
+# as one that started this much earlier would.
+RECHECK_SECONDS = 0.1
 
 
 class HeldVectorsCache:
@@ -502,19 +521,19 @@ class VectorStore:
         key = (collection, space)
         with cache.lock:  # concurrent searches wait for one read instead of each reading 5 MB
             held = cache.get(key)
-            if held is not None and held.generation != stale:
+            if held is not None and (stale is None or held.generation != stale):
                 return held
             with conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 generation = tuple(conn.execute(_GENERATION, [collection]).fetchone())
                 with conn.cursor(binary=True) as cur:  # binary: numpy arrays without parsing text
-                    rows = cur.execute(
-                        "SELECT v.chunk_id, c.path, v.embedding FROM rag_chunk_vectors v JOIN rag_chunks c"
-                        " USING (chunk_id) WHERE v.space = %s AND c.collection = %s ORDER BY v.chunk_id",
+                    rows = cur.execute(sql.SQL(
+                        "SELECT {cols}, v.embedding FROM rag_chunk_vectors v JOIN rag_chunks c USING (chunk_id)"
+                        " WHERE v.space = %s AND c.collection = %s ORDER BY c.chunk_id").format(cols=HIT_COLUMNS),
                         (space, collection)).fetchall()
-            vectors = [v.to_numpy() if hasattr(v, "to_numpy") else v for _, _, v in rows]
+            vectors = [v.to_numpy() if hasattr(v, "to_numpy") else v for *_, v in rows]
             matrix = np.array(vectors, dtype=np.float32) if vectors else np.zeros((0, 0), dtype=np.float32)
-            held = HeldVectors(generation, [r[0] for r in rows], [r[1] for r in rows], matrix)
+            held = HeldVectors(generation, [r[:-1] for r in rows], matrix)
             cache.put(key, held, HELD_COLLECTIONS * self.settings.search.exact_max_rows)
             return held
 
@@ -522,39 +541,28 @@ class VectorStore:
                      min_similarity: float, toward: Sequence[str], weight: float, pool: int,
                      among: Sequence[str] | None) -> SemanticHits | None:
         """`semantic_search` over a whole collection, ranked exactly in the process (see `HeldVectors`):
-        the same hits, scores, similarities and pool as the database's ranking. The database reads
-        the rows kept and, in the same statement, the collection's generation: when the documents
-        changed since the vectors were read, they are read again and the ranking is redone. None
-        when they keep changing (the caller ranks in the database)."""
-        stale = None
+        the same hits, scores, similarities and pool as the database's ranking, from the held rows.
+        The collection's generation is checked first (at most every RECHECK_SECONDS): when its
+        documents changed since the rows were read, they are read again. None when they keep
+        changing (the caller ranks in the database)."""
+        held = self._held(conn, collection, space)
         for _ in range(3):
-            held = self._held(conn, collection, space, stale)
-            order, distance, similarity, nearest = self._held_rank(held, vector, limit, toward, weight, pool, among)
-            kept = [i for i in order if min_similarity <= 0 or similarity[i] >= min_similarity] \
-                if toward else [i for i in order if 1 - distance[i] >= min_similarity]
-            ids_sql, ids_arg = text_array([held.ids[i] for i in kept])
-            cur = conn.execute(sql.SQL(
-                "SELECT g.documents, g.xids, g.digest, {cols} FROM ({generation}) g"
-                " LEFT JOIN rag_chunks c ON c.chunk_id = ANY({ids}) AND c.collection = %s").format(
-                    cols=HIT_COLUMNS, generation=sql.SQL(_GENERATION), ids=ids_sql), [collection, ids_arg, collection])
-            cols = [d.name for d in cur.description]
-            rows = cur.fetchall()
-            if tuple(rows[0][:3]) != held.generation:
-                stale = held.generation
-                continue
-            found = {r[3]: dict(zip(cols, r)) for r in rows if r[3] is not None}
-            hits = SemanticHits()
-            for i in kept:
-                row = found.get(held.ids[i])
-                if row is None:
-                    continue
-                hit = hit_from_row(row, max(0.0, 1.0 - float(distance[i])))
-                hit.similarity = float(similarity[i])
-                hits.append(hit)
-            if hits and pool > 0:
-                hits.pool = [held.ids[i] for i in nearest]
-            return hits
-        return None
+            if time.monotonic() - held.checked < RECHECK_SECONDS:
+                break
+            checked = time.monotonic()
+            if tuple(conn.execute(_GENERATION, [collection]).fetchone()) == held.generation:
+                held.checked = checked
+                break
+            held = self._held(conn, collection, space, stale=held.generation)
+        else:
+            return None
+        order, distance, similarity, nearest = self._held_rank(held, vector, limit, toward, weight, pool, among)
+        kept = [i for i in order if min_similarity <= 0 or similarity[i] >= min_similarity] \
+            if toward else [i for i in order if 1 - distance[i] >= min_similarity]
+        hits = SemanticHits(held.hit(i, float(distance[i]), float(similarity[i])) for i in kept)
+        if hits and pool > 0:
+            hits.pool = [held.ids[i] for i in nearest]
+        return hits
 
     @staticmethod
     def _held_rank(held: HeldVectors, vector: np.ndarray, limit: int, toward: Sequence[str], weight: float,
