@@ -234,7 +234,7 @@ def test_common_lexemes_are_read_again_after_analyze(kb, corpus_copy, monkeypatc
         conn.commit()
     store.refresh_statistics(force=True)
     after = store.collection_generation("default")
-    assert after[:3] == before[:3] and after[3] > before[3]
+    assert after[:3] == before[:3] and after[3] != before[3]
     calls.clear()
     assert stats.frequencies(store, "default", query, "") == TermStatistics().frequencies(store, "default", query, "")
     assert calls["element_statistics"] == 2  # read again by this cache, as by a new one

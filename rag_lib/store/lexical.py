@@ -114,7 +114,7 @@ class LexicalStore:
         """(rows ANALYZE counted in rag_chunks, {config: {lexeme: share of the rows holding it}}) for
         the lexemes in ANALYZE's most-common-elements list of each text-search column (a config
         without that list is left out). They change only when ANALYZE (or VACUUM: the row count)
-        runs on rag_chunks, which `collection_generation` counts."""
+        runs on rag_chunks, which shows in `collection_generation`."""
         with self.db.reading() as conn:
             rows = conn.execute(
                 """SELECT s.attname, c.reltuples, s.most_common_elems::text::text[], s.most_common_elem_freqs
@@ -136,24 +136,28 @@ class LexicalStore:
             return conn.execute("INSERT INTO rag_lexeme_frequencies (collection, config, lexeme, chunks) "
                                 + _COUNTS.format(where="TRUE")).rowcount
 
-    def collection_generation(self, collection: str | None) -> tuple[int, int, str, int]:
-        """(documents, chunks, last publish, statistics runs) of the collection: changes whenever
-        documents are published or deleted, and whenever ANALYZE or VACUUM ran on rag_chunks (the
-        last counts them: they rewrite the element statistics and row count that the term statistics
-        read). The term statistics cache key; the chunk count is the collection size for IDF."""
+    def collection_generation(self, collection: str | None) -> tuple[int, int, str, str]:
+        """(documents, chunks, last publish, statistics) of the collection: changes whenever
+        documents are published or deleted, and whenever ANALYZE or VACUUM rewrote what
+        `element_statistics` reads (the last is a digest of rag_chunks' row estimate and its
+        text-search columns' common elements: read with the same snapshot rules as the statistics
+        themselves, so a cache keyed on it cannot keep statistics older than its key). The term
+        statistics cache key; the chunk count is the collection size for IDF."""
         where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
         with self.db.reading() as conn:
             row = conn.execute(
                 sql.SQL(
                     "SELECT count(*), coalesce(sum(chunk_count), 0), coalesce(max(ingested_at)::text, ''),"
-                    " (SELECT pg_stat_get_analyze_count(t.oid) + pg_stat_get_autoanalyze_count(t.oid)"
-                    "  + pg_stat_get_vacuum_count(t.oid) + pg_stat_get_autovacuum_count(t.oid)"
-                    "  FROM (SELECT 'rag_chunks'::regclass::oid AS oid) t)"
+                    " (SELECT max(c.reltuples)::text || ':' || md5(coalesce(string_agg(s.attname"
+                    "   || s.most_common_elems::text || s.most_common_elem_freqs::text, ',' ORDER BY s.attname), ''))"
+                    "  FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()"
+                    "   AND s.tablename = 'rag_chunks' AND s.attname = ANY(%s)"
+                    "  WHERE c.oid = 'rag_chunks'::regclass)"
                     " FROM rag_documents {}"
                 ).format(where),
-                [collection] if collection else [],
+                [list(CONFIGS.values()), *([collection] if collection else [])],
             ).fetchone()
-        return int(row[0]), int(row[1]), row[2], int(row[3])
+        return int(row[0]), int(row[1]), row[2], row[3]
 
     def known_tickers(self, collection: str | None) -> set[str]:
         where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
