@@ -12,7 +12,7 @@ import pytest
 from rag_lib.ingest import run as run_module
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.state import BULKY, StageRunner
-from test_ingest import LEARNING, MALFORMED, PFE, TRADE, rows, write_deep_yaml
+from test_ingest import LEARNING, MALFORMED, NOTE, PFE, TRADE, rows, write_deep_yaml
 
 RESEARCH = "tradegent/fixtures/sample_research.yaml"
 EARNINGS = "tradegent/fixtures/sample_earnings.yaml"
@@ -156,3 +156,24 @@ def test_progress_counts_every_file_in_order_across_overlapping_rounds(kb, corpu
     seen = []
     kb.ingest([root], progress=lambda path, done, total: seen.append((done, total)))
     assert seen == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_the_encoder_starts_after_two_files_and_the_last_round_is_small(kb, corpus_copy, monkeypatch):
+    """The first round's preparing and the last round's publishing overlap no encoding: both are two
+    files, however many are ingested, and the rounds between grow (up to FILES_PER_ROUND), so each
+    file is embedded once, in order."""
+    monkeypatch.setattr(run_module, "FILES_PER_ROUND", 4)
+    files = [LEARNING, PFE, RESEARCH, TRADE, EARNINGS, NOTE, "tradegent/fixtures/sample_trade.yaml"]
+    root = corpus_copy(*files)
+    embedded: list[list[str]] = []
+    embed = StageRunner.embeddings
+
+    def embeddings(self, targets):
+        embedded.append([t.key for t in targets])
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    report = kb.ingest([root])
+    assert [len(r) for r in embedded] == [2, 3, 2]
+    assert sorted(k for r in embedded for k in r) == sorted(files)
+    assert {o.path for o in report.outcomes if o.status == "new"} == set(files)
