@@ -64,14 +64,14 @@ def main() -> None:
     for name, session in sessions.items():  # warm: each session's memory arena grows to the longest batch once
         encoder.query_session = encoder._batch_session = session
         encoder.encode(claims[0])
-        encoder.encode_batch(chunks[:LOCAL_BATCH_SIZE], LOCAL_BATCH_SIZE)
+        encoder.encode_batch(chunks[:LOCAL_BATCH_SIZE], LOCAL_BATCH_SIZE, workers=1)
     for round_ in range(args.rounds):
         for name, session in sorted(sessions.items(), reverse=bool(round_ % 2)):  # alternate which goes first
             encoder.query_session = encoder._batch_session = session  # what encode and encode_batch run on
             for key, fn in (
                 ("seq", lambda: [encoder.encode(c) for c in claims]),
                 ("conc", lambda: concurrently(encoder.encode, claims, args.clients)),
-                ("batch", lambda: vectors.__setitem__(name, encoder.encode_batch(chunks, LOCAL_BATCH_SIZE))),
+                ("batch", lambda: vectors.__setitem__(name, encoder.encode_batch(chunks, LOCAL_BATCH_SIZE, workers=1))),
             ):
                 cpu, wall = timed(fn)
                 totals[name][key][0] += cpu

@@ -76,6 +76,14 @@ class Tokenizer:
             "token_type_ids": np.array([encoding.type_ids], dtype=np.int64),
         }
 
+    def model_inputs_many(self, texts: list[str]) -> list[dict[str, np.ndarray]]:
+        """`model_inputs` of many texts in one call to the tokenizer, each array one-dimensional."""
+        stripped = [text.strip() for text in texts]
+        encodings = self._inputs.encode_batch([t.lower() for t in stripped] if self._lower else stripped)
+        return [{"input_ids": np.array(e.ids, dtype=np.int64),
+                 "attention_mask": np.array(e.attention_mask, dtype=np.int64),
+                 "token_type_ids": np.array(e.type_ids, dtype=np.int64)} for e in encodings]
+
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """The character span of each of `text`'s tokens (no special tokens)."""
         return self._tok.encode(text, add_special_tokens=False).offsets

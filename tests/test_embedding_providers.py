@@ -3,8 +3,10 @@ Retry-After, timeouts, malformed bodies, wrong dimensions, fallback only within 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -247,16 +249,61 @@ def test_local_single_query_path_matches_batch_encoding(provider):
         assert np.abs(one - many).max() < 1e-5 and abs(np.linalg.norm(one) - 1) < 1e-5
 
 
-def test_query_threads_do_not_spin_and_batch_threads_do(provider):
+def test_query_threads_do_not_spin_and_batch_mini_batches_run_one_thread_each(provider):
     # a server runs many searches at once: a query's ONNX threads sleep between operators (half the
-    # CPU per query on a busy machine), while ingest batches keep spinning for throughput
+    # CPU per query on a busy machine); an ingest batch's mini-batches each run on one thread, so
+    # no thread waits (or spins) for another at every operator
     encoder = provider._onnx
     spinning = "session.intra_op.allow_spinning"
     assert encoder.query_session.get_session_options().get_session_config_entry(spinning) == "0"
-    assert encoder.batch_session.get_session_options().get_session_config_entry(spinning) == "1"
+    assert encoder.batch_session.get_session_options().intra_op_num_threads == 1
     queries = ["NVDA bull case", "which trades hit their stop loss after earnings", "0-dimensional biomaterials"]
     singles = np.vstack([provider.embed([q]) for q in queries])
     assert np.allclose(singles, provider.embed(queries), atol=1e-5)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: mini-batches run one at a time")
+def test_a_batch_encodes_its_mini_batches_at_once_with_the_same_vectors(provider, monkeypatch):
+    """An ingest batch keeps every core busy with mini-batches of its own (one thread each), and a
+    text's vector is the one it gets alone, whichever mini-batch and thread it lands in."""
+    encoder = provider._onnx
+    session = encoder.batch_session
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    class Watched:  # the real session, counting the runs under way
+        def run(self, *args):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                time.sleep(0.02)  # the runs of a batch overlap if they can
+                return session.run(*args)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    monkeypatch.setattr(encoder, "_batch_session", Watched())
+    texts = [f"{t} guidance after earnings, margin {n}% " * (1 + n % 7)
+             for n, t in enumerate(["NVDA", "AMD", "TSLA", "AAPL", "MSFT", "META"] * 6)]
+    batch = provider.embed(texts)
+    assert most[0] == min(4, os.cpu_count() or 1)  # one per core
+    singles = np.vstack([provider.embed([t]) for t in texts])
+    assert batch.shape == (len(texts), 384) and np.abs(batch - singles).max() < 1e-5
+
+
+def test_a_local_batch_counts_the_tokens_it_encodes_without_tokenizing_again(provider, monkeypatch):
+    """The usage of an ingest batch (tokens per run) is the token ids the model read, [CLS] and
+    [SEP] included, counted from the encoding itself: the texts are tokenized once, not again to be
+    counted (that second pass ran on the thread feeding the encoder)."""
+    texts = ["NVDA bull case", "which trades hit their stop loss after earnings", "Ünïcödé 日本語 📈 margin"]
+    tokenizer = provider.tokenizer()
+    expected = sum(tokenizer.count(t) + 2 for t in texts)
+    counted = []
+    monkeypatch.setattr(type(tokenizer), "count_many", lambda self, many: counted.append(many) or [])
+    vectors, usage = provider.embed_counted(texts)
+    assert counted == [] and usage[0].inputs == 3 and usage[0].tokens == expected
+    assert np.abs(vectors - provider.embed(texts)).max() < 1e-5
 
 
 def test_concurrent_single_queries_get_their_own_vectors(provider):

@@ -18,6 +18,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from importlib import metadata
 from pathlib import Path
@@ -42,6 +43,8 @@ PROBES = (
     "free cash flow and margin expansion " * 60,  # past the 256-token limit: truncation must match
 )
 MAX_ABS_DIFF = 1e-5
+# Mini-batches of an ingest batch encoded at once, one thread each (see OnnxEncoder): one per core.
+BATCH_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def default_cache_dir() -> Path:
@@ -53,12 +56,16 @@ def default_cache_dir() -> Path:
 class OnnxEncoder:
     """The exported model on ONNX Runtime: one text (a query) or many (an ingest batch).
 
-    Two sessions of one export, told apart by their threads' spinning. A query's two intra-op
-    threads sleep between operators: spinning bought ~1 ms of latency on a quiet machine but cost
-    twice the CPU per query (14.9 vs 7.9 ms at load 12), which a server running many searches at
-    once, or a machine busy with other work, pays in throughput (docs/scale.md "HTTP"). A batch's
-    threads spin: its operators are long and its core is its own. The batch session loads on the
-    first batch, so a search-only process holds one copy of the weights (~90 MB)."""
+    Two sessions of one export. A query runs on two intra-op threads that sleep between operators:
+    spinning bought ~1 ms of latency on a quiet machine but cost twice the CPU per query (14.9 vs
+    7.9 ms at load 12), which a server running many searches at once, or a machine busy with other
+    work, pays in throughput (docs/scale.md "HTTP"). A batch's mini-batches run on one thread each,
+    `BATCH_WORKERS` of them at once: two threads sharing every operator of one mini-batch wait for
+    each other at each of its ~100 operators, so whatever else wants a core (reading, chunking and
+    publishing the next files, PostgreSQL) stalled both, and spinning through those waits burnt the
+    CPU the rest of the ingest needed; mini-batches on their own threads share nothing
+    (docs/scale.md "Ingest at the encoder's pace"). The batch session loads on the first batch, so
+    a search-only process holds one copy of the weights (~90 MB)."""
 
     def __init__(self, ort, path: Path, tokenizer: Tokenizer):
         self._ort = ort
@@ -72,7 +79,7 @@ class OnnxEncoder:
     def batch_session(self):
         with self._batch_lock:  # two first batches at once make one session, not two
             if self._batch_session is None:
-                self._batch_session = _session(self._ort, self.path, spinning=True)
+                self._batch_session = _session(self._ort, self.path, spinning=False, threads=1)
             return self._batch_session
 
     @property
@@ -83,26 +90,43 @@ class OnnxEncoder:
         """The normalised vector of `text`, shape (1, dimensions)."""
         return self.query_session.run(None, self.tokenizer.model_inputs(text))[0].astype(np.float32, copy=False)
 
-    def encode_batch(self, texts: list[str], batch_size: int, lock: AbstractContextManager | None = None) -> np.ndarray:
+    def encode_batch(self, texts: list[str], batch_size: int, slots: AbstractContextManager | None = None,
+                     workers: int | None = None) -> np.ndarray:
         """Normalised vectors of `texts`, shape (len(texts), dimensions). Like sentence-transformers,
         texts of similar length go together (longest first) so a batch pads little; padding is
-        masked, so a text's vector does not depend on its batch (within ~3e-7). `lock` is held per
-        mini-batch, not for the whole call: others waiting for it (a query on torch, another
-        ingest) wait one mini-batch (~0.1 s), not the whole upload (minutes)."""
-        lock = lock or nullcontext()
-        rows = [self.tokenizer.model_inputs(text) for text in texts]
-        order = sorted(range(len(rows)), key=lambda i: -rows[i]["input_ids"].shape[1])
+        masked, so a text's vector does not depend on its batch (within ~3e-7). The mini-batches
+        run `workers` (default `BATCH_WORKERS`) at a time, each on its own thread; `slots` is
+        entered per mini-batch, not for the whole call: with as many slots as workers, others
+        sharing them (another ingest) wait one mini-batch (~0.1 s), not the whole upload (minutes)."""
+        return self.encode_rows(self.tokenizer.model_inputs_many(texts), batch_size, slots, workers)
+
+    def encode_rows(self, rows: list[dict[str, np.ndarray]], batch_size: int,
+                    slots: AbstractContextManager | None = None, workers: int | None = None) -> np.ndarray:
+        """`encode_batch` of texts tokenized already (`Tokenizer.model_inputs_many`)."""
+        slots = slots or nullcontext()
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
         out = np.zeros((len(rows), self.dimensions), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
+        session = self.batch_session
+
+        def run(start: int) -> None:
             members = order[start:start + batch_size]
-            width = max(rows[i]["input_ids"].shape[1] for i in members)
+            width = max(len(rows[i]["input_ids"]) for i in members)
             feed = {name: np.zeros((len(members), width), dtype=np.int64) for name in INPUTS}
             for row, i in enumerate(members):
                 for name in INPUTS:
-                    values = rows[i][name][0]
+                    values = rows[i][name]
                     feed[name][row, :len(values)] = values
-            with lock:
-                out[members] = self.batch_session.run(None, feed)[0]
+            with slots:
+                out[members] = session.run(None, feed)[0]
+
+        starts = range(0, len(order), batch_size)
+        workers = min(workers or BATCH_WORKERS, len(starts))
+        if workers <= 1:
+            for start in starts:
+                run(start)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="onnx-batch") as pool:
+                list(pool.map(run, starts))  # list(): a mini-batch's error is raised here
         return out
 
 
@@ -204,14 +228,14 @@ def _export(model, path: Path) -> None:
         raise ConfigError(f"cannot export the local model to ONNX at {path}: {exc}") from exc
 
 
-def _session(ort, path: Path, spinning: bool):
+def _session(ort, path: Path, spinning: bool, threads: int | None = None):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Two threads: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one (both cores busy with an
-    # ingest: 5.5/8.7 vs 5.8/13). Spinning between operators (see OnnxEncoder) stops when a run
-    # ends: a thread still spinning would steal the core PostgreSQL needs right after (torch's
-    # OpenMP threads did: search p95 33 vs 25 ms).
-    options.intra_op_num_threads = min(2, os.cpu_count() or 1)
+    # Queries: two threads: a query encodes in 4.0/5.9 ms p50/p95 vs 4.8/7.5 on one (both cores
+    # busy with an ingest: 5.5/8.7 vs 5.8/13). Spinning between operators (see OnnxEncoder) stops
+    # when a run ends: a thread still spinning would steal the core PostgreSQL needs right after
+    # (torch's OpenMP threads did: search p95 33 vs 25 ms). Batches: one thread per mini-batch.
+    options.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
