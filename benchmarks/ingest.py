@@ -1,8 +1,12 @@
 """Ingest benchmark: the shared corpus, copied N times into separate databases (each with its own
 embedding cache, so every copy is really encoded) to exceed 5,000 chunks. Prints one JSON line:
-end-to-end chunks/s against the raw encoder on the same texts and batch size, the unchanged
+end-to-end chunks/s against the raw encoder on the same texts and batch size (each copy's raw
+encoding right after its ingest, so the load's drift meets both sides), the unchanged
 re-run speed-up, peak RSS and the machine's load average before and after (the machine is shared:
-read the figures beside it).
+read the figures beside it). The CPU each phase used (this process; the database server's
+processes) is beside it: on a busy machine the wall-time ratio moves with the other jobs, while
+`cpu_ratio` (the raw encoder's CPU per chunk over the ingest's, database included) says how much
+work an ingest does beyond encoding.
 
     .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2]
 """
@@ -18,12 +22,28 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider  # noqa: E402
+
+
+def server_cpu(pgdata: Path) -> float:
+    """CPU seconds the database server's processes have used so far, backends gone since included
+    (their time is added to the server's `children_*` once reaped)."""
+    root = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def main() -> None:
@@ -38,9 +58,9 @@ def main() -> None:
     provider.load()
     provider.embed(["warm up"])
     with scratch_server() as (admin, work):
-        documents = chunks = embedded = 0
-        seconds = 0.0
-        embedded_texts: list[str] = []
+        documents = chunks = embedded = raw_texts = 0
+        seconds = cpu = db_cpu = raw_seconds = raw_cpu = 0.0
+        per_copy = []
         bases = []
         for n in range(args.copies):
             root = work / f"copy{n}"
@@ -48,21 +68,28 @@ def main() -> None:
             url = create_database(admin, f"bench{n}")
             base = KnowledgeBase(Settings(database_url=url, home=work / ".rag"), provider=provider)
             bases.append((base, root))
-            started = time.perf_counter()
+            started, cpu0, db0 = time.perf_counter(), time.process_time(), server_cpu(work / "pgdata")
             report = base.ingest([root])
-            seconds += time.perf_counter() - started
+            copy_seconds = time.perf_counter() - started
+            seconds += copy_seconds
+            cpu += time.process_time() - cpu0
+            db_cpu += server_cpu(work / "pgdata") - db0
             documents += report.count("new")
             chunks += report.chunks
             embedded += report.embedded
-            if n == 0:
-                with base.store.db.connection() as conn:
-                    embedded_texts = [r[0] for r in conn.execute(
-                        "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
-        # Raw encoder: the same texts (one copy's unique chunks), same model and batch size.
-        started = time.perf_counter()
-        provider.embed(embedded_texts)
-        raw_seconds = time.perf_counter() - started
-        raw_rate = len(embedded_texts) / raw_seconds
+            # Raw encoder: the same texts (this copy's unique chunks), same model and batch size, right
+            # after the copy's ingest, so a change of the machine's load meets both sides of the ratio.
+            with base.store.db.connection() as conn:
+                texts = [r[0] for r in conn.execute(
+                    "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+            started, cpu0 = time.perf_counter(), time.process_time()
+            provider.embed(texts)
+            copy_raw = time.perf_counter() - started
+            raw_seconds += copy_raw
+            raw_cpu += time.process_time() - cpu0
+            raw_texts += len(texts)
+            per_copy.append(round((report.embedded / copy_seconds) / (len(texts) / copy_raw), 3))
+        raw_rate = raw_texts / raw_seconds
         # Re-run on the unchanged corpus: nothing to embed or publish.
         started = time.perf_counter()
         for base, root in bases:
@@ -83,7 +110,11 @@ def main() -> None:
         "end_to_end_encoded_chunks_per_s": round(e2e_encoded_rate, 2),
         "raw_encoder_chunks_per_s": round(raw_rate, 2),
         "ratio": round(e2e_encoded_rate / raw_rate, 3),
+        "ratio_per_copy": per_copy,
         "batch_size": args.batch_size,
+        "ingest_cpu_s": {"python": round(cpu, 1), "database": round(db_cpu, 1)},
+        "raw_cpu_s": round(raw_cpu, 1),
+        "cpu_ratio": round((raw_cpu / raw_texts) / ((cpu + db_cpu) / embedded), 3),
         "rerun_seconds": round(rerun_seconds, 2),
         "rerun_speedup": round(seconds / rerun_seconds, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
