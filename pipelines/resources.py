@@ -113,7 +113,9 @@ class RagResource(ConfigurableResource):
         # Importing Great Expectations takes seconds of one core: a process does it beside the first
         # stages, whose Python work (and the model load's, on a thread) holds this process to one
         # core; started later it would slow the embedding, which uses both (chunk_sizes runs last).
-        if _selects(context.run, "chunks"):
+        # A run whose first step encodes beside chunking (pipelines.assets.pipelined_stages) starts
+        # it after that step, beside the index, graph and other checks' steps.
+        if _selects(context.run, "chunks") and not _chunks_beside_encoding(context.run):
             preload_great_expectations()
         # The model takes seconds to load: a run that will embed loads it on a thread while its
         # first stages run. A forced re-run mostly finds its vectors cached: it loads on demand.
@@ -152,6 +154,14 @@ def _prepare(kb: KnowledgeBase) -> None:
         kb.provider.prepare()  # load the model now
     except Exception:  # noqa: BLE001 - the embeddings stage loads it again and records the failure per file
         log.warning("loading the embedding model ahead of the embeddings stage failed", exc_info=True)
+
+
+def _chunks_beside_encoding(run) -> bool:
+    """The run's chunks and embeddings stages run together in one step (pipelines.assets)."""
+    from pipelines.assets import STEP_PER_POD_TAG
+
+    return (run.tags.get(STEP_PER_POD_TAG[0]) != STEP_PER_POD_TAG[1]
+            and _selects(run, "chunks") and _selects(run, "embeddings"))
 
 
 def _selects(run, asset: str) -> bool:

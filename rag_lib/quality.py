@@ -5,6 +5,9 @@ Great Expectations suite on the chunk frame), skipped inputs, and HNSW validity 
 from __future__ import annotations
 
 import ast
+import hashlib
+import inspect
+import json
 import multiprocessing
 import multiprocessing.util
 import os
@@ -19,7 +22,10 @@ from typing import Any
 import numpy as np
 
 from rag_lib.config import Settings
+from rag_lib.log import get_logger
 from rag_lib.store import Store
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -164,12 +170,56 @@ def _stop_validator() -> None:
         _validator = None
 
 
-def validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+VALIDATED = "chunk_frame_validated.json"  # under `cache`: the last frame validated and its results
+
+
+def _frame_digest(frame, min_tokens: int, max_tokens: int) -> str:
+    """The frame's rows, the limits and the suite's code: what the validation's results depend on."""
+    import pandas as pd
+
+    digest = hashlib.sha256(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    digest.update(f"{len(frame)}:{min_tokens}:{max_tokens}:".encode())
+    digest.update(inspect.getsource(_validate_chunk_frame).encode())
+    return digest.hexdigest()
+
+
+def _validated(cache: Path, digest: str) -> list[dict[str, Any]] | None:
+    try:
+        saved = json.loads((cache / VALIDATED).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # unreadable: validate again (and overwrite it)
+        log.warning("ignoring %s: %s", cache / VALIDATED, exc)
+        return None
+    return saved.get("results") if saved.get("digest") == digest else None
+
+
+def frame_validated(frame, min_tokens: int, max_tokens: int, cache: Path) -> bool:
+    """Whether `validate_chunk_frame` would answer from `cache` (no Great Expectations needed)."""
+    return _validated(cache, _frame_digest(frame, min_tokens, max_tokens)) is not None
+
+
+def validate_chunk_frame(frame, min_tokens: int, max_tokens: int, cache: Path | None = None) -> list[dict[str, Any]]:
     """Run the Great Expectations suite (in the preloaded validation process if one was started);
-    one dict per expectation (type, success, counts, samples)."""
+    one dict per expectation (type, success, counts, samples). With `cache` (a folder), the results
+    of the same frame validated last time are returned without Great Expectations: a forced re-run
+    of an unchanged corpus (its chunks the same) paid seconds of CPU importing it again."""
+    digest = _frame_digest(frame, min_tokens, max_tokens) if cache is not None else ""
+    if cache is not None and (results := _validated(cache, digest)) is not None:
+        return results
     if _validator is not None:
-        return _validator.submit(_validate_chunk_frame, frame, min_tokens, max_tokens).result()
-    return _validate_chunk_frame(frame, min_tokens, max_tokens)
+        results = _validator.submit(_validate_chunk_frame, frame, min_tokens, max_tokens).result()
+    else:
+        results = _validate_chunk_frame(frame, min_tokens, max_tokens)
+    if cache is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = cache / f"{VALIDATED}.{os.getpid()}"
+            partial.write_text(json.dumps({"digest": digest, "results": results}))
+            partial.replace(cache / VALIDATED)  # whole or not at all, for a concurrent run's check
+        except OSError as exc:  # the check's result stands; the next run validates again
+            log.warning("could not keep the chunk frame's validation in %s: %s", cache, exc)
+    return results
 
 
 def _validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -199,11 +249,22 @@ def _validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[
     } for r in result.results]
 
 
+def validation_cache(settings: Settings) -> Path:
+    """Where `check_chunks` keeps the last validated chunk frame's results."""
+    return settings.home / "quality"
+
+
+def chunks_validated(store: Store, settings: Settings, model_limit: int) -> bool:
+    """Whether `check_chunks` would need no Great Expectations now (the frame validated last time)."""
+    frame = chunk_frame(store)
+    return not len(frame) or frame_validated(frame, 1, model_limit, validation_cache(settings))
+
+
 def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityResult:
     """Chunk sizes within [1, model limit], text present, ids unique (GX); warn on many tiny chunks."""
     frame = chunk_frame(store)
     counts = frame["token_count"].astype(int).tolist()
-    results = validate_chunk_frame(frame, 1, model_limit) if len(frame) else []
+    results = validate_chunk_frame(frame, 1, model_limit, validation_cache(settings)) if len(frame) else []
     failed = [r for r in results if not r["success"]]
     p = settings.pipeline
     tiny = sum(1 for c in counts if c < p.tiny_chunk_tokens)

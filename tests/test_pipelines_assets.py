@@ -121,13 +121,16 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
             assert kept == first, asset
         assert "| tokens | chunks |" in again_mats[("chunks", FILES[1])]["chunk_size_histogram"].value
         assert again_mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
-        # Forced: every stage redone, every vector from the embedding cache.
+        # Forced: every stage redone, every vector from the embedding cache; the chunks are the
+        # ones the first run's chunk_sizes check validated, so no validation process is started.
+        quality._stop_validator()
         forced = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root, force=True)},
                              tags=range_tags(keys[0], keys[-1]))
         forced_emb = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata
                       for e in forced.get_asset_materialization_events()}[("embeddings", FILES[1])]
         assert forced_emb["status"].value == "ok"
         assert forced_emb["run_embedded"].value == 0 and forced_emb["run_cache_hits"].value == total_chunks
+        assert quality._validator is None
     with _kb(database_url, tmp_path, provider) as kb:
         doc = kb.show(RELS[1])
         assert doc["source_path"] == str((root / RELS[1]).resolve())
@@ -263,8 +266,9 @@ class _RecordingProvider(LocalProvider):
 def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
     """The model (seconds to load) loads on a thread of its own once raw_documents finds files with
     new content, only in runs that embed; never for a raw_documents-only run or unchanged files.
-    The validation process starts with a run that has chunk checks, before its first stage (not
-    later, beside the embedding), and not at all for a raw_documents-only run."""
+    The validation process (seconds of importing Great Expectations) starts once the run's stages,
+    which encode beside chunking, are done (beside the index and checks' steps, not beside the
+    encoding), and not at all for a raw_documents-only run."""
     quality._stop_validator()  # an earlier test's process would hide when this run starts one
     root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
@@ -282,7 +286,8 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         # keys[0] is unchanged now, keys[1] is new: its chunks need the model
         result = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
         assert result.success and _statuses(result, "raw_documents") == {keys[0]: "unchanged", keys[1]: "ok"}
-        assert fresh.prepared_on == "rag-prepare" and fresh.validator_started_first
+        assert fresh.prepared_on == "rag-prepare" and fresh.validator_started_first is False
+        assert quality._validator is not None  # started for the chunk_sizes check after the stages
         assert _statuses(result, "vector_table") == {keys[0]: "ok", keys[1]: "ok"}
         fresh.prepared_on = None
         again = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)

@@ -4,6 +4,7 @@ index); the blocking embeddings check keeps bad vectors out of vector_table."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -155,6 +156,37 @@ def test_chunk_size_check(staged):
     kb.settings.pipeline.tiny_chunk_tokens = 10_000
     tiny = quality.check_chunks(kb.store, kb.settings, limit)
     assert not tiny.passed and tiny.severity == "warn" and tiny.metadata["tiny_fraction"] == 1.0
+
+
+@pytest.mark.slow
+def test_an_unchanged_chunk_frame_is_validated_once(staged, monkeypatch):
+    """Great Expectations (seconds of CPU to import) runs once per distinct chunk frame: the same
+    frame checked again gets the same result from the last validation, kept in the home folder; a
+    changed chunk is validated again."""
+    kb, _, _ = staged
+    quality._stop_validator()  # validations in this process, where they are counted
+    runs = []
+    real = quality._validate_chunk_frame
+
+    @functools.wraps(real)
+    def counted(*args):
+        runs.append(len(args[0]))
+        return real(*args)
+
+    monkeypatch.setattr(quality, "_validate_chunk_frame", counted)
+    limit = kb.provider.max_tokens
+    first = quality.check_chunks(kb.store, kb.settings, limit)
+    again = quality.check_chunks(kb.store, kb.settings, limit)
+    assert first.passed and len(runs) == 1
+    assert (again.passed, again.description, again.metadata, again.markdown) == \
+        (first.passed, first.description, first.metadata, first.markdown)
+    assert quality.chunks_validated(kb.store, kb.settings, limit)
+    assert (kb.settings.home / "quality" / quality.VALIDATED).exists()
+    _sql(kb.settings.database_url, """UPDATE rag_stage_outputs SET payload = jsonb_set(payload,
+             '{documents,0,chunks,0,token_count}', '9999') WHERE stage = 'chunks' AND path = %s""", (FILES[0],))
+    assert not quality.chunks_validated(kb.store, kb.settings, limit)
+    bad = quality.check_chunks(kb.store, kb.settings, limit)
+    assert not bad.passed and len(runs) == 2
 
 
 @pytest.mark.slow
