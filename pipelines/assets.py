@@ -124,7 +124,10 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
         return work
 
     steps = [step(names) for names in (tuple(s for s in group if s in stages) for group in ingest_run.STEPS) if names]
-    rounds = [targets[i: i + ingest_run.FILES_PER_ROUND] for i in range(0, len(targets), ingest_run.FILES_PER_ROUND)]
+    rounds, start = [], 0
+    for size in ingest_run.round_sizes(len(targets)):  # the library's rounds: small first and last
+        rounds.append(targets[start: start + size])
+        start += size
     for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
         pass
     # The chunk_sizes check's validation process, not started beside the encoding (see
