@@ -177,8 +177,10 @@ def test_sensor_follows_new_changed_deleted_files(operator: Operator):
     probe.write_text(_probe_text("quokkaprobe"))
     operator.wait_for("new file searchable", lambda: PROBE in operator.paths() and _found(kb, "quokkaprobe"))
     key = operator.key_for(PROBE)
-    first = ui.materializations("vector_table", key)
-    assert first, f"no vector_table materialization for {key}"
+    # A run publishes its files in its first step (the stages overlap) and records vector_table's
+    # materialization in that asset's own step, later: searchable comes first.
+    first = operator.wait_for(f"a vector_table materialization for {key}",
+                              lambda: ui.materializations("vector_table", key))
     run = ui.wait_run(first[0]["runId"], RUN_TIMEOUT)  # its checks run after vector_table
     assert run["repositoryOrigin"]["repositoryLocationName"] == LOCATION, run
 
