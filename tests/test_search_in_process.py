@@ -113,3 +113,23 @@ def test_held_vectors_follow_other_processes_writes_at_once(corpus_kb, tmp_path)
         assert "zz_glacier.md" not in found()
     finally:
         other.close()
+
+
+def test_a_process_sees_its_own_writes_at_once(corpus_kb, tmp_path, monkeypatch):
+    """The process that publishes or deletes a document searches the change right after, however
+    recently its held copy was checked (the re-check interval only bounds other processes' writes)."""
+    monkeypatch.setattr(vectors, "RECHECK_SECONDS", 3600.0)
+    note = tmp_path / "notes" / "zz_fjord.md"
+    note.parent.mkdir()
+    note.write_text("# Fjord notes\n\n## Water\nThe fjord's meltwater turned turquoise, and the kayak guide "
+                    "counted seals hauled out on the moraine.\n", encoding="utf-8")
+    question = "turquoise fjord meltwater seals on the moraine kayak guide"
+
+    def found() -> list[str]:
+        return [Path(h.path).name for h in corpus_kb.search(question, mode="semantic", top_k=3).hits]
+
+    assert "zz_fjord.md" not in found()  # held and just checked
+    assert corpus_kb.ingest([note.parent], root=note.parent).count("failed") == 0
+    assert found()[0] == "zz_fjord.md"
+    corpus_kb.delete_document("zz_fjord.md")
+    assert "zz_fjord.md" not in found()

@@ -21,7 +21,7 @@ def _lock_key(collection: str, path: str) -> str:
 
 
 class DocumentStore:
-    """Mixin: needs `self.db` (Connections)."""
+    """Mixin: needs `self.db` (Connections) and `self.held_vectors` (told of every change)."""
 
     def document_states(self, collection: str) -> dict[str, tuple[str, str]]:
         """path → (content hash, fingerprint) of every live document in a collection."""
@@ -53,6 +53,7 @@ class DocumentStore:
             )
         try:
             self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint, graph)
+            self.held_vectors.recheck()
         except psycopg.Error as exc:
             raise DatabaseError(
                 f"{doc.path}: publishing failed ({exc.__class__.__name__}: {str(exc).strip()}); "
@@ -123,7 +124,8 @@ class DocumentStore:
                 "UPDATE rag_documents SET tags = %s WHERE collection = %s AND (path = %s OR path LIKE %s)",
                 (Jsonb(tags), collection, path, pattern),
             )
-            return cur.rowcount
+        self.held_vectors.recheck()
+        return cur.rowcount
 
     def tags_of(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Client tags by document path (documents without tags are left out)."""
@@ -174,6 +176,7 @@ class DocumentStore:
             ).fetchall()
             if paths:
                 change_lexeme_frequencies(conn, collection, paths, old_lexemes)  # last: see its docstring
+        self.held_vectors.recheck()
         return paths or [r[0] for r in skipped]
 
     @staticmethod

@@ -11,7 +11,7 @@ from rag_lib.store.documents import _dicts
 
 
 class SchemaStore:
-    """Mixin: needs `self.db` (Connections) and `self.settings`."""
+    """Mixin: needs `self.db` (Connections), `self.settings` and `self.held_vectors`."""
 
     def recreate_schema(self) -> list[str]:
         """Drop every `rag_*` table and re-apply the migrations; returns the migrations applied."""
@@ -23,9 +23,11 @@ class SchemaStore:
                 with conn.transaction():
                     for name in tables:
                         conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-                return apply_migrations(conn)
+                applied = apply_migrations(conn)
             finally:
                 conn.autocommit = False
+        self.held_vectors.recheck()
+        return applied
 
     def index_stats(self) -> dict[str, Any]:
         """Sizes (MB) of the serving tables and their indexes, and each HNSW index's parameters."""

@@ -204,6 +204,13 @@ class HeldVectorsCache:
             self.entries.move_to_end(key)
         return held
 
+    def recheck(self) -> None:
+        """This process changed documents: every held collection checks its generation at its next
+        search (a process reads its own writes at once; other processes' within RECHECK_SECONDS)."""
+        with self.lock:
+            for held in self.entries.values():
+                held.checked = float("-inf")
+
     def put(self, key: tuple[str, str], held: HeldVectors, max_rows: int) -> None:
         self.entries[key] = held
         self.entries.move_to_end(key)
