@@ -79,6 +79,26 @@ def cpu_seconds(procs) -> float:
     return total
 
 
+def tree_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by process `pid` and all its descendants, those started since and those
+    gone included (a gone child's time is added to its parent's `children_*` once it is reaped): a
+    pool that opens connections during a level has the database start backends then, which a
+    list of processes taken before the level leaves out."""
+    import psutil
+
+    if pid is None:
+        return 0.0
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def ingest_once(kb, corpus: Path, collection: str = "default") -> float:
     """Ingest `corpus` into `collection` unless it holds documents already (a reusable benchmark
     database); the seconds it took. A failed file stops the benchmark: its figures would be wrong."""

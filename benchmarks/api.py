@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import start_server  # noqa: E402
+from _bench_db import start_server, tree_cpu  # noqa: E402
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -103,23 +103,6 @@ def summary(latencies: list[float]) -> dict:
 def tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
-
-
-def tree_cpu(pid: int | None) -> float:
-    """CPU seconds used so far by process `pid` and all its descendants, those started since and those
-    gone included (a gone child's time is added to its parent's `children_*` once it is reaped): a
-    pool that opens connections during a level has the database start backends then, which a
-    list of processes taken before the level leaves out."""
-    if pid is None:
-        return 0.0
-    total = 0.0
-    for proc in tree(pid):
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
 
 
 def postmaster(url: str) -> int | None:

@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, create_database, scratch_server  # noqa: E402
+from _bench_db import SHARED, create_database, scratch_server, tree_cpu  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -35,15 +34,7 @@ from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider  # noqa: E40
 def server_cpu(pgdata: Path) -> float:
     """CPU seconds the database server's processes have used so far, backends gone since included
     (their time is added to the server's `children_*` once reaped)."""
-    root = psutil.Process(int((pgdata / "postmaster.pid").read_text().split()[0]))
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    return tree_cpu(int((pgdata / "postmaster.pid").read_text().split()[0]))
 
 
 def main() -> None:
