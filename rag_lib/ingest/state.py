@@ -1,7 +1,8 @@
 """The per-file state machine of the ingest engine: each stage takes the run's files, reads the
 previous stages' stored outputs (one query per stage per run), calls the stage function
-(`rag_lib.ingest.stages`), and stores its own output with the metadata shown for it. The Dagster
-assets (pipelines/assets.py) run one stage per asset.
+(`rag_lib.ingest.stages`), and stores its own output with the metadata shown for it. Each Dagster
+asset (pipelines/assets.py) reports one stage; a run's first stage step runs the stages it selects
+with the overlapped engine, as `rag ingest` does.
 
 A bad file is an outcome (`skipped`), never an exception; any error in one file is a `failed`
 outcome of that file only, and later stages report `upstream_failed` for it. A file whose stored
