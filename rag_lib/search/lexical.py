@@ -32,7 +32,7 @@ def bm25_idf(n: int, df: int) -> float:
 
 @dataclass
 class _Stats:
-    generation: tuple[int, int, str, int] | None = None
+    generation: tuple[int, int, str, str] | None = None
     checked: float = 0.0
     total: int = 0
     common: dict[str, dict[str, float]] = field(default_factory=dict)  # {config: {lexeme: share of chunks}}

@@ -442,9 +442,9 @@ class VectorStore:
         where, params = _filter_sql(filters)
         s = self.settings.search
         moved = bool(toward) and weight > 0
-        rows = None
-        with self.db.reading() as conn:
-            if s.rank_in_process and _collection_only(filters):
+        scan, rows = None, None
+        if s.rank_in_process and _collection_only(filters):
+            with self.db.reading() as conn:
                 scan, rows = self._scan_for(conn, where, params, filters)
                 if scan == "exact":
                     hits = self._held_search(conn, vector, space, filters.collection, limit, min_similarity,
@@ -456,7 +456,8 @@ class VectorStore:
             return self._feedback_among(vector, space, where, params, limit, min_similarity, toward, weight, among)
         with self.db.reading() as conn:
             if not exact:
-                scan, rows = self._scan_for(conn, where, params, filters)
+                if scan is None:  # not decided above
+                    scan, rows = self._scan_for(conn, where, params, filters)
                 exact = scan == "exact"
             # no filter: every vector is ranked anyway; `exact=True` with filters: counted here
             counted = rows if rows is not None or not (exact and params) else self._scan_for(conn, where, params)[1]
