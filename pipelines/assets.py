@@ -33,7 +33,7 @@ from rag_lib.versions import stage_versions
 
 from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
-from pipelines.resources import RagResource, _selects
+from pipelines.resources import RagResource, _selects, steps_share_process
 from rag_lib.ingest import run as ingest_run
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.state import CHUNKS, RAW, STAGES, VECTORS, StageOutcome, StageRunner
@@ -87,10 +87,6 @@ def partition_targets(rag: RagResource, keys: list[str]) -> tuple[list[FileTarge
     return targets, failed
 
 
-# The k8s variants run each step in its own pod (pipelines/k8s.py): no step can do another's work there.
-STEP_PER_POD_TAG = ("rag/executor", "k8s")
-
-
 def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: str, targets: list[FileTarget]) -> None:
     """Run the per-file stages this run selects from `first` on, as the library's ingest does
     (`rag_lib.ingest.run`: rounds of files, reading-to-chunking, encoding and publishing each on a
@@ -124,10 +120,7 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
         return work
 
     steps = [step(names) for names in (tuple(s for s in group if s in stages) for group in ingest_run.STEPS) if names]
-    rounds, start = [], 0
-    for size in ingest_run.round_sizes(len(targets)):  # the library's rounds: small first and last
-        rounds.append(targets[start: start + size])
-        start += size
+    rounds = ingest_run.in_rounds(targets)  # the library's rounds: small first and last
     for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
         pass
     # The chunk_sizes check's validation process, not started beside the encoding (see
@@ -139,7 +132,7 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
 
 def _chain(run, first: str) -> list[str]:
     """`first` and the per-file stages right after it that the run materializes too (one process)."""
-    if run.tags.get(STEP_PER_POD_TAG[0]) == STEP_PER_POD_TAG[1]:
+    if not steps_share_process(run):
         return [first]
     chain = [first]
     for stage in STAGES[STAGES.index(first) + 1:]:

@@ -16,9 +16,9 @@ from dagster import Definitions, ExecutorDefinition, define_asset_job
 
 from rag_lib.errors import ConfigError
 
-from pipelines.assets import STEP_PER_POD_TAG
 from pipelines.definitions import defs as base_defs
 from pipelines.jobs import INGEST_JOB, REEMBED_JOB, ingest_job, reembed_job
+from pipelines.resources import STEP_PER_POD_TAG
 
 SUFFIX = "_k8s"
 # Run tag of the variants: the run queue's tag limit `rag/executor: k8s` (deploy/helm/values.yaml)

@@ -156,12 +156,19 @@ def _prepare(kb: KnowledgeBase) -> None:
         log.warning("loading the embedding model ahead of the embeddings stage failed", exc_info=True)
 
 
+# The k8s variants run each step in its own pod (pipelines/k8s.py): no step can do another's work there.
+STEP_PER_POD_TAG = ("rag/executor", "k8s")
+
+
+def steps_share_process(run) -> bool:
+    """Whether the run's steps run in one process, where a stage step can do later stages' work
+    ahead (pipelines.assets.pipelined_stages); not in the k8s variants."""
+    return run.tags.get(STEP_PER_POD_TAG[0]) != STEP_PER_POD_TAG[1]
+
+
 def _chunks_beside_encoding(run) -> bool:
     """The run's chunks and embeddings stages run together in one step (pipelines.assets)."""
-    from pipelines.assets import STEP_PER_POD_TAG
-
-    return (run.tags.get(STEP_PER_POD_TAG[0]) != STEP_PER_POD_TAG[1]
-            and _selects(run, "chunks") and _selects(run, "embeddings"))
+    return steps_share_process(run) and _selects(run, "chunks") and _selects(run, "embeddings")
 
 
 def _selects(run, asset: str) -> bool:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from rag_lib.corpus_files import path_refusal
 from rag_lib.documents import iter_corpus_files
@@ -76,7 +77,7 @@ def ingest(
 ) -> IngestReport:
     """Bring the collection in step with the files under `paths`; see module docstring. The files
     go through the per-file stage runner (`rag_lib.ingest.state`), the one the Dagster assets run,
-    all stages in one process, up to `FILES_PER_ROUND` files at a time (`round_sizes`), a round's steps (`STEPS`)
+    all stages in one process, up to `FILES_PER_ROUND` files at a time (`in_rounds`), a round's steps (`STEPS`)
     overlapping the other rounds'; a file's failure is its own in every step, as in one Dagster run.
 
     `parsed` (by path relative to the root): files loaded and flattened already (the server's parse
@@ -102,10 +103,7 @@ def ingest(
         _refuse_over_limits(engine, runner, files, collection, force, max_request_chunks)
     seen: set[str] = set()
     targets = [FileTarget(s.collection, s.root, s.rel, s.rel) for s in files]
-    rounds, start = [], 0
-    for size in round_sizes(len(targets)):
-        rounds.append(_Round(targets[start: start + size]))
-        start += size
+    rounds = [_Round(r) for r in in_rounds(targets)]
     steps = [lambda r, stages=stages: runner.run_all(r.targets, stages, r.outcomes) for stages in STEPS]
     done = 0
     for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT):
@@ -146,6 +144,18 @@ def round_sizes(files: int) -> list[int]:
                 left -= end[-1]
         size = min(2 * size, FILES_PER_ROUND)
     return head + tail[::-1]
+
+
+T = TypeVar("T")
+
+
+def in_rounds(items: list[T]) -> list[list[T]]:
+    """`items` cut into consecutive rounds of `round_sizes`."""
+    rounds, start = [], 0
+    for size in round_sizes(len(items)):
+        rounds.append(items[start: start + size])
+        start += size
+    return rounds
 
 
 @dataclass
