@@ -84,19 +84,30 @@ def test_a_collection_over_exact_max_rows_is_not_held(corpus_kb):
     assert corpus_kb.store.held_vectors.entries == {}
 
 
+def _note(tmp_path: Path, name: str, text: str) -> Path:
+    """A markdown note alone in a new folder `notes` (ingested as its own root)."""
+    note = tmp_path / "notes" / name
+    note.parent.mkdir()
+    note.write_text(text, encoding="utf-8")
+    return note
+
+
+def _found(kb: KnowledgeBase, question: str) -> list[str]:
+    """File names of the top 3 semantic hits."""
+    return [Path(h.path).name for h in kb.search(question, mode="semantic", top_k=3).hits]
+
+
 def test_held_vectors_follow_other_processes_writes_at_once(corpus_kb, tmp_path):
     """Another process (here another knowledge base on the same database) publishes and deletes a
     document: a search of the process holding the collection's vectors sees it as soon as its
     generation is checked again (at most `vectors.RECHECK_SECONDS`, 0.1 s, after the last check)."""
-    note = tmp_path / "notes" / "zz_glacier.md"
-    note.parent.mkdir()
-    note.write_text("# Glacier notes\n\n## Ice\nThe glacier retreated four kilometres, exposing lichen-covered "
-                    "bedrock that tourists photograph from the ferry.\n", encoding="utf-8")
+    note = _note(tmp_path, "zz_glacier.md", "# Glacier notes\n\n## Ice\nThe glacier retreated four kilometres, "
+                 "exposing lichen-covered bedrock that tourists photograph from the ferry.\n")
     question = "glacier retreat exposing lichen bedrock seen from the ferry"
 
     def found() -> list[str]:
         time.sleep(vectors.RECHECK_SECONDS)  # a search this soon after the last check reuses it
-        return [Path(h.path).name for h in corpus_kb.search(question, mode="semantic", top_k=3).hits]
+        return _found(corpus_kb, question)
 
     assert "zz_glacier.md" not in found()  # the vectors are held now
     assert corpus_kb.store.held_vectors.entries
@@ -119,14 +130,12 @@ def test_a_process_sees_its_own_writes_at_once(corpus_kb, tmp_path, monkeypatch)
     """The process that publishes or deletes a document searches the change right after, however
     recently its held copy was checked (the re-check interval only bounds other processes' writes)."""
     monkeypatch.setattr(vectors, "RECHECK_SECONDS", 3600.0)
-    note = tmp_path / "notes" / "zz_fjord.md"
-    note.parent.mkdir()
-    note.write_text("# Fjord notes\n\n## Water\nThe fjord's meltwater turned turquoise, and the kayak guide "
-                    "counted seals hauled out on the moraine.\n", encoding="utf-8")
+    note = _note(tmp_path, "zz_fjord.md", "# Fjord notes\n\n## Water\nThe fjord's meltwater turned turquoise, "
+                 "and the kayak guide counted seals hauled out on the moraine.\n")
     question = "turquoise fjord meltwater seals on the moraine kayak guide"
 
     def found() -> list[str]:
-        return [Path(h.path).name for h in corpus_kb.search(question, mode="semantic", top_k=3).hits]
+        return _found(corpus_kb, question)
 
     assert "zz_fjord.md" not in found()  # held and just checked
     assert corpus_kb.ingest([note.parent], root=note.parent).count("failed") == 0
