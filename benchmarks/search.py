@@ -175,6 +175,8 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=SHARED / "corpus", help="the real documents beside the generated ones")
     parser.add_argument("--work", type=Path, default=None,
                     help="folder of the reusable benchmark server (default: .rag/bench)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build (or top up) the collection and its index, print the corpus figures, stop")
     args = parser.parse_args()
 
     url, work = bench_database(args.database, args.work, template="tradegent")
@@ -188,6 +190,10 @@ def main() -> None:
     kb.store.refresh_statistics(force=True)
     corpus.update(total_chunks=kb.store.status_counts(None)["chunks"], build_seconds=round(time.perf_counter() - t0, 1),
                   index=index)
+    if args.build_only:
+        print(json.dumps({"benchmark": "search", "corpus": corpus}, default=str))
+        kb.close()
+        return
 
     queries = load_queries(SHARED / "datasets" / "scifact" / "queries.jsonl")
     test_ids = list(load_qrels(SHARED / "datasets" / "scifact" / "qrels" / "test.tsv"))
