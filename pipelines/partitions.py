@@ -15,12 +15,11 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
 
-from rag_lib.corpus_files import ReadLimits, path_refusal
+from rag_lib.corpus_files import Digests, ReadLimits, path_refusal
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
@@ -43,6 +42,8 @@ MERGE_GAP = 128
 def encode_key(text: str) -> str:
     """Percent-encode `%`, `|` and runs of 3+ dots so the key is safe in ranges and round-trips."""
     text = text.replace("%", "%25").replace("|", "%7C")
+    if "..." not in text:  # (most keys: the sensor keys every file every tick)
+        return text
     return re.sub(r"\.{3,}", lambda m: "%2E" * len(m.group(0)), text)
 
 
@@ -80,11 +81,11 @@ class PartitionMap:
         """Roots whose folder exists (a missing folder, e.g. an unmounted disk, is left alone)."""
         return [r for r in self.roots if r.path.is_dir()]
 
-    def files(self) -> dict[str, tuple[Path, os.stat_result]]:
-        """key → (path, stat) of every file under every present root, sorted by key. A file whose
+    def files(self) -> dict[str, os.stat_result]:
+        """key → stat of every file under every present root, sorted by key. A file whose
         path is too long to be a key (`path_too_long`: PostgreSQL could not index it, and a failed
         partition write stops the sync of every root) is left out and kept in `self.refused`."""
-        found: dict[str, tuple[Path, os.stat_result]] = {}
+        found: dict[str, os.stat_result] = {}
         self.refused = []
         for root in self.present_roots():
             for rel, st in walk_files(root.path).items():
@@ -92,17 +93,18 @@ class PartitionMap:
                 if refusal is not None:
                     self.refused.append(refusal)
                     continue
-                found[self.key(root, rel)] = (root.path / rel, st)
+                found[self.key(root, rel)] = st
         return dict(sorted(found.items()))
 
-    def digest(self, key: str, limits: ReadLimits) -> str:
-        """The file's digest, read within `limits` and confined to its root (`corpus_files`)."""
-        target = self.target(key)
-        return limits.digest(target.path, target.root)
+    def digester(self, limits: ReadLimits) -> Callable[[str], str]:
+        """key → the file's digest, read within `limits` and confined to its root (`corpus_files`),
+        for one scan (`corpus_files.Digests`)."""
+        digests = Digests(limits)
 
-    def walk(self) -> dict[str, os.stat_result]:
-        """key → stat of every file under the present roots."""
-        return {k: st for k, (_, st) in self.files().items()}
+        def digest(key: str) -> str:
+            target = self.target(key)
+            return digests(target.path, target.root)
+        return digest
 
 
 def record_refused(kb, pmap: PartitionMap, log: logging.Logger | None = None) -> list[Skipped]:

@@ -44,7 +44,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     limits = ReadLimits.of(rag.kb().settings)
-    result = scan(files, previous, lambda key: pmap.digest(key, limits))
+    result = scan(files, previous, pmap.digester(limits))
     shrunk: set[str] = set()  # collections that lost documents: their ticker profiles are rebuilt
 
     def forget(target):

@@ -43,13 +43,13 @@ class ScanResult:
         return not (self.new or self.changed or self.deleted)
 
 
-def scan(files: dict[str, tuple[Path, os.stat_result]], previous: dict[str, FileState],
+def scan(files: dict[str, os.stat_result], previous: dict[str, FileState],
          digest: Callable[[str], str]) -> ScanResult:
-    """Compare `files` (key → (path, stat)) with `previous`: a file is hashed (`digest(key)`:
+    """Compare `files` (key → stat) with `previous`: a file is hashed (`digest(key)`:
     bounded and confined, see `corpus_files.file_digest`) only when size or mtime moved, and counts
     as changed only when its hash differs (a touch is no change)."""
     result = ScanResult()
-    for key, (_, st) in files.items():
+    for key, st in files.items():
         old = previous.get(key)
         if old is not None and old[0] == st.st_size and old[1] == st.st_mtime_ns:
             result.state[key] = old

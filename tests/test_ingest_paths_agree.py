@@ -119,7 +119,7 @@ def test_rag_ingest_and_the_dagster_job_leave_the_same_tables(corpus_copy, pg_se
             assert report.count("failed") == 0, report.to_dict()
         lib_parses, parses[0] = parses[0], 0
         with KnowledgeBase(dag_settings, provider=provider) as kb, instance_for_test() as instance:
-            keys = list(PartitionMap(kb.roots()).walk())
+            keys = list(PartitionMap(kb.roots()).files())
             instance.add_dynamic_partitions(CORPUS_FILES, keys)
             result = materialize(ASSETS + GRAPH_ASSETS, instance=instance, resources={"rag": rag},
                                  tags=range_tags(keys[0], keys[-1]))

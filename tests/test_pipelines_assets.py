@@ -60,7 +60,7 @@ def _kb(url: str, tmp_path: Path, provider) -> KnowledgeBase:
 
 
 def _register(instance, root: Path) -> list[str]:
-    keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).walk())
+    keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).files())
     instance.add_dynamic_partitions(CORPUS_FILES, keys)
     return keys
 

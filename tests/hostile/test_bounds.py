@@ -252,7 +252,7 @@ def test_dagster_skips_a_file_over_the_chunk_limit_and_publishes_the_others(data
     with KnowledgeBase(settings, provider=provider) as kb:
         kb.add_root(root)
     with instance_for_test() as instance:
-        keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).walk())
+        keys = list(PartitionMap([CorpusRoot(root.resolve(), "default", root.name)]).files())
         instance.add_dynamic_partitions(CORPUS_FILES, keys)
         result = materialize(ASSETS, instance=instance, tags=range_tags(keys[0], keys[-1]),
                              resources={"rag": RagResource(database_url=database_url, home=str(home))})

@@ -25,6 +25,7 @@ from testkit import child_env, create_database, sensor_tick, start_server
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
+from rag_lib.corpus_files import Digests, ReadLimits, refused_digest, walk
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
@@ -85,6 +86,36 @@ def outside_text_found(kb: KnowledgeBase) -> bool:
     docs = {d["path"] for d in kb.store.list_documents(None)}
     hits = kb.search("outside passphrase zebra quartz lantern", mode="lexical", top_k=5).hits
     return bool(hits) or any("link_out" in p or "environ" in p for p in docs)
+
+
+def test_the_walk_and_a_scans_digests_treat_every_entry_as_one_file_at_a_time(tmp_path: Path):
+    """The corpus sensor walks every root each tick and hashes a scan's files through one `Digests`
+    (each folder resolved once): the walk lists what `os.walk` listed (links to folders, ignored
+    folders and dangling links left out), the digests equal one-by-one `ReadLimits.digest`, special
+    entries refused alike, and a folder that becomes a link out of the root after it was resolved
+    does not lead a read outside."""
+    root = make_root(tmp_path)
+    os.symlink(tmp_path / "outside", root / "dir_link")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD.md").write_text(GOOD)
+    os.symlink(root / "nowhere.md", root / "dangling.md")
+    (root / "sub").mkdir()
+    (root / "sub" / "a.md").write_text(GOOD)
+    (root / "sub" / "secret.md").write_text(GOOD.replace("Copper", "Zinc"))
+
+    entries = walk(root)
+    assert [e.rel for e in entries] == sorted([*EXPECTED, "good.md", LONG_REL, "sub/a.md", "sub/secret.md"])
+    limits = ReadLimits(1 << 20, 1 << 20)
+    digests = Digests(limits)
+    assert [digests(e.path, root) for e in entries] == [limits.digest(e.path, root) for e in entries]
+    for rel, reason in EXPECTED.items():
+        assert digests(root / rel, root) == refused_digest(reason, root / rel)
+
+    # sub/ was resolved above; now it is a link to the folder holding the outside secret
+    (root / "sub").rename(root / "sub_before")
+    os.symlink(tmp_path / "outside", root / "sub")
+    swapped = root / "sub" / "secret.md"
+    assert digests(swapped, root) == limits.digest(swapped, root) == refused_digest("outside_root", swapped)
 
 
 # ---- the library ------------------------------------------------------------------------------
