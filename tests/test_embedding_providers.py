@@ -292,6 +292,88 @@ def test_a_batch_encodes_its_mini_batches_at_once_with_the_same_vectors(provider
     assert batch.shape == (len(texts), 384) and np.abs(batch - singles).max() < 1e-5
 
 
+class HeldSession:
+    """The real batch session, each run held until `go` is set, recording which batch (by its
+    width in tokens) starts when."""
+
+    def __init__(self, session):
+        self.session, self.go, self.lock = session, threading.Event(), threading.Lock()
+        self.started: list[int] = []
+
+    def run(self, names, feed):
+        with self.lock:
+            self.started.append(feed["input_ids"].shape[1])
+        assert self.go.wait(timeout=120), "the test never released the encoder"
+        return self.session.run(names, feed)
+
+
+def _wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + 120  # a bound for a broken run, not a measurement
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def _rows(provider: LocalProvider, template: str, count: int) -> list[dict]:
+    return provider.tokenizer().model_inputs_many([template.format(n) for n in range(count)])
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: batches are encoded on the calling thread")
+def test_batches_are_queued_without_waiting_and_run_in_the_order_they_were_queued(provider, monkeypatch):
+    """An ingest queues its next round's mini-batches while the current round's last ones run, so
+    the encoder's workers never wait between rounds: `submit_rows` returns before its batches are
+    encoded, and the workers take mini-batches in the order they were queued (the current round's
+    before the next one's, whoever queued them), each with the vector it gets alone."""
+    encoder = provider._onnx
+    held = HeldSession(encoder.batch_session)
+    monkeypatch.setattr(encoder, "_batch_session", held)
+    workers = onnx_encoder.BATCH_WORKERS
+    first = _rows(provider, "risk {} alpha", workers + 3)  # every worker busy, 3 queued behind them
+    second = _rows(provider, "margin guidance after the earnings call of quarter {} beta", onnx_encoder.QUEUE_DEPTH - 3)
+    narrow = {len(r["input_ids"]) for r in first}
+    assert not narrow & {len(r["input_ids"]) for r in second}
+    try:
+        queued = [encoder.submit_rows(first, 1), encoder.submit_rows(second, 1)]  # neither waits for the encoder
+        _wait_for(lambda: len(held.started) == workers, "the workers took the first mini-batches")
+        assert set(held.started) <= narrow
+    finally:
+        held.go.set()
+    vectors = [q.result() for q in queued]
+    # once the second call's first mini-batch started, every one of the first's had been taken: a
+    # worker may record the start of its last one just after another records the next call's
+    later = held.started[next(i for i, w in enumerate(held.started) if w not in narrow):]
+    assert len(held.started) == len(first) + len(second)
+    assert sum(1 for w in later if w in narrow) <= workers - 1
+    for rows, got in zip((first, second), vectors):
+        alone = np.vstack([encoder.encode_rows([r], 1, workers=1) for r in rows])
+        assert np.abs(got - alone).max() < 1e-5
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: batches are encoded on the calling thread")
+def test_at_most_queue_depth_mini_batches_wait_and_a_caller_queueing_more_waits(provider, monkeypatch):
+    """The queue ahead of the encoder is bounded: with every worker busy and QUEUE_DEPTH
+    mini-batches waiting, a caller queueing more waits for a place (memory stays bounded, and
+    another caller sharing the encoder waits behind a few mini-batches, not a whole round)."""
+    encoder = provider._onnx
+    held = HeldSession(encoder.batch_session)
+    monkeypatch.setattr(encoder, "_batch_session", held)
+    workers, depth = onnx_encoder.BATCH_WORKERS, onnx_encoder.QUEUE_DEPTH
+    rows = _rows(provider, "risk {} alpha", 2 * (workers + depth))
+    queued = []
+    caller = threading.Thread(target=lambda: queued.append(encoder.submit_rows(rows, 1)))
+    caller.start()
+    try:
+        _wait_for(lambda: len(held.started) == workers, "the workers took the first mini-batches")
+        pool = encoder._pool()[0]
+        _wait_for(lambda: pool._work_queue.qsize() >= depth, "the queue filled")
+        caller.join(timeout=0.5)
+        assert caller.is_alive() and not queued and pool._work_queue.qsize() == depth
+    finally:
+        held.go.set()
+        caller.join(timeout=120)
+    assert len(queued[0].result()) == len(rows) and len(held.started) == len(rows)
+
+
 def test_a_local_batch_counts_the_tokens_it_encodes_without_tokenizing_again(provider, monkeypatch):
     """The usage of an ingest batch (tokens per run) is the token ids the model read, [CLS] and
     [SEP] included, counted from the encoding itself: the texts are tokenized once, not again to be

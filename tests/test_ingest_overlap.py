@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -177,3 +178,121 @@ def test_the_encoder_starts_after_two_files_and_the_last_round_is_small(kb, corp
     assert [len(r) for r in embedded] == [2, 3, 2]
     assert sorted(k for r in embedded for k in r) == sorted(files)
     assert {o.path for o in report.outcomes if o.status == "new"} == set(files)
+
+
+@pytest.mark.warm_cache(False)
+def test_the_next_round_is_queued_for_the_encoder_while_the_current_one_encodes(kb, provider, corpus_copy, monkeypatch):
+    """The encoder is fed across rounds: a round's texts go to the provider (`start_counted`: the
+    local model queues their mini-batches) as soon as the round is chunked, not when the round
+    before it has been embedded: here the first round's vectors are waited for only once the
+    second round's texts were handed over (one after the other, that wait would never end).
+    Every text goes to the model once, a text two rounds share included (the later round takes it
+    from the earlier one in flight or from the cache), and every chunk lands with its vector."""
+    monkeypatch.setattr(run_module, "FILES_PER_ROUND", 2)
+    root = corpus_copy(LEARNING, PFE, RESEARCH, TRADE, EARNINGS)
+    twin = root / "tradegent/knowledge/learnings/zz-twin.yaml"  # the same content in the last round
+    twin.write_bytes((root / LEARNING).read_bytes())
+    sent: list[list[str]] = []
+    second_round_started = threading.Event()
+    waited: list[bool] = []
+    start = provider.start_counted
+
+    def start_counted(texts):
+        sent.append(list(texts))
+        finish = start(texts)
+        number = len(sent)
+        if number == 2:
+            second_round_started.set()
+
+        def result():
+            if number == 1:
+                waited.append(second_round_started.wait(timeout=120))
+            return finish()
+
+        return result
+
+    monkeypatch.setattr(provider, "start_counted", start_counted)
+    report = kb.ingest([root])
+
+    assert waited == [True] and len(sent) >= 3
+    texts = [t for call in sent for t in call]
+    stored = rows(kb, "SELECT count(DISTINCT content_hash), count(*), (SELECT count(*) FROM rag_chunk_vectors)"
+                      " FROM rag_chunks")[0]
+    assert len(texts) == len(set(texts)) == report.embedded == stored[0]
+    assert stored[1] == stored[2] == report.chunks > stored[0]  # the twin's chunks are the learning's
+    assert report.count("new") == 6 and report.count("failed") == 0
+
+
+@pytest.mark.warm_cache(False)
+def test_a_file_failing_in_a_round_queued_ahead_fails_alone(kb, provider, corpus_copy, monkeypatch):
+    """A file whose texts the provider refuses, in a round queued for the encoder ahead of time:
+    its group is retried file by file, it fails with its reason, and the other files of its round
+    and of the other rounds land, each document in one transaction."""
+    monkeypatch.setattr(run_module, "FILES_PER_ROUND", 2)
+    root = corpus_copy(LEARNING, PFE, RESEARCH, TRADE, EARNINGS)
+    poisoned = (root / TRADE).read_text()
+    (root / TRADE).write_text(poisoned.replace("NVDA", "NVDA POISON", 1))
+    start = provider.start_counted
+
+    def start_counted(texts):
+        finish = start(texts)
+
+        def result():
+            vectors, usage = finish()
+            if any("POISON" in t for t in texts):
+                raise ValueError("the provider refused a text")
+            return vectors, usage
+
+        return result
+
+    monkeypatch.setattr(provider, "start_counted", start_counted)
+    report = kb.ingest([root])
+
+    by_path = {o.path: o for o in report.outcomes}
+    assert by_path[TRADE].status == "failed" and "refused" in by_path[TRADE].detail
+    landed = {LEARNING, PFE, RESEARCH, EARNINGS}
+    assert {p for p, o in by_path.items() if o.status == "new"} == landed
+    assert {r[0] for r in rows(kb, "SELECT path FROM rag_documents")} == landed
+    chunks = rows(kb, "SELECT count(*), (SELECT count(*) FROM rag_chunk_vectors) FROM rag_chunks")[0]
+    assert chunks[0] == chunks[1] == report.chunks > 0
+
+
+@pytest.mark.warm_cache(False)
+def test_a_text_two_started_calls_share_goes_to_the_model_once(kb, provider, monkeypatch):
+    """Two rounds started before either is finished, sharing a text: the later call takes it from
+    the earlier one (a cache hit, as it would have been once the earlier call was cached), and gets
+    it embedded again itself if the earlier call failed."""
+    embedder = kb.engine.embedder
+    sent: list[list[str]] = []
+    start = provider.start_counted
+    refuse = ["no"]
+
+    def start_counted(texts):
+        sent.append(list(texts))
+        finish = start(texts)
+        if refuse[0] == "first" and len(sent) == 1:
+            return lambda: (_ for _ in ()).throw(ValueError("the provider refused the batch"))
+        return finish
+
+    monkeypatch.setattr(provider, "start_counted", start_counted)
+    shared = "the stop held while the position was trimmed into strength"
+    first = embedder.start({"a1": "NVDA guidance was raised after the print", "shared": shared})
+    second = embedder.start({"shared": shared, "b1": "AMD gross margin came in below expectations"})
+    got = [embedder.finish(first), embedder.finish(second)]
+    assert sent == [["NVDA guidance was raised after the print", shared],
+                    ["AMD gross margin came in below expectations"]]
+    assert np.abs(got[0].vectors["shared"] - got[1].vectors["shared"]).max() == 0
+    assert np.abs(got[1].vectors["shared"] - provider.embed([shared])[0]).max() < 1e-5
+    usage = kb.store.run_usage(embedder.run_id)
+    assert (usage["cache_hits"], usage["cache_misses"]) == (1, 3)
+
+    sent.clear()
+    refuse[0] = "first"
+    other = "a trailing stop at the 20-day low"
+    first = embedder.start({"a2": "PFE pipeline readout slipped a quarter", "other": other})
+    second = embedder.start({"other": other, "b2": "the hedge cost 40 basis points"})
+    with pytest.raises(ValueError, match="refused"):
+        embedder.finish(first)
+    again = embedder.finish(second)
+    assert sent == [["PFE pipeline readout slipped a quarter", other], ["the hedge cost 40 basis points"], [other]]
+    assert np.abs(again.vectors["other"] - provider.embed([other])[0]).max() < 1e-5

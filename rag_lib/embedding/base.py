@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
@@ -47,3 +48,9 @@ class EmbeddingProvider(ABC):
         vectors = self.embed(texts)
         tokens = sum(self.tokenizer().count_many(texts)) + 2 * len(texts) if texts else 0
         return vectors, [Usage(self.name, self.model, self.dimensions, inputs=len(texts), tokens=tokens)]
+
+    def start_counted(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
+        """Start embedding `texts` and return what waits for `embed_counted`'s result: an ingest
+        starts its next round's texts while the current round's last ones are encoded. A provider
+        that cannot encode in the background (this default) does all the work when that is called."""
+        return lambda: self.embed_counted(texts)

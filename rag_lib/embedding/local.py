@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -141,15 +142,26 @@ class LocalProvider(EmbeddingProvider):
         """`embed` and the tokens the model read. A batch on ONNX counts them from the token ids it
         encodes: counting them apart tokenized every chunk a second time, on the thread that feeds
         the encoder (~2% of an ingest on this machine)."""
+        return self.start_counted(texts)()
+
+    def start_counted(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
+        """A batch on ONNX: its texts tokenized and its mini-batches queued for the encoder's
+        workers now (`OnnxEncoder.submit_rows`), the vectors waited for when the returned function
+        is called; anything else is encoded then."""
         if len(texts) < 2 or self._batch_encoder is None:
-            return super().embed_counted(texts)
+            return lambda: EmbeddingProvider.embed_counted(self, texts)
         rows = self.tokenizer().model_inputs_many(texts)
-        with embed_call("local", self.model, len(texts)):
-            with self._count_lock:
-                self.calls += 1
-            vectors = self._batch_encoder.encode_rows(rows, self.batch_size, slots=self._batch_slots)
-        tokens = sum(len(r["input_ids"]) for r in rows)
-        return vectors, [Usage(self.name, self.model, self.dimensions, inputs=len(texts), tokens=tokens)]
+        with self._count_lock:
+            self.calls += 1
+        encoding = self._batch_encoder.submit_rows(rows, self.batch_size, slots=self._batch_slots)
+        usage = [Usage(self.name, self.model, self.dimensions, inputs=len(texts),
+                       tokens=sum(len(r["input_ids"]) for r in rows))]
+
+        def result() -> tuple[np.ndarray, list[Usage]]:
+            with embed_call("local", self.model, len(texts)):
+                return encoding.result(), usage
+
+        return result
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         with self._count_lock:

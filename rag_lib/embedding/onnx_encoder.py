@@ -18,7 +18,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from importlib import metadata
 from pathlib import Path
@@ -45,6 +45,10 @@ PROBES = (
 MAX_ABS_DIFF = 1e-5
 # Mini-batches of an ingest batch encoded at once, one thread each (see OnnxEncoder): one per core.
 BATCH_WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Mini-batches queued for the batch workers and not started yet (see OnnxEncoder.submit_rows):
+# enough that a worker finishing one always finds the next, few enough that another caller's
+# mini-batches wait behind a fraction of a second of work, not a whole round's.
+QUEUE_DEPTH = 2 * BATCH_WORKERS
 
 
 def default_cache_dir() -> Path:
@@ -74,6 +78,8 @@ class OnnxEncoder:
         self.query_session = _session(ort, path, spinning=False)
         self._batch_session = None
         self._batch_lock = threading.Lock()
+        # (pid, workers, places in their queue): made on the first batch
+        self._workers: tuple[int, ThreadPoolExecutor, threading.BoundedSemaphore] | None = None
 
     @property
     def batch_session(self):
@@ -103,6 +109,16 @@ class OnnxEncoder:
     def encode_rows(self, rows: list[dict[str, np.ndarray]], batch_size: int,
                     slots: AbstractContextManager | None = None, workers: int | None = None) -> np.ndarray:
         """`encode_batch` of texts tokenized already (`Tokenizer.model_inputs_many`)."""
+        return self.submit_rows(rows, batch_size, slots, workers).result()
+
+    def submit_rows(self, rows: list[dict[str, np.ndarray]], batch_size: int,
+                    slots: AbstractContextManager | None = None, workers: int | None = None) -> Encoding:
+        """Queue `rows`' mini-batches for the encoder's workers and return at once (an ingest's next
+        round is queued while the current one's last mini-batches run, so no worker waits between
+        rounds): `Encoding.result()` waits for the vectors. The workers take mini-batches in the
+        order they were queued, whoever queued them; at most `QUEUE_DEPTH` wait unstarted, so a call
+        blocks while the queue is full (what bounds the memory of tokens queued ahead, and lets
+        two ingests sharing the encoder take turns). `workers` 1: encoded here, on this thread."""
         slots = slots or nullcontext()
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
         out = np.zeros((len(rows), self.dimensions), dtype=np.float32)
@@ -120,14 +136,63 @@ class OnnxEncoder:
                 out[members] = session.run(None, feed)[0]
 
         starts = range(0, len(order), batch_size)
-        workers = min(workers or BATCH_WORKERS, len(starts))
-        if workers <= 1:
+        if (workers or BATCH_WORKERS) <= 1:
             for start in starts:
                 run(start)
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="onnx-batch") as pool:
-                list(pool.map(run, starts))  # list(): a mini-batch's error is raised here
-        return out
+            return Encoding(out, [])
+        pool, queued = self._pool()
+        futures: list[Future] = []
+
+        def started(start: int) -> None:
+            queued.release()  # a mini-batch left the queue: one more may be queued
+            run(start)
+
+        def dropped(future: Future) -> None:
+            if future.cancelled():  # it never started: its place in the queue is free
+                queued.release()
+
+        try:
+            for start in starts:
+                queued.acquire()  # blocks while QUEUE_DEPTH mini-batches wait unstarted
+                futures.append(pool.submit(started, start))
+                futures[-1].add_done_callback(dropped)
+        except BaseException:
+            Encoding(out, futures).cancel()
+            raise
+        return Encoding(out, futures)
+
+    def _pool(self) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+        """The batch workers, shared by every batch of this encoder, and the places in their queue
+        (made again in a forked child, where the parent's threads do not exist)."""
+        with self._batch_lock:
+            if self._workers is None or self._workers[0] != os.getpid():
+                self._workers = (os.getpid(), ThreadPoolExecutor(BATCH_WORKERS, thread_name_prefix="onnx-batch"),
+                                 threading.BoundedSemaphore(QUEUE_DEPTH))
+            return self._workers[1], self._workers[2]
+
+
+class Encoding:
+    """The mini-batches of one `OnnxEncoder.submit_rows` call, queued or running."""
+
+    def __init__(self, out: np.ndarray, futures: list[Future]):
+        self._out = out
+        self._futures = futures
+
+    def result(self) -> np.ndarray:
+        """The vectors, once every mini-batch ran; a mini-batch's error is raised here (the others
+        not started yet are dropped)."""
+        try:
+            for future in self._futures:
+                future.result()
+        except BaseException:
+            self.cancel()
+            raise
+        return self._out
+
+    def cancel(self) -> None:
+        """Drop the mini-batches not started yet (an ingest that stopped does not encode them)."""
+        for future in self._futures:
+            future.cancel()
 
 
 def load_onnx_encoder(model_path: str, cache_dir: Path | str | None, load_model: Callable[[], object]) -> OnnxEncoder:

@@ -56,7 +56,10 @@ FILES_PER_ROUND = 32  # files taken through the stages together: embedding batch
 FIRST_ROUND = 2  # the first and last rounds' files; the rounds between double up to FILES_PER_ROUND
 # A round's stages in three steps, each on its own thread (`overlapped`): while the encoder embeds one
 # round, the next is read, parsed and chunked and the previous one published, so ingest goes at the
-# encoder's pace. At most ROUNDS_IN_FLIGHT rounds are between reading and publishing (the memory bound).
+# encoder's pace. `rag ingest` adds a step between the first two (`StageRunner.encode_ahead`): a round
+# chunked is queued for the encoder at once, so its workers take it up the moment the round before
+# runs out, not once that round's vectors are cached and staged. At most ROUNDS_IN_FLIGHT rounds are
+# between reading and publishing (the memory bound).
 STEPS = ((RAW, SECTIONS, CHUNKS), (EMBEDDINGS,), (VECTORS,))
 ROUNDS_IN_FLIGHT = 4
 # what each stage is called in an ingest report's failure reasons and rag_failures sources
@@ -105,16 +108,20 @@ def ingest(
     targets = [FileTarget(s.collection, s.root, s.rel, s.rel) for s in files]
     rounds = [_Round(r) for r in in_rounds(targets)]
     steps = [lambda r, stages=stages: runner.run_all(r.targets, stages, r.outcomes) for stages in STEPS]
+    steps.insert(1, lambda r: runner.encode_ahead(r.targets))
     done = 0
-    for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT):
-        rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in r.targets])
-        for t in r.targets:
-            seen.update(_report_file(engine, report, t, r.outcomes[t.key], rows))
-        runner.release(r.targets)
-        for t in r.targets:
-            done += 1
-            if progress:
-                progress(str(t.path), done, len(files))
+    try:
+        for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT):
+            rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in r.targets])
+            for t in r.targets:
+                seen.update(_report_file(engine, report, t, r.outcomes[t.key], rows))
+            runner.release(r.targets)
+            for t in r.targets:
+                done += 1
+                if progress:
+                    progress(str(t.path), done, len(files))
+    finally:
+        runner.abandon_started()  # rounds started for the encoder that a stopped run never embeds
     report.cache_hits, report.embedded = runner.embed_totals["cache_hits"], runner.embed_totals["embedded"]
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:

@@ -7,8 +7,9 @@ base; the per-file state machine that drives them (`rag ingest` and the Dagster 
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +155,40 @@ class Preparer:
 
 
 @dataclass
+class Call:
+    """Texts on their way through the embedding cache and the provider (`Embedder.start`)."""
+
+    texts: dict[str, str]  # content hash → text
+    cached: dict[str, np.ndarray] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)  # sent to the provider by this call
+    borrowed: dict[str, Call] = field(default_factory=dict)  # hash → the earlier call embedding it
+    pending: Callable[[], tuple[np.ndarray, list]] | None = None
+    error: Exception | None = None
+    fresh: dict[str, np.ndarray] = field(default_factory=dict)  # once finished: what the provider made
+
+
+@dataclass(eq=False)
+class FileGroup:
+    """Files whose chunks are embedded together, and the call started for them (None: not yet)."""
+
+    files: list[tuple[Hashable, list[Chunk]]]
+    call: Call | None
+
+
+def _groups(files: Sequence[tuple[Hashable, list[Chunk]]]) -> list[list[tuple[Hashable, list[Chunk]]]]:
+    """Consecutive files in groups of at least EMBED_BATCH_CHUNKS chunks (the last one smaller)."""
+    groups: list[list[tuple[Hashable, list[Chunk]]]] = [[]]
+    size = 0
+    for item in files:
+        if size >= EMBED_BATCH_CHUNKS:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += len(item[1])
+    return [g for g in groups if g]
+
+
+@dataclass
 class CachedVectors:
     """Vectors by content hash; `fresh`: the hashes the provider embedded (the rest were cached)."""
 
@@ -174,6 +209,8 @@ class Embedder:
         self.provider = provider
         self.model = model or settings.embedding.model
         self.dimensions = dimensions or settings.embedding.dimensions
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, Call] = {}  # content hash → the started, unfinished call embedding it
         self.begin_run(kind)
 
     def begin_run(self, kind: str = "ingest", run_id: str | None = None) -> str:
@@ -185,15 +222,58 @@ class Embedder:
     def vectors(self, texts: dict[str, str]) -> CachedVectors:
         """Vectors for texts by content hash, from the cache where possible; the rest from the
         provider, checked (size, NaN, zero) and then cached. Bad vectors raise, nothing is cached."""
-        cache_model = self.settings.embedding.cache_model(self.model)
-        cached = self.store.cache_get(list(texts), cache_model, self.dimensions)
-        missing = [h for h in texts if h not in cached]
-        usage: list = []
+        return self.finish(self.start(texts))
+
+    def start(self, texts: dict[str, str]) -> Call:
+        """Look `texts` up in the cache and start the provider on the rest (`provider.start_counted`:
+        the local model queues them for its workers and returns); `finish` waits for them. A text
+        that a call started before and not finished yet is embedding is taken from that call, not
+        sent twice. Never raises: an error is raised by `finish`."""
+        call = Call(texts)
+        try:
+            call.cached = self.store.cache_get(list(texts), self.settings.embedding.cache_model(self.model),
+                                               self.dimensions)
+            with self._lock:
+                for h in texts:
+                    if h in call.cached:
+                        continue
+                    other = self._in_flight.get(h)
+                    if other is None:
+                        call.missing.append(h)
+                        self._in_flight[h] = call
+                    else:
+                        call.borrowed[h] = other
+            if call.missing:
+                call.pending = self.provider.start_counted([texts[h] for h in call.missing])
+        except Exception as exc:  # noqa: BLE001 - raised by finish, on the thread that reports it
+            call.error = exc
+        return call
+
+    def finish(self, call: Call) -> CachedVectors:
+        """A started call's vectors (see `vectors`), accounted to the current run."""
+        try:
+            return self._finish(call)
+        finally:
+            self.abandon(call)
+            call.pending, call.borrowed = None, {}  # a long run holds no chain of finished calls
+
+    def abandon(self, call: Call) -> None:
+        """Forget a started call that will not be finished (its run stopped): later calls embed its
+        texts themselves instead of waiting for it."""
+        with self._lock:
+            for h in call.missing:
+                if self._in_flight.get(h) is call:
+                    del self._in_flight[h]
+
+    def _finish(self, call: Call) -> CachedVectors:
+        if call.error is not None:
+            raise call.error
+        cached, missing, usage = call.cached, call.missing, []
         if missing:
             try:
-                fresh, usage = self.provider.embed_counted([texts[h] for h in missing])
+                fresh, usage = call.pending()
             except EmbeddingError as exc:  # account for the requests the failure cost, then fail
-                self._record(len(texts) - len(missing), len(missing), getattr(exc, "usage", []))
+                self._record(len(call.texts) - len(missing), len(missing), getattr(exc, "usage", []))
                 raise
             problems = check_vectors(fresh, self.dimensions)
             if problems:
@@ -202,36 +282,70 @@ class Embedder:
                 raise error(f"provider {label} returned bad vectors for {self.provider.space}: "
                             f"{'; '.join(problems)}; nothing was written")
             new = dict(zip(missing, fresh))
-            self.store.cache_put(new, cache_model, self.dimensions)
+            self.store.cache_put(new, self.settings.embedding.cache_model(self.model), self.dimensions)
             cached.update(new)
-        self._record(len(texts) - len(missing), len(missing), usage)
-        return CachedVectors(cached, missing, usage)
+            call.fresh = new
+        # texts another call was embedding: it is finished by now (calls finish in the order they
+        # started), or failed, and then they are looked up or embedded again here
+        again = {h: call.texts[h] for h, other in call.borrowed.items() if h not in other.fresh}
+        cached.update((h, other.fresh[h]) for h, other in call.borrowed.items() if h in other.fresh)
+        self._record(len(call.texts) - len(missing) - len(again), len(missing), usage)
+        if not again:
+            return CachedVectors(cached, missing, usage)
+        more = self.vectors(again)
+        cached.update(more.vectors)
+        return CachedVectors(cached, missing + more.fresh, usage + more.usage)
 
     def embed(self, chunks: list[Chunk]) -> EmbedResult:
         """Vectors for chunks, in their order (see `vectors`)."""
+        return self._embedded(chunks, self.start({c.content_hash: c.embed_text for c in chunks}) if chunks else None)
+
+    def _embedded(self, chunks: list[Chunk], call: Call | None) -> EmbedResult:
         if not chunks:
             return EmbedResult(np.zeros((0, self.dimensions), dtype=np.float32))
-        got = self.vectors({c.content_hash: c.embed_text for c in chunks})
+        got = self.finish(call)
         vectors = np.stack([got.vectors[c.content_hash] for c in chunks]).astype(np.float32)
         fresh = set(got.fresh)
         hits = sum(1 for c in chunks if c.content_hash not in fresh)
         return EmbedResult(vectors, cache_hits=hits, embedded=len(fresh), usage=got.usage)
 
-    def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> FileVectors:
+    def start_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> list[FileGroup]:
+        """Start embedding many files' chunks, in the groups `embed_files` makes (see `start`);
+        `embed_files(files, started)` finishes them."""
+        return [FileGroup(group, self.start({c.content_hash: c.embed_text for _, cs in group for c in cs}))
+                for group in _groups(files)]
+
+    def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]],
+                    started: Sequence[FileGroup] = ()) -> FileVectors:
         """Embed the chunks of many files in large batches; a failing batch is retried file by file
         so only the bad file gets an error (any exception, not only provider errors). A provider
-        that fails for every file (an outage, not a bad file) raises its `EmbeddingError`, as before."""
+        that fails for every file (an outage, not a bad file) raises its `EmbeddingError`, as before.
+        `started`: groups `start_files` started, for the files with these same chunks (others are
+        grouped and embedded here)."""
         out = FileVectors()
         streak = [0]  # consecutive single-file provider errors while nothing has succeeded yet
+        hashes = {key: [c.content_hash for c in cs] for key, cs in files}
+        ready = [g for g in started
+                 if all(hashes.get(key) == [c.content_hash for c in cs] for key, cs in g.files)]
+        covered = {key for g in ready for key, _ in g.files}
+        for g in started:
+            if g not in ready:  # its files' chunks changed since: its vectors are cached all the same
+                try:
+                    self.finish(g.call)
+                except Exception as exc:  # noqa: BLE001 - these files are embedded again below
+                    log.warning("embedding started for %d files failed (%s)", len(g.files), error_text(exc))
+        groups = ready + [FileGroup(group, None) for group in _groups([f for f in files if f[0] not in covered])]
 
-        def run(group: list[tuple[Hashable, list[Chunk]]]) -> None:
+        def run(group: list[tuple[Hashable, list[Chunk]]], call: Call | None) -> None:
             try:
-                result = self.embed([c for _, cs in group for c in cs])
+                if call is None:
+                    call = self.start({c.content_hash: c.embed_text for _, cs in group for c in cs})
+                result = self._embedded([c for _, cs in group for c in cs], call)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 if len(group) > 1:
                     log.warning("embedding %d files failed (%s); retrying file by file", len(group), error_text(exc))
                     for item in group:
-                        run([item])
+                        run([item], None)
                     return
                 if isinstance(exc, EmbeddingError) and not out.vectors:
                     streak[0] += 1
@@ -247,14 +361,8 @@ class Embedder:
                 out.vectors[key] = result.vectors[offset: offset + len(cs)]
                 offset += len(cs)
 
-        group: list[tuple[Hashable, list[Chunk]]] = []
-        for item in files:
-            group.append(item)
-            if sum(len(cs) for _, cs in group) >= EMBED_BATCH_CHUNKS:
-                run(group)
-                group = []
-        if group:
-            run(group)
+        for g in groups:
+            run(g.files, g.call)
         return out
 
     def _record(self, hits: int, misses: int, usage: list) -> None:

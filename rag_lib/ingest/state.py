@@ -23,7 +23,7 @@ import numpy as np
 
 from rag_lib.config import Settings
 from rag_lib.errors import RagError, TooManyChunksError
-from rag_lib.ingest.stages import Engine, FileVectors, Loaded, Prepared, error_text, file_hash
+from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
@@ -118,6 +118,9 @@ class StageRunner:
         self._loaded: dict[tuple[str, str], Loaded] = {}
         self._sections: dict[tuple[str, str], list[Section]] = {}
         self._vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        # encode_ahead: the chunks it started embedding (with the file's hash) and their groups by file key
+        self._chunks: dict[tuple[str, str], tuple[str, list[Chunk]]] = {}
+        self._started: dict[str, FileGroup] = {}
 
     @cached_property
     def engine(self) -> Engine:
@@ -284,12 +287,22 @@ class StageRunner:
                 out.setdefault(outcome.key, {})[stage] = outcome
         return out
 
+    def abandon_started(self) -> None:
+        """Forget what `encode_ahead` started and `embeddings` will not finish (the run stopped)."""
+        for group in {id(g): g for g in self._started.values()}.values():
+            self.engine.embedder.abandon(group.call)
+        self._started.clear()
+        self._chunks.clear()
+
     def release(self, targets: list[FileTarget]) -> None:
         """Forget what this run keeps of files it is done with (parsed documents, stored outputs,
         vectors): a long run holds only the files in flight."""
-        for c, p in map(_ident, targets):
+        for t in targets:
+            c, p = _ident(t)
+            self._started.pop(t.key, None)
             self._loaded.pop((c, p), None)
             self._vectors.pop((c, p), None)
+            self._chunks.pop((c, p), None)
             for stage in STAGES:
                 self._rows.pop((c, p, stage), None)
                 self._heads.discard((c, p, stage))
@@ -391,20 +404,55 @@ class StageRunner:
 
         return self._run(CHUNKS, targets, (SECTIONS,), work)
 
+    def encode_ahead(self, targets: list[FileTarget]) -> None:
+        """Start embedding the chunks of the files among `targets` that the `embeddings` stage will
+        embed (chunked in this run, not embedded yet): the provider works on them while the files
+        before them are still being embedded and published (`rag ingest` runs this on a thread of
+        its own as soon as a round is chunked), and `embeddings` then finishes what was started.
+        A file not started here is embedded by `embeddings` as before; errors are its too."""
+        try:
+            self._encode_ahead(targets)
+        except Exception as exc:  # noqa: BLE001 - `embeddings` does the work and reports per file
+            log.warning("could not start embedding %d files ahead (%s); the embeddings stage embeds them",
+                        len(targets), error_text(exc))
+
+    def _encode_ahead(self, targets: list[FileTarget]) -> None:
+        idents = [_ident(t) for t in targets]
+        rows = self.rows((RAW, CHUNKS, EMBEDDINGS), idents)
+        files: list[tuple[str, list[Chunk]]] = []
+        for t, (c, p) in zip(targets, idents):
+            raw, chunked = rows.get((c, p, RAW)), rows.get((c, p, CHUNKS))
+            if (raw is None or raw["status"] != "ok" or chunked is None or chunked.get("status") != "ok"
+                    or chunked.get("file_hash") != raw["file_hash"] or (c, p, CHUNKS) in self._heads
+                    or self._is_current(EMBEDDINGS, rows.get((c, p, EMBEDDINGS)), raw["file_hash"])):
+                continue
+            chunks = [Chunk.from_dict(x) for d in chunked["documents"] for x in d["chunks"]]
+            files.append((t.key, chunks))
+            self._chunks[(c, p)] = (raw["file_hash"], chunks)
+        for group in self.engine.embedder.start_files(files):
+            for key, _ in group.files:
+                self._started[key] = group
+
     def embeddings(self, targets: list[FileTarget]) -> list[StageOutcome]:
         """Embed the chunks of all the run's files together (the encoder wants large batches); a
-        failing batch is retried file by file so one bad file fails alone."""
+        failing batch is retried file by file so one bad file fails alone. What `encode_ahead`
+        started for these files is finished here."""
         cfg = self.engine.settings.embedding
         pending: dict[str, tuple[FileTarget, str, list[Chunk]]] = {}
 
         def collect(t: FileTarget, raw: dict, rows: dict) -> None:
+            ahead = self._chunks.pop(_ident(t), None)
+            if ahead is not None and ahead[0] == raw["file_hash"]:
+                pending[t.key] = (t, raw["file_hash"], ahead[1])
+                return
             payload = rows[(t.collection, t.rel, CHUNKS)]
             pending[t.key] = (t, raw["file_hash"], [Chunk.from_dict(c) for d in payload["documents"] for c in d["chunks"]])
 
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
+        started = list({id(g): g for g in (self._started.pop(t.key, None) for t in targets) if g is not None}.values())
         try:
             with self.recording():
-                result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()])
+                result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()], started)
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
             if self.outage_raises:
                 raise
