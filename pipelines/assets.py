@@ -36,7 +36,7 @@ from pipelines.partitions import corpus_files
 from pipelines.resources import RagResource, _selects, steps_share_process
 from rag_lib.ingest import run as ingest_run
 from rag_lib.ingest.overlap import overlapped
-from rag_lib.ingest.state import CHUNKS, RAW, STAGES, VECTORS, StageOutcome, StageRunner
+from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, STAGES, VECTORS, StageOutcome, StageRunner
 
 # `backfill_policy` is marked beta; we rely on it deliberately (single-run backfills).
 warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)
@@ -120,9 +120,14 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
         return work
 
     steps = [step(names) for names in (tuple(s for s in group if s in stages) for group in ingest_run.STEPS) if names]
+    if CHUNKS in stages and EMBEDDINGS in stages:  # a round chunked is queued for the encoder at once, as in rag ingest
+        steps.insert(1, runner.encode_ahead)
     rounds = ingest_run.in_rounds(targets)  # the library's rounds: small first and last
-    for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
-        pass
+    try:
+        for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
+            pass
+    finally:
+        runner.abandon_started()
     # The chunk_sizes check's validation process, not started beside the encoding (see
     # RagResource.setup_for_execution), and only when that check will need it: a forced re-run of
     # an unchanged corpus finds its chunk frame validated already (seconds of CPU saved).
