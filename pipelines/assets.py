@@ -28,12 +28,12 @@ from rag_lib.config import get_settings
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.errors import RagError
 from rag_lib import quality
-from rag_lib.quality import markdown_table, preload_great_expectations, token_histogram
+from rag_lib.quality import markdown_table, token_histogram
 from rag_lib.versions import stage_versions
 
 from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
-from pipelines.resources import RagResource, _selects, steps_share_process
+from pipelines.resources import RagResource, _selects, _selects_check, steps_share_process
 from rag_lib.ingest import run as ingest_run
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, STAGES, VECTORS, StageOutcome, StageRunner
@@ -128,11 +128,38 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
             pass
     finally:
         runner.abandon_started()
-    # The chunk_sizes check's validation process, not started beside the encoding (see
-    # RagResource.setup_for_execution), and only when that check will need it: a forced re-run of
-    # an unchanged corpus finds its chunk frame validated already (seconds of CPU saved).
-    if CHUNKS in stages and not quality.chunks_validated(kb.store, kb.settings, kb.provider.max_tokens):
-        preload_great_expectations()
+    if len(targets) > 1 or not any(o.status == "failed" for o in out[targets[0].key].values()):
+        # (a one-file run that failed stops at its step: `finish`)
+        after_stages(context.run, rag, stages, list(context.partition_keys))
+
+
+def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> None:
+    """Start what the run's later steps would do after the stages this step ran, on threads of
+    the run (`RagResource.start_after`), while this thread writes each stage step's per-file
+    events (seconds of Python): the HNSW index build and the ticker profiles' rebuild (as `rag
+    ingest` ends) with `knowledge_graph`'s per-file graph reports, the recall and orphan checks
+    (queries in Postgres), and the chunk_sizes check, whose frame, when not validated before, is
+    validated in the validation process started now (importing Great Expectations, seconds of CPU:
+    not beside the encoding, which uses both cores). The steps take the results
+    (`RagResource.after`) in their turn; what they look at is final once the stages are done (the
+    graph reports and profiles are read by none of these checks; `retrieval_quality`, which
+    searches with the profiles, runs in its own step)."""
+    kb = rag.kb()
+    if CHUNKS in stages and _selects_check(run, CHUNKS, "chunk_sizes") and quality.validates_beside():
+        rag.start_after("check:chunks", lambda: quality.check_chunks(kb.store, kb.settings, kb.provider.max_tokens,
+                                                                     preload=True), lane="chunks")
+    if VECTORS not in stages:
+        return
+    if _selects(run, "hnsw_index"):
+        rag.start_after("hnsw_index", kb.engine.publisher.ensure_index, lane="index")
+    if _selects(run, "knowledge_graph"):
+        from pipelines.graph_assets import GRAPH, graph_work  # it imports this module
+
+        rag.start_after(GRAPH, lambda: graph_work(rag, keys), lane="index")
+    if _selects_check(run, VECTORS, "vector_table_orphans"):
+        rag.start_after("check:vector_table", lambda: kb.quality_check("vector_table"), lane="index")
+    if _selects(run, "hnsw_index") and _selects_check(run, "hnsw_index", "hnsw_recall"):
+        rag.start_after("check:hnsw", lambda: kb.quality_check("hnsw"), lane="index")
 
 
 def _chain(run, first: str) -> list[str]:
@@ -238,7 +265,7 @@ def vector_table(context: AssetExecutionContext, rag: RagResource) -> Materializ
        description="The active space's HNSW index (built after bulk loads; recall measured by its check).")
 def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
     kb = rag.kb()
-    built = kb.engine.publisher.ensure_index()
+    built = rag.after("hnsw_index", kb.engine.publisher.ensure_index)  # built ahead: after_stages
     space = kb.engine.provider.space
     state = kb.store.hnsw_index_state(space)
     last = state["last_build"] or {}

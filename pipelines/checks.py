@@ -17,18 +17,24 @@ def to_check_result(result: QualityResult) -> AssetCheckResult:
     return AssetCheckResult(passed=result.passed, severity=severity, metadata=metadata, description=result.description)
 
 
+def quality_check(rag: RagResource, name: str) -> AssetCheckResult:
+    """The library's check `name`, or its result computed ahead in this run once the stages were
+    done (pipelines.assets.after_stages)."""
+    return to_check_result(rag.after(f"check:{name}", lambda: rag.kb().quality_check(name)))
+
+
 @asset_check(asset=embeddings, blocking=True,
              description="Every staged vector has the configured model and dimension, is finite and non-zero. "
                          "Blocking: a bad vector never reaches vector_table.")
 def embeddings_valid(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("embeddings"))
+    return quality_check(rag, "embeddings")
 
 
 @asset_check(asset=vector_table,
              description="No orphans (chunks without vector, vectors without chunk, stale document hash, "
                          "documents whose file is gone) and no duplicate chunks.")
 def vector_table_orphans(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("vector_table"))
+    return quality_check(rag, "vector_table")
 
 
 # Lowest priority: it runs after the stages, by when the resource's background import of Great
@@ -37,17 +43,17 @@ def vector_table_orphans(context: AssetCheckExecutionContext, rag: RagResource) 
              description="Great Expectations suite on the chunk frame: token_count in [1, model limit], "
                          "text present, unique ids; warns on too many tiny chunks.")
 def chunk_sizes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("chunks"))
+    return quality_check(rag, "chunks")
 
 
 @asset_check(asset=raw_documents, description="Skipped inputs, counted and listed by reason (warning).")
 def skipped_inputs(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("skipped"))
+    return quality_check(rag, "skipped")
 
 
 @asset_check(asset=hnsw_index, description="The HNSW index exists, is valid, and recall@10 vs exact search ≥ minimum.")
 def hnsw_recall(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("hnsw"))
+    return quality_check(rag, "hnsw")
 
 
 @asset_check(asset=hnsw_index, blocking=True,
@@ -56,7 +62,7 @@ def hnsw_recall(context: AssetCheckExecutionContext, rag: RagResource) -> AssetC
                          "below the last accepted run; blocking error below eval.ndcg_floor. Passes unmeasured "
                          "when no set is configured.")
 def retrieval_quality(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return to_check_result(rag.kb().quality_check("retrieval"))
+    return quality_check(rag, "retrieval")
 
 
 CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, hnsw_recall, retrieval_quality]

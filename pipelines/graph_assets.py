@@ -139,12 +139,22 @@ def rebuild_profiles(rag: RagResource, outcomes: list[StageOutcome]) -> dict[str
                    "a sample of triples; then the ticker profiles entity linking uses are rebuilt where "
                    "documents changed (run metadata `profiles_*`).")
 def knowledge_graph(context: AssetExecutionContext, rag: RagResource) -> MaterializeResult:
-    outcomes = graph_outcomes(rag, list(context.partition_keys))
+    keys = list(context.partition_keys)
+    done_for, outcomes, profiles = rag.after(GRAPH, lambda: graph_work(rag, keys))
+    if done_for != keys:  # started ahead for other partitions (not in one run): do this step's own
+        _, outcomes, profiles = graph_work(rag, keys)
     with partition_keys_read_once(context.instance):
         for outcome in outcomes:
             context.add_asset_metadata(_metadata(outcome), partition_key=outcome.key)
     edges = sum(sum(o.metadata.get("edges_by_predicate", {}).values()) for o in outcomes)
-    return finish(context, rag, GRAPH, outcomes, {"run_edges": edges, **rebuild_profiles(rag, outcomes)})
+    return finish(context, rag, GRAPH, outcomes, {"run_edges": edges, **profiles})
+
+
+def graph_work(rag: RagResource, keys: list[str]) -> tuple[list[str], list[StageOutcome], dict[str, Any]]:
+    """The asset's work for `keys`: each file's graph report, then the ticker profiles' rebuild
+    (started ahead, once the run's stages are done, by pipelines.assets.after_stages)."""
+    outcomes = graph_outcomes(rag, keys)
+    return keys, outcomes, rebuild_profiles(rag, outcomes)
 
 
 GRAPH_ASSETS = [knowledge_graph]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from dagster import AssetKey, ConfigurableResource, InitResourceContext
+from dagster import AssetCheckKey, AssetKey, ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
 from pipelines.partitions import PartitionMap
@@ -21,6 +23,8 @@ from rag_lib.quality import preload_great_expectations
 from rag_lib.shutdown import skip_final_collections
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 # Loading a model costs seconds: one provider per embedding configuration per process.
 _PROVIDERS: dict[str, EmbeddingProvider] = {}
@@ -61,6 +65,8 @@ class RagResource(ConfigurableResource):
     _preparing: threading.Thread | None = PrivateAttr(default=None)
     _runner: StageRunner | None = PrivateAttr(default=None)
     _ahead: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+    _after: dict[str, Future] = PrivateAttr(default_factory=dict)
+    _after_lanes: dict[str, ThreadPoolExecutor] = PrivateAttr(default_factory=dict)
 
     def settings(self) -> Settings:
         if self.config_file:
@@ -98,6 +104,21 @@ class RagResource(ConfigurableResource):
         """stage → partition key → outcome: what this run's first stage step did for the later
         stages' steps (pipelines.assets.pipelined_stages)."""
         return self._ahead
+
+    def start_after(self, name: str, work: Callable[[], Any], lane: str) -> None:
+        """Start `work` now on the run's thread for `lane` (a lane's work runs in the order given),
+        for the step that needs its result to take it (`after`): the index build and the checks'
+        queries run in Postgres and the validation process while this thread writes the earlier
+        steps' events (pipelines.assets.after_stages)."""
+        pool = self._after_lanes.get(lane)
+        if pool is None:
+            pool = self._after_lanes[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"rag-after-{lane}")
+        self._after[name] = pool.submit(work)
+
+    def after(self, name: str, work: Callable[[], T]) -> T:
+        """The result of `name` started ahead (its exception raised here), else `work()` now."""
+        future = self._after.pop(name, None)
+        return future.result() if future is not None else work()
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         from pipelines.instance import tune_event_writes
@@ -142,6 +163,9 @@ class RagResource(ConfigurableResource):
         if self._preparing is not None:  # never close the knowledge base under a loading model
             self._preparing.join()
             self._preparing = None
+        for pool in self._after_lanes.values():  # a failed run's unused work: what runs ends, the rest never starts
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._after_lanes, self._after = {}, {}
         self._runner = None
         self._ahead = {}
         if self._kb is not None:
@@ -169,6 +193,16 @@ def steps_share_process(run) -> bool:
 def _chunks_beside_encoding(run) -> bool:
     """The run's chunks and embeddings stages run together in one step (pipelines.assets)."""
     return steps_share_process(run) and _selects(run, "chunks") and _selects(run, "embeddings")
+
+
+def _selects_check(run, asset: str, check: str) -> bool:
+    """True when the run executes the check `check` on `asset`: its check selection (UI launches),
+    else its steps, else whether it materializes the asset (a job's checks come with its assets)."""
+    if run.asset_check_selection is not None:
+        return AssetCheckKey(AssetKey(asset), check) in run.asset_check_selection
+    if run.step_keys_to_execute is not None:
+        return f"{asset}_{check}" in run.step_keys_to_execute
+    return _selects(run, asset)
 
 
 def _selects(run, asset: str) -> bool:

@@ -101,11 +101,14 @@ def check_vector_table(store: Store, space: str) -> QualityResult:
     )
 
 
-def chunk_frame(store: Store):
-    import pandas as pd
+FRAME_COLUMNS = ["chunk_id", "token_count", "text_chars"]
 
-    rows = store.chunk_frame_rows()
-    return pd.DataFrame(rows, columns=["chunk_id", "token_count", "text_chars"])
+
+def chunk_rows(store: Store) -> list[dict[str, Any]]:
+    """The chunk frame's rows (`FRAME_COLUMNS`), as plain dicts: the DataFrame Great Expectations
+    validates is built where it validates (pandas' import is ~0.5-0.8 s this process need not pay
+    when the frame was validated before, or when the validation process does it)."""
+    return store.chunk_frame_rows()
 
 
 # A process that imports Great Expectations (seconds of imports) beside the caller, so that the
@@ -173,12 +176,10 @@ def _stop_validator() -> None:
 VALIDATED = "chunk_frame_validated.json"  # under `cache`: the last frame validated and its results
 
 
-def _frame_digest(frame, min_tokens: int, max_tokens: int) -> str:
+def _frame_digest(rows: list[dict[str, Any]], min_tokens: int, max_tokens: int) -> str:
     """The frame's rows, the limits and the suite's code: what the validation's results depend on."""
-    import pandas as pd
-
-    digest = hashlib.sha256(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
-    digest.update(f"{len(frame)}:{min_tokens}:{max_tokens}:".encode())
+    digest = hashlib.sha256(json.dumps([[r[c] for c in FRAME_COLUMNS] for r in rows], separators=(",", ":")).encode())
+    digest.update(f"{len(rows)}:{min_tokens}:{max_tokens}:".encode())
     digest.update(inspect.getsource(_validate_chunk_frame).encode())
     return digest.hexdigest()
 
@@ -194,23 +195,33 @@ def _validated(cache: Path, digest: str) -> list[dict[str, Any]] | None:
     return saved.get("results") if saved.get("digest") == digest else None
 
 
-def frame_validated(frame, min_tokens: int, max_tokens: int, cache: Path) -> bool:
+def frame_validated(rows: list[dict[str, Any]], min_tokens: int, max_tokens: int, cache: Path) -> bool:
     """Whether `validate_chunk_frame` would answer from `cache` (no Great Expectations needed)."""
-    return _validated(cache, _frame_digest(frame, min_tokens, max_tokens)) is not None
+    return _validated(cache, _frame_digest(rows, min_tokens, max_tokens)) is not None
 
 
-def validate_chunk_frame(frame, min_tokens: int, max_tokens: int, cache: Path | None = None) -> list[dict[str, Any]]:
-    """Run the Great Expectations suite (in the preloaded validation process if one was started);
-    one dict per expectation (type, success, counts, samples). With `cache` (a folder), the results
-    of the same frame validated last time are returned without Great Expectations: a forced re-run
-    of an unchanged corpus (its chunks the same) paid seconds of CPU importing it again."""
-    digest = _frame_digest(frame, min_tokens, max_tokens) if cache is not None else ""
+def validates_beside() -> bool:
+    """Whether a validation would run in the validation process (started, or startable: see
+    `preload_great_expectations`), so never imports Great Expectations in this process."""
+    return _validator is not None or _spawn_reimports_safely()
+
+
+def validate_chunk_frame(rows: list[dict[str, Any]], min_tokens: int, max_tokens: int, cache: Path | None = None,
+                         preload: bool = False) -> list[dict[str, Any]]:
+    """Run the Great Expectations suite on the frame of `rows` (in the preloaded validation process
+    if one was started; with `preload`, starting it when the frame must be validated); one dict per
+    expectation (type, success, counts, samples). With `cache` (a folder), the results of the same
+    frame validated last time are returned without Great Expectations: a forced re-run of an
+    unchanged corpus (its chunks the same) paid seconds of CPU importing it again."""
+    digest = _frame_digest(rows, min_tokens, max_tokens) if cache is not None else ""
     if cache is not None and (results := _validated(cache, digest)) is not None:
         return results
+    if preload:
+        preload_great_expectations()
     if _validator is not None:
-        results = _validator.submit(_validate_chunk_frame, frame, min_tokens, max_tokens).result()
+        results = _validator.submit(_validate_chunk_frame, rows, min_tokens, max_tokens).result()
     else:
-        results = _validate_chunk_frame(frame, min_tokens, max_tokens)
+        results = _validate_chunk_frame(rows, min_tokens, max_tokens)
     if cache is not None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
@@ -222,9 +233,12 @@ def validate_chunk_frame(frame, min_tokens: int, max_tokens: int, cache: Path | 
     return results
 
 
-def _validate_chunk_frame(frame, min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
+def _validate_chunk_frame(rows: list[dict[str, Any]], min_tokens: int, max_tokens: int) -> list[dict[str, Any]]:
     _import_great_expectations()
     import great_expectations as gx  # slow import (seconds): only when the check runs, or preloaded
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
     context = gx.get_context(mode="ephemeral")
     try:
@@ -256,15 +270,17 @@ def validation_cache(settings: Settings) -> Path:
 
 def chunks_validated(store: Store, settings: Settings, model_limit: int) -> bool:
     """Whether `check_chunks` would need no Great Expectations now (the frame validated last time)."""
-    frame = chunk_frame(store)
-    return not len(frame) or frame_validated(frame, 1, model_limit, validation_cache(settings))
+    rows = chunk_rows(store)
+    return not rows or frame_validated(rows, 1, model_limit, validation_cache(settings))
 
 
-def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityResult:
-    """Chunk sizes within [1, model limit], text present, ids unique (GX); warn on many tiny chunks."""
-    frame = chunk_frame(store)
-    counts = frame["token_count"].astype(int).tolist()
-    results = validate_chunk_frame(frame, 1, model_limit, validation_cache(settings)) if len(frame) else []
+def check_chunks(store: Store, settings: Settings, model_limit: int, preload: bool = False) -> QualityResult:
+    """Chunk sizes within [1, model limit], text present, ids unique (GX); warn on many tiny chunks.
+    `preload`: a frame not validated before is validated in the validation process, started now
+    if it is not running (`validate_chunk_frame`)."""
+    rows = chunk_rows(store)
+    counts = [int(r["token_count"]) for r in rows]
+    results = validate_chunk_frame(rows, 1, model_limit, validation_cache(settings), preload) if rows else []
     failed = [r for r in results if not r["success"]]
     p = settings.pipeline
     tiny = sum(1 for c in counts if c < p.tiny_chunk_tokens)
@@ -277,7 +293,7 @@ def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityR
         description = f"{tiny_fraction:.0%} of chunks are under {p.tiny_chunk_tokens} tokens (limit {p.max_tiny_fraction:.0%})"
     else:
         description = f"{len(counts)} chunks within [1, {model_limit}] tokens"
-    oversize = frame[frame["token_count"] > model_limit]
+    oversize = [r["chunk_id"] for r in rows if r["token_count"] > model_limit]
     return QualityResult(
         passed=not failed and not too_tiny,
         severity="error" if failed else "warn",
@@ -285,7 +301,7 @@ def check_chunks(store: Store, settings: Settings, model_limit: int) -> QualityR
         metadata={"chunks": len(counts), **pct, "max": max(counts, default=0), "model_limit": model_limit,
                   "tiny_chunks": tiny, "tiny_fraction": round(tiny_fraction, 4),
                   "expectations_failed": len(failed), "expectations": len(results),
-                  "oversize_ids": oversize["chunk_id"].tolist()[:50]},
+                  "oversize_ids": oversize[:50]},
         markdown={"histogram": token_histogram(counts),
                   "expectations": markdown_table(results, ["expectation", "column", "success", "unexpected", "sample"])},
     )

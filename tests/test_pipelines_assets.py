@@ -268,7 +268,7 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
     new content, only in runs that embed; never for a raw_documents-only run or unchanged files.
     The validation process (seconds of importing Great Expectations) starts once the run's stages,
     which encode beside chunking, are done (beside the index and checks' steps, not beside the
-    encoding), and not at all for a raw_documents-only run."""
+    encoding), for a run with the chunk_sizes check, and not at all for a raw_documents-only run."""
     quality._stop_validator()  # an earlier test's process would hide when this run starts one
     root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
@@ -284,7 +284,7 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         assert fresh.prepared_on is None and "_model" not in fresh.__dict__
         assert quality._validator is None
         # keys[0] is unchanged now, keys[1] is new: its chunks need the model
-        result = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
+        result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag}, tags=tags)
         assert result.success and _statuses(result, "raw_documents") == {keys[0]: "unchanged", keys[1]: "ok"}
         assert fresh.prepared_on == "rag-prepare" and fresh.validator_started_first is False
         assert quality._validator is not None  # started for the chunk_sizes check after the stages
@@ -293,6 +293,56 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         again = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)
         assert again.success and set(_statuses(again, "raw_documents").values()) == {"unchanged"}
         assert fresh.prepared_on is None  # nothing new: nothing to load
+
+
+def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_factory, monkeypatch):
+    """Once a run's stages are done (in its first step), the HNSW index is built, the files'
+    graph reported and the recall, orphan and chunk-size checks are computed on threads of the
+    run, while the later stage steps write each file's events; the hnsw_index and knowledge_graph
+    steps and the checks report those results, on the run's final data. A run without the
+    chunk_sizes check starts no validation process (seconds of importing Great Expectations) for
+    its new chunks."""
+    from pipelines import graph_assets
+    from rag_lib.ingest.stages import Publisher
+
+    threads: dict[str, str] = {}
+
+    def on_thread(name, real):
+        def call(*args, **kwargs):
+            threads[name] = threading.current_thread().name
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Publisher, "ensure_index", on_thread("index", Publisher.ensure_index))
+    for check in ("check_hnsw", "check_vector_table", "check_chunks"):
+        monkeypatch.setattr(quality, check, on_thread(check, getattr(quality, check)))
+    monkeypatch.setattr(graph_assets, "graph_outcomes", on_thread("graph", graph_assets.graph_outcomes))
+    quality._stop_validator()
+    root = corpus_copy(*RELS[:2])
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        tags = range_tags(keys[0], keys[-1])
+        assert materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)}, tags=tags).success
+        assert quality._validator is None  # new chunks, but no chunk_sizes check in this run
+        assert threads == {"index": "rag-after-index_0"}
+        threads.clear()
+        (root / RELS[1]).write_text((root / RELS[1]).read_text() + "\nnotes: one more section for a new chunk\n")
+        result = materialize(ASSETS + graph_assets.GRAPH_ASSETS + CHECKS, instance=instance,
+                             resources={"rag": rag_factory(root)}, tags=tags)
+    assert result.success
+    assert threads == {"index": "rag-after-index_0", "graph": "rag-after-index_0", "check_hnsw": "rag-after-index_0",
+                       "check_vector_table": "rag-after-index_0", "check_chunks": "rag-after-chunks_0"}
+    assert _statuses(result, "knowledge_graph") == {keys[0]: "ok", keys[1]: "ok"}  # its first report
+    assert quality._validator is not None  # the changed frame was validated beside the run
+    mats = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    assert mats[("hnsw_index", None)]["valid"].value is True and mats[("hnsw_index", None)]["rows_indexed"].value > 0
+    assert mats[("knowledge_graph", keys[1])]["nodes"].value > 0
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert all(checks[n].passed for n in ("hnsw_recall", "vector_table_orphans", "chunk_sizes")), checks
+    chunks = sum(mats[("chunks", k)]["chunks"].value for k in keys)
+    assert checks["chunk_sizes"].metadata["chunks"].value == chunks  # the frame after this run's stages
+    assert checks["vector_table_orphans"].metadata["chunks"].value == chunks
 
 
 def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):

@@ -14,13 +14,12 @@ pytestmark = pytest.mark.subprocess
 # script (materialize_corpus) does to the chunk check. Spawning a validation process would re-run
 # this top level in the child, which Python refuses, and the check would fail.
 SCRIPT = textwrap.dedent("""
-    import pandas as pd
     from rag_lib import quality
 
     print("top level ran", flush=True)
     quality.preload_great_expectations()
-    frame = pd.DataFrame({"chunk_id": ["a", "b"], "token_count": [5, 900], "text_chars": [1, 1]})
-    results = quality.validate_chunk_frame(frame, 1, 256)
+    rows = [{"chunk_id": "a", "token_count": 5, "text_chars": 1}, {"chunk_id": "b", "token_count": 900, "text_chars": 1}]
+    results = quality.validate_chunk_frame(rows, 1, 256)
     bad = [r["expectation"] for r in results if not r["success"]]
     print("failed:", ",".join(bad), flush=True)
     print("validation process:", quality._validator is not None, flush=True)
@@ -43,8 +42,8 @@ def test_a_guarded_script_validates_beside_itself(tmp_path):
     """A script that keeps its work under `if __name__ == "__main__"` may be re-imported by the
     spawned validation process: Great Expectations' import then runs beside the caller."""
     script = tmp_path / "my_script.py"
-    body = textwrap.indent(SCRIPT.split("import pandas as pd", 1)[1].split("from rag_lib import quality", 1)[1], "    ")
-    script.write_text("import pandas as pd\nfrom rag_lib import quality\n\n\ndef main():\n" + body
+    body = textwrap.indent(SCRIPT.split("from rag_lib import quality", 1)[1], "    ")
+    script.write_text("from rag_lib import quality\n\n\ndef main():\n" + body
                       + "\n\nif __name__ == \"__main__\":\n    main()\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={"GX_ANALYTICS_ENABLED": "false", "PATH": "/usr/bin:/bin",
