@@ -124,8 +124,8 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
         steps.insert(1, runner.encode_ahead)
     rounds = ingest_run.in_rounds(targets)  # the library's rounds: small first and last
     try:
-        for _ in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
-            pass
+        for done in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
+            runner.release(done)  # as `rag ingest`: the run holds only the files in flight
     finally:
         runner.abandon_started()
     if len(targets) > 1 or not any(o.status == "failed" for o in out[targets[0].key].values()):

@@ -96,8 +96,17 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
          as_json: bool, parallel: Optional[int] = None) -> None:
-    from pipelines.instance import get_instance
-    from pipelines.launch import materialize_corpus
+    import gc
+
+    gc.disable()  # importing Dagster: see pipelines.resources.collections_paused (not imported yet)
+    try:
+        from pipelines.instance import get_instance
+        from pipelines.launch import materialize_corpus
+        from pipelines.resources import ends_with_its_runs
+    finally:
+        gc.freeze()  # this command's process ends with its runs
+        gc.enable()
+    ends_with_its_runs()
 
     settings = get_settings()
     roots = _roots(paths, collection)

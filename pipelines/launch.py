@@ -10,7 +10,7 @@ import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from pipelines import dagster_private
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, keys_needing_runs, plan_ranges, range_tags,
                                   record_refused, sync_partitions)
-from pipelines.resources import stage_runner
+from pipelines.resources import collections_paused, stage_runner
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -144,7 +144,9 @@ def location_in_process(instance) -> Iterator[Any]:
     runs here, as the run worker the code server would start does."""
     from pipelines.instance import WORKSPACE_YAML
 
-    with dagster_private.location_in_process(instance, str(WORKSPACE_YAML), LOCATION) as location:
+    with ExitStack() as stack:
+        with collections_paused():
+            location = stack.enter_context(dagster_private.location_in_process(instance, str(WORKSPACE_YAML), LOCATION))
         yield location
 
 

@@ -345,6 +345,32 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
     assert checks["vector_table_orphans"].metadata["chunks"].value == chunks
 
 
+def test_only_a_process_that_ends_with_its_runs_freezes_its_heap(corpus_copy, rag_factory, monkeypatch):
+    """`rag materialize` and a code server's run worker exit after their runs: the objects alive as
+    a run starts (Dagster, the code location: hundreds of thousands) are left out of the garbage
+    collector's passes for good (seconds of a run's CPU). A process that goes on (these tests, an
+    application calling the job) keeps collecting them, or each run would keep its reference
+    cycles for the process's life."""
+    import gc
+
+    from pipelines import resources
+
+    root = corpus_copy(*RELS[:2])
+    frozen = gc.get_freeze_count()
+    try:
+        with instance_for_test() as instance:
+            keys = _register(instance, root)
+            tags = range_tags(keys[0], keys[-1])
+            assert materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)}, tags=tags).success
+            assert gc.get_freeze_count() == frozen and gc.isenabled()
+            monkeypatch.setitem(resources._ONE_SHOT, "process", True)  # what `rag materialize` marks
+            assert materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root, force=True)},
+                               tags=tags).success
+            assert gc.get_freeze_count() > frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
 def test_postgres_backed_instance(corpus_copy, pg_server, database_url, provider, tmp_path, monkeypatch):
     from dagster_postgres import PostgresRunStorage
 
