@@ -204,6 +204,10 @@ class RagResource(ConfigurableResource):
             self._preparing = None
         for pool in self._after_lanes.values():  # a failed run's unused work: what runs ends, the rest never starts
             pool.shutdown(wait=True, cancel_futures=True)
+        for name, future in self._after.items():  # started ahead for a step that did not run
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("%s, started ahead for a step the run did not reach, failed", name,
+                            exc_info=future.exception())
         self._after_lanes, self._after = {}, {}
         self._runner = None
         self._ahead = {}
