@@ -211,6 +211,9 @@ class _ProviderDown(LocalProvider):
     def embed_counted(self, texts):
         raise ConnectionError("embedding provider unreachable")
 
+    def start_counted(self, texts):  # the local model's own starts its batch on ONNX: a remote one's waits
+        return lambda: self.embed_counted(texts)
+
 
 def _fail_mid_way(pg_server: str, migrated_template: str, home, monkeypatch, ours: bool) -> dict:
     """Run `ingest_files` over one new file (not in any embedding cache) with the provider down,
