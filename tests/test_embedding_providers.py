@@ -374,6 +374,22 @@ def test_at_most_queue_depth_mini_batches_wait_and_a_caller_queueing_more_waits(
     assert len(queued[0].result()) == len(rows) and len(held.started) == len(rows)
 
 
+def test_a_local_provider_that_replaces_embed_counted_is_still_called_for_batches_started_ahead(provider):
+    """An ingest starts its batches through `start_counted`: a subclass that replaces
+    `embed_counted` (a wrapper, a stand-in for a provider that is down) is called for them as before,
+    not bypassed by the local model's own queueing."""
+
+    class Down(LocalProvider):
+        def embed_counted(self, texts):
+            raise ConnectionError("embedding provider unreachable")
+
+    down = Down(provider.model, provider.dimensions)
+    down.__dict__["_onnx"] = provider._onnx  # the loaded model: only the override may stop the batch
+    finish = down.start_counted(["NVDA bull case", "which trades hit their stop loss after earnings"])
+    with pytest.raises(ConnectionError, match="unreachable"):
+        finish()
+
+
 def test_a_local_batch_counts_the_tokens_it_encodes_without_tokenizing_again(provider, monkeypatch):
     """The usage of an ingest batch (tokens per run) is the token ids the model read, [CLS] and
     [SEP] included, counted from the encoding itself: the texts are tokenized once, not again to be

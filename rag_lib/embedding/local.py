@@ -147,7 +147,10 @@ class LocalProvider(EmbeddingProvider):
     def start_counted(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
         """A batch on ONNX: its texts tokenized and its mini-batches queued for the encoder's
         workers now (`OnnxEncoder.submit_rows`), the vectors waited for when the returned function
-        is called; anything else is encoded then."""
+        is called; anything else is encoded then, as is everything for a subclass that replaces
+        `embed_counted` (a wrapper or a stand-in keeps being called)."""
+        if type(self).embed_counted is not LocalProvider.embed_counted:
+            return super().start_counted(texts)
         if len(texts) < 2 or self._batch_encoder is None:
             return lambda: EmbeddingProvider.embed_counted(self, texts)
         rows = self.tokenizer().model_inputs_many(texts)
