@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rag_lib.config import SearchSettings
 from rag_lib.search.fusion import Candidates, convex, document_evidence, rrf
 from rag_lib.models import SearchHit
 
@@ -87,6 +88,39 @@ If a fix does not work within 30 minutes, page the on-call engineer.
 }
 
 
+DECEMBER = {
+    "database-vendor.md": """# Database vendor review, December
+
+## Price action
+The shares fell 12% in the last two weeks of the year. Tax-loss harvesting into year end and thin
+holiday trading volume deepened the selloff.
+
+## Cloud backlog
+Remaining performance obligations grew on large AI infrastructure contracts.
+
+## Valuation
+The stock trades at 25 times forward earnings.
+""",
+    "market-notes.md": """# Market notes
+
+## Why stocks drop
+A stock can fall sharply when the market turns against a crowded trade, when guidance disappoints or
+when investors rotate out of a sector.
+
+## Seasonality
+Some months are historically stronger than others for equities.
+""",
+    "chipmaker.md": """# Chipmaker review
+
+## Data center
+Data center revenue doubled on accelerator demand.
+
+## Gaming
+Gaming sales were flat.
+""",
+}
+
+
 def _corpus(kb, root: Path, files: dict[str, str]) -> None:
     (root / "notes").mkdir(parents=True)
     for name, text in files.items():
@@ -120,6 +154,25 @@ def test_a_rare_identifier_is_not_outvoted_by_generic_sections(kb, tmp_path):
     assert units[0] == "notes/gateway.md#Session expiry", units
 
 
+def test_with_a_semantic_floor_a_weak_semantic_match_elsewhere_ranks_below_the_full_text_match_s_document(
+        kb, tmp_path):
+    # nothing is semantically close to the question (best cosine ~0.36); full text finds the vendor's
+    # review by "december", "tax" and "harvesting". Divided by its own best (the default), the semantic
+    # list lifts the chipmaker's section, which shares no word with the question, above one of the
+    # review's sections; with `convex_semantic_floor` 0.5 it ranks below all four
+    _corpus(kb, tmp_path / "corpus", DECEMBER)
+    query, chip = "was the december slide about tax harvesting", "notes/chipmaker.md#Data center"
+    assert SearchSettings().convex_semantic_floor == 0.0  # off by default (README, Retrieval)
+    units = _units(kb, query, top_k=5)
+    assert units[0] == "notes/database-vendor.md#Price action"
+    assert units.index(chip) < units.index("notes/database-vendor.md#Cloud backlog"), units
+    kb.settings.search.convex_semantic_floor = 0.5
+    units = _units(kb, query, top_k=5)
+    assert units[0] == "notes/database-vendor.md#Price action"
+    review = [u for u in units if u.startswith("notes/database-vendor.md#")]
+    assert len(review) == 4 and units.index(chip) > max(units.index(u) for u in review), units
+
+
 def _hit(cid: str, score: float, path: str = "a.md") -> SearchHit:
     return SearchHit(chunk_id=cid, score=score, text="", doc_id=path, path=path, section=cid, section_path=cid,
                      unit_id=f"{path}#{cid}", doc_type="note", collection="c")
@@ -142,3 +195,16 @@ def test_document_evidence_lifts_only_documents_with_several_matches(weight):
     ranked = [_hit("a1", 0.9, "a.md"), _hit("b1", 0.5, "b.md"), _hit("a2", 0.45, "a.md"), _hit("a3", 0.44, "a.md")]
     order = [h.chunk_id for h in document_evidence(ranked, 3, weight)]
     assert order == (["a1", "b1", "a2", "a3"] if weight == 0 else ["a1", "a2", "a3", "b1"])
+
+
+def test_a_semantic_floor_weighs_a_weak_semantic_list_less():
+    """Nothing matches the question well semantically (best cosine 0.30): divided by its own best, the
+    semantic list still counts in full and its first hit `y` wins; with a floor of 0.5 its scores count
+    for what they are worth and full text's first hit `x` comes first. A list whose best reaches the
+    floor is divided by its best, as without one."""
+    def lists(first: float, second: float) -> list[Candidates]:
+        return [Candidates("semantic", [_hit("y", first), _hit("x", second)]),
+                Candidates("lexical", [_hit("x", 0.6), _hit("y", 0.5)])]  # raw 1.5 and 1.0
+    assert [h.chunk_id for h in convex(lists(0.30, 0.18), 0.5)] == ["y", "x"]
+    assert [h.chunk_id for h in convex(lists(0.30, 0.18), 0.5, semantic_floor=0.5)] == ["x", "y"]
+    assert [h.chunk_id for h in convex(lists(0.60, 0.36), 0.5, semantic_floor=0.5)] == ["y", "x"]

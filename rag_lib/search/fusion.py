@@ -42,11 +42,13 @@ def rrf(lists: list[Candidates], k: int = 60) -> list[SearchHit]:
     return out
 
 
-def convex(lists: list[Candidates], alpha: float) -> list[SearchHit]:
+def convex(lists: list[Candidates], alpha: float, semantic_floor: float = 0.0) -> list[SearchHit]:
     """Fuse by a convex combination of scores: each list's scores divided by its best (cosine for
     semantic lists, the raw full-text score for lexical ones), semantic lists weighted `alpha` and
     the others `1 - alpha`, times their own weights. Unlike RRF, a much better match in one list is
-    not outvoted by a middling one that appears in both. Scores are scaled to [0, 1]."""
+    not outvoted by a middling one that appears in both. A semantic list whose best cosine is below
+    `semantic_floor` is divided by the floor instead: when nothing is close to the question, its
+    first hit does not count as a perfect match. Scores are scaled to [0, 1]."""
     fused: dict[str, float] = {}
     first: dict[str, SearchHit] = {}
     best = 0.0
@@ -57,7 +59,8 @@ def convex(lists: list[Candidates], alpha: float) -> list[SearchHit]:
         # lexical hits carry raw / (1 + raw): recover the raw score, whose ratios mean something
         values = [h.score if semantic else h.score / max(1e-9, 1.0 - h.score) for h in cand.hits]
         # divided by the list's best only: subtracting its lowest (min-max) lowered both dev sets
-        top = max(values) or 1.0
+        # a weak semantic list (best cosine below the floor) counts for what its cosines are worth
+        top = max(max(values), semantic_floor if semantic else 0.0) or 1.0
         weight = cand.weight * (alpha if semantic else 1.0 - alpha)
         best += weight
         for hit, value in zip(cand.hits, values):

@@ -58,6 +58,7 @@ class SearchOptions:
     document_units: int = 3
     fusion: str = "convex"
     convex_alpha: float = 0.5
+    convex_semantic_floor: float = 0.0
     descriptor_weight: float = 1.0
     descriptor_weight_other: float = 0.4
     feedback_weight: float = 0.8
@@ -244,7 +245,7 @@ def _first_pass(lists: list[Candidates], plan: QueryPlan, opts: SearchOptions, m
         if len(lists) == 1:
             ranked = lists[0].hits  # one list keeps its own scale: cosine or normalised full-text rank
         elif opts.fusion == "convex" and mode == "hybrid":  # lists of one kind share a scale: RRF as before
-            ranked = convex(lists, opts.convex_alpha)
+            ranked = convex(lists, opts.convex_alpha, opts.convex_semantic_floor)
         else:
             ranked = rrf(lists, opts.rrf_k)
         ranked = _hints(ranked, plan, opts)
