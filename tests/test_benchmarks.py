@@ -62,6 +62,14 @@ def _tiny_set_folder(tmp: Path) -> Path:
     return folder
 
 
+def _built_search_bench(corpus: Path, tmp: Path) -> list[str]:
+    """search_latency.py measures a database search.py built: build a tiny one first (--build-only)."""
+    done = run("search.py", "--corpus", str(corpus), "--chunks", "400", "--build-only", "--work", str(tmp / "bench"),
+               cwd=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ["--work", str(tmp / "bench")]
+
+
 # Per script: the arguments of a run of a few seconds (given the small corpus copy `corpus`, a
 # scratch folder `tmp`), and figures its JSON line must hold.
 SMALL = {
@@ -111,6 +119,8 @@ SMALL = {
     "search.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "400", "--queries", "3",
                                        "--recall-queries", "2", "--warmup", "0", "--work", str(tmp / "bench")],
                   set()),
+    "search_latency.py": (lambda corpus, tmp: [*_built_search_bench(corpus, tmp), "--queries", "3", "--warmup", "1"],
+                          {"latency", "stages_p95", "feedback_applied", "load_start", "load_end"}),
     "soak.py": (lambda corpus, tmp: ["--seconds", "3", "--clients", "2", "--files", "3"], set()),
 }
 
