@@ -104,13 +104,6 @@ def check_vector_table(store: Store, space: str) -> QualityResult:
 FRAME_COLUMNS = ["chunk_id", "token_count", "text_chars"]
 
 
-def chunk_rows(store: Store) -> list[dict[str, Any]]:
-    """The chunk frame's rows (`FRAME_COLUMNS`), as plain dicts: the DataFrame Great Expectations
-    validates is built where it validates (pandas' import is ~0.5-0.8 s this process need not pay
-    when the frame was validated before, or when the validation process does it)."""
-    return store.chunk_frame_rows()
-
-
 # A process that imports Great Expectations (seconds of imports) beside the caller, so that the
 # import runs on another core while the caller works; validations then run there. Importing it
 # in a background thread instead races with the caller's own first imports (partially
@@ -195,11 +188,6 @@ def _validated(cache: Path, digest: str) -> list[dict[str, Any]] | None:
     return saved.get("results") if saved.get("digest") == digest else None
 
 
-def frame_validated(rows: list[dict[str, Any]], min_tokens: int, max_tokens: int, cache: Path) -> bool:
-    """Whether `validate_chunk_frame` would answer from `cache` (no Great Expectations needed)."""
-    return _validated(cache, _frame_digest(rows, min_tokens, max_tokens)) is not None
-
-
 def validates_beside() -> bool:
     """Whether a validation would run in the validation process (started, or startable: see
     `preload_great_expectations`), so never imports Great Expectations in this process."""
@@ -268,17 +256,13 @@ def validation_cache(settings: Settings) -> Path:
     return settings.home / "quality"
 
 
-def chunks_validated(store: Store, settings: Settings, model_limit: int) -> bool:
-    """Whether `check_chunks` would need no Great Expectations now (the frame validated last time)."""
-    rows = chunk_rows(store)
-    return not rows or frame_validated(rows, 1, model_limit, validation_cache(settings))
-
-
 def check_chunks(store: Store, settings: Settings, model_limit: int, preload: bool = False) -> QualityResult:
     """Chunk sizes within [1, model limit], text present, ids unique (GX); warn on many tiny chunks.
     `preload`: a frame not validated before is validated in the validation process, started now
     if it is not running (`validate_chunk_frame`)."""
-    rows = chunk_rows(store)
+    # plain rows (`FRAME_COLUMNS`): the DataFrame Great Expectations validates is built where it
+    # validates (pandas' import, ~0.5-0.8 s, is not paid here when the frame was validated before)
+    rows = store.chunk_frame_rows()
     counts = [int(r["token_count"]) for r in rows]
     results = validate_chunk_frame(rows, 1, model_limit, validation_cache(settings), preload) if rows else []
     failed = [r for r in results if not r["success"]]
