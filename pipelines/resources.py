@@ -58,10 +58,16 @@ def collections_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        if _process_ends_with_its_runs():
-            gc.freeze()
+        freeze_if_one_shot()
         if enabled:
             gc.enable()
+
+
+def freeze_if_one_shot() -> None:
+    """In a process that ends with its runs, leave every object alive now out of later collections
+    (`gc.freeze`; see `collections_paused`)."""
+    if _process_ends_with_its_runs():
+        gc.freeze()
 
 # Loading a model costs seconds: one provider per embedding configuration per process.
 _PROVIDERS: dict[str, EmbeddingProvider] = {}
@@ -165,8 +171,7 @@ class RagResource(ConfigurableResource):
         if context.run is None:  # a sensor tick or schedule: no stages, no checks
             return
         skip_final_collections()  # a run worker's exit is part of the run's wall time
-        with collections_paused():  # what is alive as the run starts: out of its collections
-            pass
+        freeze_if_one_shot()  # what is alive as the run starts: out of its collections
         # A run may share its process with earlier runs (`rag materialize` runs it in its own):
         # it scans the roots for tickers and link targets afresh, as a run worker's first run does.
         forget_corpus_indexes()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +175,11 @@ class FileGroup:
     call: Call | None
 
 
+def _texts(chunks: Iterable[Chunk]) -> dict[str, str]:
+    """content hash → the text embedded for it (what `Embedder.start` takes)."""
+    return {c.content_hash: c.embed_text for c in chunks}
+
+
 def _groups(files: Sequence[tuple[Hashable, list[Chunk]]]) -> list[list[tuple[Hashable, list[Chunk]]]]:
     """Consecutive files in groups of at least EMBED_BATCH_CHUNKS chunks (the last one smaller)."""
     groups: list[list[tuple[Hashable, list[Chunk]]]] = [[]]
@@ -298,7 +303,7 @@ class Embedder:
 
     def embed(self, chunks: list[Chunk]) -> EmbedResult:
         """Vectors for chunks, in their order (see `vectors`)."""
-        return self._embedded(chunks, self.start({c.content_hash: c.embed_text for c in chunks}) if chunks else None)
+        return self._embedded(chunks, self.start(_texts(chunks)) if chunks else None)
 
     def _embedded(self, chunks: list[Chunk], call: Call | None) -> EmbedResult:
         if not chunks:
@@ -312,7 +317,7 @@ class Embedder:
     def start_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> list[FileGroup]:
         """Start embedding many files' chunks, in the groups `embed_files` makes (see `start`);
         `embed_files(files, started)` finishes them."""
-        return [FileGroup(group, self.start({c.content_hash: c.embed_text for _, cs in group for c in cs}))
+        return [FileGroup(group, self.start(_texts(c for _, cs in group for c in cs)))
                 for group in _groups(files)]
 
     def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]],
@@ -339,7 +344,7 @@ class Embedder:
         def run(group: list[tuple[Hashable, list[Chunk]]], call: Call | None) -> None:
             try:
                 if call is None:
-                    call = self.start({c.content_hash: c.embed_text for _, cs in group for c in cs})
+                    call = self.start(_texts(c for _, cs in group for c in cs))
                 result = self._embedded([c for _, cs in group for c in cs], call)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 if len(group) > 1:

@@ -289,7 +289,7 @@ class StageRunner:
 
     def abandon_started(self) -> None:
         """Forget what `encode_ahead` started and `embeddings` will not finish (the run stopped)."""
-        for group in {id(g): g for g in self._started.values()}.values():
+        for group in dict.fromkeys(self._started.values()):  # a group by identity (FileGroup: eq=False)
             self.engine.embedder.abandon(group.call)
         self._started.clear()
         self._chunks.clear()
@@ -449,7 +449,7 @@ class StageRunner:
             pending[t.key] = (t, raw["file_hash"], [Chunk.from_dict(c) for d in payload["documents"] for c in d["chunks"]])
 
         outcomes = self._run(EMBEDDINGS, targets, (CHUNKS,), collect)
-        started = list({id(g): g for g in (self._started.pop(t.key, None) for t in targets) if g is not None}.values())
+        started = [g for g in dict.fromkeys(self._started.pop(t.key, None) for t in targets) if g is not None]
         try:
             with self.recording():
                 result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()], started)
