@@ -7,12 +7,12 @@ events; nothing is patched at run time):
   partitions (`supports_partition_subset_in_asset_materialization_planned_events`, the property
   Dagster's `DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS` sets on its own storages), not one
   per asset per file: creating a run over 10,000 files wrote 60,000 events (75 s), over 100,000
-  files 600,000 (9.3 min; docs/scale.md, "Dagster at 100k files"). Dagster reads only
-  per-partition planned events to mark a failed run's partitions failed, so when a run fails this
-  storage writes them then, for the partitions the run planned and nobody materialized since
-  (`_plan_unmaterialized`): the UI's partition bars show the same failed files as before. What is
-  lost: while a run is queued or running, its partitions are not shown "in progress" (the run
-  itself is);
+  files 600,000 (9.3 min; docs/scale.md, "Dagster at 100k files"). Dagster's own query for the
+  partitions a run planned and did not materialize (what the UI's partition bars show failed or in
+  progress) reads only per-partition planned events; ours also reads the runs' partitions from
+  those events (`get_latest_asset_partition_materialization_attempts_without_materializations`),
+  so a failed run's files show failed and a running run's files in progress, as with Dagster's
+  storage, without one event per file;
 - a batch of ASSET_MATERIALIZATION_PLANNED events (a new run plans one per asset per file: 961 for
   160 files) is written as dagster-postgres writes a batch of materializations, one multi-row insert
   and each asset's row once, where it would write each event alone (insert, NOTIFY, asset row,
@@ -39,12 +39,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-import json
-import logging
-import time
+from datetime import datetime, timezone
 from typing import Any
 
-from dagster import DagsterEventType
+from dagster import AssetKey, DagsterEventType, EventLogEntry, deserialize_value
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
 import sqlalchemy as sa
@@ -53,19 +51,16 @@ import sqlalchemy as sa
 _READ_ONCE: ContextVar[dict[str, list[str]] | None] = ContextVar("rag_partition_keys_read_once", default=None)
 _KEY_SETS: ContextVar[dict[str, set[str]] | None] = ContextVar("rag_partition_key_sets", default=None)
 
-
-log = logging.getLogger(__name__)
-FAILED_BATCH = 5_000  # planned events per insert when a failed run's partitions are marked
-_MARK = "@@rag-partition-key@@"  # where a copied planned event's partition key goes
 # What changes whenever a definition's keys do: ids come from a sequence (an added key gets a new,
 # higher one), a deleted key lowers the count, and a wipe followed by as many new keys has later
 # timestamps. Dagster's own table (dagster's event_log/schema.py, `dynamic_partitions`).
 _KEYS_STAMP = sa.text("SELECT count(*), max(id), max(create_timestamp) FROM dynamic_partitions "
                       "WHERE partitions_def_name = :name")
-
-
-def _is_run_failure(event) -> bool:
-    return event.is_dagster_event and event.dagster_event_type == DagsterEventType.RUN_FAILURE
+# Planned events carrying a run's partitions have no partition of their own (dagster's
+# event_log/schema.py, `event_logs`); events written before the asset's last wipe do not count.
+_SUBSET_PLANS = sa.text("SELECT id, run_id, event FROM event_logs WHERE asset_key = :asset_key "
+                        "AND dagster_event_type = 'ASSET_MATERIALIZATION_PLANNED' AND partition IS NULL "
+                        "AND id > :after AND timestamp > :wiped ORDER BY id")
 
 
 def _is_planned(event) -> bool:
@@ -92,56 +87,41 @@ class RagEventLogStorage(PostgresEventLogStorage):
     def supports_partition_subset_in_asset_materialization_planned_events(self) -> bool:
         return True
 
-    def store_event(self, event) -> None:
-        # (a run's failure is always written alone: Dagster batches only asset and check events)
-        super().store_event(event)
-        if _is_run_failure(event):
-            self._plan_unmaterialized(event.run_id)
+    def get_latest_asset_partition_materialization_attempts_without_materializations(
+            self, asset_key: AssetKey, after_storage_id: int | None = None) -> Mapping[str, tuple[str, int]]:
+        """Partition → (run id, planned event id) of its latest plan that no materialization
+        followed: Dagster's answer from per-partition planned events, with the partitions of the
+        runs planned with one event per asset added (the latest plan of a partition wins)."""
+        attempts = dict(super().get_latest_asset_partition_materialization_attempts_without_materializations(
+            asset_key, after_storage_id))
+        plans = self._partition_subset_plans(asset_key, after_storage_id)
+        if not plans:
+            return attempts
+        for plan_id, run_id, keys in plans:  # oldest first
+            for key in keys:
+                if key not in attempts or attempts[key][1] < plan_id:
+                    attempts[key] = (run_id, plan_id)
+        materialized = self.get_latest_storage_id_by_partition(
+            asset_key, DagsterEventType.ASSET_MATERIALIZATION, after_cursor=plans[0][0])
+        return {key: plan for key, plan in attempts.items() if materialized.get(key, 0) < plan[1]}
 
-    def _plan_unmaterialized(self, run_id: str) -> None:
-        """A failed run's partitions that it planned (one event per asset, with the run's
-        partitions) and that nobody materialized since, each planned alone now: Dagster marks a
-        partition failed when its latest planned event, with no materialization after it, belongs
-        to a failed run. Written whichever process reports the failure: the run worker (a step
-        raised), the daemon's run monitoring (the worker died), `rag materialize`."""
-        try:
-            records = self.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
-            now = time.time()
-            for record in records:
-                data = record.event_log_entry.dagster_event.event_specific_data
-                if data.partitions_subset is None:  # planned per partition already (or unpartitioned)
-                    continue
-                done = self.get_materialized_partitions(data.asset_key, after_cursor=record.storage_id)
-                keys = sorted(set(data.partitions_subset.get_partition_keys()) - done)
-                for i in range(0, len(keys), FAILED_BATCH):  # bounded statements: a run may cover 100,000s
-                    self._plan_each(record.event_log_entry, keys[i:i + FAILED_BATCH], now)
-        except Exception:
-            # The failure itself is stored; raising here would turn the run's failure report into
-            # an error of whoever reported it (the run worker, the daemon). Logged, in full.
-            log.exception("run %s failed, but its unmaterialized partitions could not be marked failed "
-                          "in the UI (`rag status` lists the run's failure)", run_id)
-
-    def _plan_each(self, entry, keys: list[str], now: float) -> None:
-        """One planned event per key, as Dagster would have written at the run's creation. The
-        events differ only in their partition: one is serialized and compiled, the rest are copies
-        of its row with the key put in, inserted in one executemany. Building, serializing and
-        compiling each (Dagster's way, or store_event_batch's) cost ~1 ms an event: 60 s for a
-        failed run over 10,000 files."""
-        event = entry.dagster_event
-        data = event.event_specific_data
-
-        def planned(partition: str):
-            return entry._replace(timestamp=now, dagster_event=event.build_asset_materialization_planned_event(
-                event.job_name, event.step_key, type(data)(data.asset_key, partition=partition)))
-
-        template = self.prepare_insert_event(planned(_MARK))
-        row = template.compile().params
-        body = row["event"]
-        rows = [{**row, "event": body.replace(_MARK, json.dumps(key)[1:-1]), "partition": key} for key in keys]
-        table = template.table
-        with self.index_transaction() as conn:
-            ids = [int(r[0]) for r in conn.execute(table.insert().returning(table.c.id), rows)]
-        self.store_asset_event(planned(keys[-1]), max(ids))  # the asset's last planned event
+    def _partition_subset_plans(self, asset_key: AssetKey,
+                                after_storage_id: int | None) -> list[tuple[int, str, list[str]]]:
+        """The asset's planned events that carry a run's partitions, after the cursor and its last
+        wipe, oldest first: (event id, run id, partition keys)."""
+        record = next(iter(self.get_asset_records([asset_key])), None)
+        details = record.asset_entry.asset_details if record else None
+        wiped = (datetime.fromtimestamp(details.last_wipe_timestamp, timezone.utc).replace(tzinfo=None)
+                 if details and details.last_wipe_timestamp else datetime.min)
+        with self.index_connection() as conn:
+            rows = conn.execute(_SUBSET_PLANS, {"asset_key": asset_key.to_string(), "after": after_storage_id or 0,
+                                                "wiped": wiped}).all()
+        plans = []
+        for event_id, run_id, body in rows:
+            subset = deserialize_value(body, EventLogEntry).dagster_event.event_specific_data.partitions_subset
+            if subset is not None:  # an unpartitioned asset's plan has neither partition nor subset
+                plans.append((int(event_id), run_id, list(subset.get_partition_keys())))
+        return plans
 
     def store_event_batch(self, events: Sequence) -> None:
         planned = [e for e in events if _is_planned(e)]

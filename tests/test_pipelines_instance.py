@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from dagster import AssetKey, AssetPartitionStatus, DagsterEventType, DagsterInstance
+from dagster import AssetKey, AssetMaterialization, AssetPartitionStatus, DagsterEventType, DagsterInstance
 from dagster_postgres.event_log import PostgresEventLogStorage
 import pytest
 
@@ -25,8 +25,8 @@ from testkit import create_database
 
 pytestmark = pytest.mark.slow
 
-# file names as users write them: a failed run's per-file events are copies of one serialized event with
-# the key written in (event_log._plan_each), so quotes, backslashes and non-ASCII must read back as given
+# file names as users write them: a run's planned event carries them serialized, so quotes, backslashes
+# and non-ASCII must read back as given
 KEYS = sorted([f"corpus/notes/n{i:02d}.md" for i in range(10)]
               + ['corpus/notes/Bericht "Q3" \\ März.md', "corpus/notes/日本 株式.md"])
 PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table", "knowledge_graph"]
@@ -108,21 +108,54 @@ def test_planned_events_are_one_batch_that_dagster_reads_as_its_own(pg_server, d
     assert len(dagsters["planned"]) == len(KEYS) * len(PARTITIONED) + 1
     assert dagsters["single_writes"].count("ASSET_MATERIALIZATION_PLANNED") == len(dagsters["planned"])
     # ours: one per asset, carrying the run's files (a run's creation no longer grows with its files),
-    # in one batch; then, when the run failed, one per file per asset (what Dagster's failed status reads)
+    # in one batch, and none when the run fails (its files are read from that one event)
     assert ours["planned"] == sorted([(a, ", ".join(KEYS)) for a in PARTITIONED] + [("hnsw_index", "")])
-    assert ours["planned_on_failure"] == sorted(p for p in dagsters["planned"] if p[1])
-    assert dagsters["planned_on_failure"] == []
+    assert ours["planned_on_failure"] == dagsters["planned_on_failure"] == []
     assert "ASSET_MATERIALIZATION_PLANNED" not in ours["single_writes"]
     assert sorted(ours["single_writes"]) == sorted(w for w in dagsters["single_writes"]
                                                    if w != "ASSET_MATERIALIZATION_PLANNED")  # check plans
 
-    # what the UI's partition bars read: failed once the run failed, on both; in progress while
-    # queued only on Dagster's (the price of planning per asset: the run shows it is running)
-    assert dagsters["in_progress"] == {a: KEYS for a in PARTITIONED}
-    assert ours["in_progress"] == {a: [] for a in PARTITIONED}
+    # what the UI's partition bars read: in progress while queued, failed once the run failed, on both
+    assert ours["in_progress"] == dagsters["in_progress"] == {a: KEYS for a in PARTITIONED}
     for result in (ours, dagsters):
         assert result["failed"] == {a: KEYS for a in PARTITIONED}
         assert set(result["last_runs"].values()) == {result["run_id"]}
+
+
+def _partition_statuses_after_mixed_runs(pg_server: str, database_url: str, home, monkeypatch, ours: bool) -> dict:
+    """On a fresh instance (ours, or Dagster's own): a run over every file fails; three files are
+    materialized for `chunks` afterwards; one run over one file and one over two files are left
+    queued; `knowledge_graph` is wiped. Returns each asset's status per file, as the UI reads it."""
+    instance = _instance(pg_server, database_url, home, monkeypatch, ours)
+    job = defs.resolve_job_def("ingest_files")
+    try:
+        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+        failed = instance.create_run_for_job(job, tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]})
+        instance.report_run_failed(failed)
+        for key in KEYS[:3]:
+            instance.report_runless_asset_event(AssetMaterialization("chunks", partition=key))
+        instance.create_run_for_job(job, tags={"dagster/partition": KEYS[5]})
+        instance.create_run_for_job(job, tags={RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[1]})
+        instance.wipe_assets([AssetKey("knowledge_graph")])
+        return {a: instance.get_status_by_partition(AssetKey(a), KEYS, corpus_files) for a in PARTITIONED}
+    finally:
+        instance.dispose()
+
+
+def test_partition_status_over_failed_materialized_queued_and_wiped_runs_reads_as_dagsters_own(
+        pg_server, database_url, tmp_path, monkeypatch):
+    """The UI's partition bars over a history of runs: ours reads each file's latest plan from the
+    runs' one event per asset, and shows what Dagster's storage shows from one event per file."""
+    ours = _partition_statuses_after_mixed_runs(pg_server, database_url, tmp_path / "ours", monkeypatch, ours=True)
+    dagsters = _partition_statuses_after_mixed_runs(pg_server, database_url, tmp_path / "dagster", monkeypatch,
+                                                    ours=False)
+    S = AssetPartitionStatus
+    queued = {KEYS[0], KEYS[1], KEYS[5]}
+    assert dagsters["chunks"] == {k: S.IN_PROGRESS if k in queued else S.MATERIALIZED if k == KEYS[2] else S.FAILED
+                                  for k in KEYS}
+    assert dagsters["embeddings"] == {k: S.IN_PROGRESS if k in queued else S.FAILED for k in KEYS}
+    assert S.FAILED not in (dagsters["knowledge_graph"] or {}).values()  # the wipe forgot the failed run
+    assert ours == dagsters
 
 
 def test_a_batch_that_fails_half_way_is_taken_back_before_dagster_writes_each_event(pg_server, database_url,
@@ -252,6 +285,5 @@ def test_a_run_that_fails_mid_way_shows_the_same_failed_partitions_as_dagsters_s
     assert dagsters["status"]["chunks"] == AssetPartitionStatus.MATERIALIZED
     assert dagsters["status"]["embeddings"] == AssetPartitionStatus.FAILED
     assert ours["status"] == dagsters["status"]
-    # ours planned one event per asset at creation, then one per asset left unmaterialized
-    failed = sum(1 for s in ours["status"].values() if s == AssetPartitionStatus.FAILED)
-    assert ours["planned"] == len(PARTITIONED) + 1 + failed
+    # ours planned one event per asset at creation and none at the failure
+    assert ours["planned"] == len(PARTITIONED) + 1
