@@ -181,3 +181,48 @@ def test_feedback_re_scores_the_pool_and_the_first_units_documents(kb, tmp_path)
     elsewhere = SearchFilters(collection=kb.settings.collection, path="miner.md")
     assert kb.store.semantic_search(query, space["space"], space["dimensions"], elsewhere, len(rows), toward=toward,
                                     weight=0.8, among=among) == []
+
+
+def _statements(monkeypatch) -> list[tuple[str, bool]]:
+    """Every statement the process sends from now on, with whether it went in a pipeline (no round
+    trip of its own); recorded on the way to the real database."""
+    import psycopg
+    from psycopg import pq
+
+    sent: list[tuple[str, bool]] = []
+    execute = psycopg.Connection.execute
+
+    def recording(conn, query, params=None, **kw):
+        text = query if isinstance(query, str) else query.as_string(conn)
+        sent.append((" ".join(text.split()), conn.pgconn.pipeline_status != pq.PipelineStatus.OFF))
+        return execute(conn, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", recording)
+    return sent
+
+
+def test_a_filtered_search_decides_its_scan_once_and_reads_similarities_with_feedback(kb, tmp_path, monkeypatch):
+    """A filter beside the collection is counted (up to search.exact_max_rows + 1 rows) to choose
+    between an exact ranking and the HNSW walk: once per search, not again for feedback's query, which
+    also brings the full-text hits' cosine with the question in its own round trip (no lookup of
+    their own at the end). Both for an exact ranking and for the walk; the hits' similarity is
+    still their cosine with the question."""
+    _ingest(kb, tmp_path)
+    kb.settings.search.feedback_weight = 0.8
+    kb.settings.search.feedback_depth = 2
+    doc_type = kb.search(QUESTION, mode="hybrid", top_k=1).hits[0].doc_type
+    space = kb.store.active_space()["space"]
+    asked = kb.provider.embed([QUESTION])[0]
+    for exact_max_rows in (10_000, 0):  # the notes ranked exactly; then by the walk
+        kb.settings.search.exact_max_rows = exact_max_rows
+        sent = _statements(monkeypatch)
+        result = kb.search(QUESTION, mode="hybrid", top_k=8, doc_type=doc_type)
+        monkeypatch.undo()
+        assert "feedback" in result.timings_ms and len(result.hits) >= 6
+        counts = [s for s, _ in sent if s.startswith("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE")]
+        assert len(counts) == 1, counts
+        cosines = [pipelined for s, pipelined in sent if "1 - (embedding <=> " in s and s.startswith("SELECT chunk_id")]
+        assert cosines == [True]
+        truth = kb.store.similarities(asked, space, [h.chunk_id for h in result.hits])
+        for hit in result.hits:
+            assert abs(hit.similarity - truth[hit.chunk_id]) < 1e-4

@@ -328,6 +328,9 @@ def search(
     # per filter variant, the query's nearest `feedback_pool` x depth chunks when it was ranked exactly
     # (None: by the HNSW walk): feedback re-scores them instead of ranking every filtered row again
     pools: list[list[str] | None] = [None] * len(variants)
+    # per filter variant, the exact-or-HNSW decision its first pass got: feedback's query reuses it
+    # instead of counting the filtered rows again (a round trip; up to exact_max_rows index entries)
+    scans: list[tuple[str, int | None] | None] = [None] * len(variants)
 
     def semantic_lists(depth: int) -> list[Candidates]:
         lists: list[Candidates] = []
@@ -339,7 +342,7 @@ def search(
                                                  min_similarity if n == 0 else 0.0,
                                                  pool=depth * opts.feedback_pool if may_feed and n == 0 else 0)
                     if n == 0:
-                        pools[i] = hits.pool
+                        pools[i], scans[i] = hits.pool, hits.scan
                     if n > 0:
                         for hit in hits:
                             hit.similarity = None
@@ -403,11 +406,18 @@ def search(
             # its pool and the full-text hits are re-scored (with the documents of `toward`): the
             # moved vector's nearest lie among the query's own (README: "Pseudo-relevance feedback's cost")
             found = list(dict.fromkeys(h.chunk_id for c in kept for h in c.hits))
+            # the other lists' hits without a similarity (full text, expansions) get it in the first
+            # variant's round trip, not in a lookup of their own once the search is done
+            unknown = list(dict.fromkeys(h.chunk_id for c in kept for h in c.hits if h.similarity is None))
             again = [Candidates("semantic", store.semantic_search(
                 vectors[0], space["space"], space["dimensions"], f, depth, min_similarity, toward=toward,
-                weight=opts.feedback_weight, among=None if pool is None else pool + found),
-                opts.semantic_weight * fw) for (f, fw), pool in zip(variants, pools)]
+                weight=opts.feedback_weight, among=None if pool is None else pool + found, scan=scan,
+                cosines=unknown if i == 0 else ()),
+                opts.semantic_weight * fw) for i, ((f, fw), pool, scan) in enumerate(zip(variants, pools, scans))]
         if again[0].hits:  # none: no vector stored for the first units, the first pass stands
+            cosines = again[0].hits.cosines
+            for hit in (h for c in kept for h in c.hits if h.similarity is None):
+                hit.similarity = cosines.get(hit.chunk_id)
             lists = again + kept
             ranked = _first_pass(lists, plan, opts, mode, timings)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):

@@ -96,9 +96,13 @@ HIT_COLUMNS = sql.SQL(
 
 class SemanticHits(list):
     """Hits of `semantic_search`; `pool` holds the ids of the query's `pool` nearest chunks (best
-    first) when an exact ranking was asked for them, else None."""
+    first) when an exact ranking was asked for them, else None; `scan` the (scan, rows) decision the
+    filters got (see `_scan_for`; None when `exact` forced it), for a later search with the same
+    filters; `cosines` the query's cosine with each chunk asked for by `cosines=` that has a vector."""
 
     pool: list[str] | None = None
+    scan: tuple[str, int | None] | None = None
+    cosines: dict[str, float] = {}  # replaced, never mutated: one empty dict shared by every instance
 
 
 def hit_from_row(row: dict[str, Any], score: float) -> SearchHit:
@@ -110,8 +114,9 @@ def hit_from_row(row: dict[str, Any], score: float) -> SearchHit:
     )
 
 
-def _hits(cur: psycopg.Cursor) -> SemanticHits:
-    """SemanticHits from a query's rows (chunk columns, distance, similarity, pool)."""
+def _hits(cur: psycopg.Cursor, cosines: psycopg.Cursor | None = None) -> SemanticHits:
+    """SemanticHits from a query's rows (chunk columns, distance, similarity, pool), with the rows of
+    `_COSINES` as its `cosines` when given."""
     cols = [d.name for d in cur.description]
     hits = SemanticHits()
     for values in cur.fetchall():
@@ -120,7 +125,15 @@ def _hits(cur: psycopg.Cursor) -> SemanticHits:
         hit.similarity = float(row["similarity"])
         hits.append(hit)
         hits.pool = hits.pool or row["pool"]
+    if cosines is not None:
+        hits.cosines = {cid: float(sim) for cid, sim in cosines.fetchall()}
     return hits
+
+
+# Cosine similarity of a vector to given chunks' stored vectors in a space (`similarities`, and the
+# `cosines` a feedback query returns in its own round trip)
+_COSINES = ("SELECT chunk_id, 1 - (embedding <=> %s::vector) FROM rag_chunk_vectors"
+            " WHERE space = %s AND chunk_id = ANY(%s)")
 
 
 def text_array(values: Sequence[str]) -> tuple[sql.Composable, Any]:
@@ -430,6 +443,8 @@ class VectorStore:
         weight: float = 0.0,
         pool: int = 0,
         among: Sequence[str] | None = None,
+        scan: tuple[str, int | None] | None = None,
+        cosines: Sequence[str] = (),
     ) -> SemanticHits:
         """Nearest chunks by cosine similarity (score = max(0, cos)). HNSW with iterative scans, except
         when `exact` or when the filters leave at most `search.exact_max_rows` chunks: those are
@@ -443,30 +458,44 @@ class VectorStore:
         and `min_similarity` stay the cosine with the query itself. Nothing when none of them has a
         vector in the space. With `among` as well, only those chunks and the chunks of the
         documents holding `toward` (the filters still apply) are ranked, exactly: a first pass's
-        pool re-scored instead of every filtered row ranked again."""
+        pool re-scored instead of every filtered row ranked again.
+
+        `scan`: the decision an earlier search with the same filters got (its hits' `.scan`), so the
+        filtered rows are not counted again (feedback's query follows the first pass's within the
+        same search). `cosines` (chunk ids): with `toward`, the query's cosine with each of them is
+        read in the same round trip (`.cosines`; the full-text hits' similarity, looked up otherwise
+        once the search is done)."""
         where, params = _filter_sql(filters)
         s = self.settings.search
         moved = bool(toward) and weight > 0
-        scan, rows = None, None
+        scan, rows = scan if scan is not None else (None, None)
         if s.rank_in_process and _collection_only(filters):
             with self.db.reading() as conn:
-                scan, rows = self._scan_for(conn, where, params, filters)
+                if scan is None:
+                    scan, rows = self._scan_for(conn, where, params, filters)
                 if scan == "exact":
                     hits = self._held_search(conn, vector, space, filters.collection, limit, min_similarity,
                                              toward if moved else (), weight,
                                              pool if not moved and 2 * pool <= rows else 0, among)  # as below
                     if hits is not None:
+                        hits.scan = (scan, rows)
                         return hits
         if moved and among is not None:
-            return self._feedback_among(vector, space, where, params, limit, min_similarity, toward, weight, among)
-        with self.db.reading() as conn:
-            if not exact:
-                if scan is None:  # not decided above
-                    scan, rows = self._scan_for(conn, where, params, filters)
-                exact = scan == "exact"
-            # no filter: every vector is ranked anyway; `exact=True` with filters: counted here
-            counted = rows if rows is not None or not (exact and params) else self._scan_for(conn, where, params)[1]
-            whole = exact and (not params or (counted is not None and self._scans_whole_space(conn, space, counted)))
+            hits = self._feedback_among(vector, space, where, params, limit, min_similarity, toward, weight, among,
+                                        cosines)
+            hits.scan = (scan, rows) if scan is not None else None
+            return hits
+        decided = None if exact else scan
+        whole = False
+        if exact or scan != "hnsw":  # a graph walk decided earlier needs nothing more here
+            with self.db.reading() as conn:
+                if not exact:
+                    if scan is None:  # not decided above nor before
+                        scan, rows = self._scan_for(conn, where, params, filters)
+                    decided, exact = scan, scan == "exact"
+                # no filter: every vector is ranked anyway; `exact=True` with filters: counted here
+                counted = rows if rows is not None or not (exact and params) else self._scan_for(conn, where, params)[1]
+                whole = exact and (not params or (counted is not None and self._scans_whole_space(conn, space, counted)))
         # a pool of more than half the rows would save its re-scoring little over ranking them all
         pool = pool if exact and not moved and (rows is None or 2 * pool <= rows) else 0
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
@@ -518,8 +547,12 @@ class VectorStore:
                 args = [np.asarray(vector, dtype=np.float32) / weight, list(toward), *nearest_args, vector,
                         min_similarity, min_similarity]
             cur = conn.execute(query, args)
+            # pipelined too: no round trip of its own
+            known = conn.execute(_COSINES, [vector, space, list(cosines)]) if moved and cosines else None
         # no row (none as similar as min_similarity asks): no pool, and a feedback step ranks afresh
-        return _hits(cur)
+        hits = _hits(cur, known)
+        hits.scan = (decided, rows) if decided is not None else None
+        return hits
 
     # ---- exact rankings in the process ---------------------------------------------------
 
@@ -608,9 +641,10 @@ class VectorStore:
 
     def _feedback_among(self, vector: np.ndarray, space: str, where: sql.Composable, params: list[Any], limit: int,
                         min_similarity: float, toward: Sequence[str], weight: float,
-                        among: Sequence[str]) -> SemanticHits:
+                        among: Sequence[str], cosines: Sequence[str] = ()) -> SemanticHits:
         """Feedback's ranking (see `semantic_search`) of `among` and of the chunks of the documents
-        holding `toward`, exactly: a few hundred rows, not every filtered row again."""
+        holding `toward`, exactly: a few hundred rows, not every filtered row again; with the query's
+        `cosines` to those chunks."""
         among_sql, among_arg = text_array(among)
         with self.db.connection() as conn, conn.pipeline(), conn.transaction():
             conn.execute("SELECT set_config('jit', 'off', true)")  # as in semantic_search
@@ -637,7 +671,8 @@ class VectorStore:
             cur = conn.execute(query, [np.asarray(vector, dtype=np.float32) / weight, list(toward), among_arg,
                                        list(toward), max(limit, len(among)), *params, limit, vector, min_similarity,
                                        vector, min_similarity])
-        return _hits(cur)
+            known = conn.execute(_COSINES, [vector, space, list(cosines)]) if cosines else None
+        return _hits(cur, known)
 
     def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
@@ -645,7 +680,5 @@ class VectorStore:
         if not chunk_ids:
             return {}
         with self.db.reading() as conn:
-            rows = conn.execute(
-                "SELECT chunk_id, 1 - (embedding <=> %s::vector) FROM rag_chunk_vectors"
-                " WHERE space = %s AND chunk_id = ANY(%s)", [vector, space, list(chunk_ids)]).fetchall()
+            rows = conn.execute(_COSINES, [vector, space, list(chunk_ids)]).fetchall()
         return {cid: float(sim) for cid, sim in rows}
