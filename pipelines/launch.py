@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_lib import quality
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
@@ -284,6 +285,8 @@ def materialize_corpus(
         run_config["resources"] = {"rag": {"config": config}}
     stages: dict[str, Counter] = defaultdict(Counter)
     here = runs_in_process(instance, parallel)
+    if not here:  # a validation process `rag materialize` started ahead would serve no run of this process
+        quality.discard_unused_validator()
     with (location_in_process(instance) if here else location_workspace(instance, log_level)) as workspace:
         summary.run_ids = launch_runs(instance, workspace, job_name, run_config, plan_ranges(keys, ordered, parallel),
                                       parallel)

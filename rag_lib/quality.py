@@ -109,6 +109,7 @@ FRAME_COLUMNS = ["chunk_id", "token_count", "text_chars"]
 # in a background thread instead races with the caller's own first imports (partially
 # initialised modules), so it is a process.
 _validator: ProcessPoolExecutor | None = None
+_validator_used = False  # whether a frame was submitted to it (see `discard_unused_validator`)
 
 
 def _import_great_expectations() -> None:
@@ -160,10 +161,26 @@ def preload_great_expectations() -> None:
 
 
 def _stop_validator() -> None:
-    global _validator
+    global _validator, _validator_used
     if _validator is not None:
         _validator.shutdown(wait=True, cancel_futures=True)
-        _validator = None
+        _validator, _validator_used = None, False
+
+
+def discard_unused_validator() -> None:
+    """Stop the validation process if no frame was validated in it: `rag materialize` starts it
+    before it knows whether a run here will validate a new frame (its import then overlaps
+    Dagster's). Terminated, not shut down: a shutdown waits for the import to finish (seconds),
+    and the process exits right after."""
+    global _validator
+    if _validator is None or _validator_used:
+        return
+    pool, _validator = _validator, None
+    # ProcessPoolExecutor has no public way to stop a worker that is still in its initializer
+    # (Python 3.14 adds terminate_workers); without the name, the shutdown waits for the import.
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 VALIDATED = "chunk_frame_validated.json"  # under `cache`: the last frame validated and its results
@@ -201,12 +218,14 @@ def validate_chunk_frame(rows: list[dict[str, Any]], min_tokens: int, max_tokens
     expectation (type, success, counts, samples). With `cache` (a folder), the results of the same
     frame validated last time are returned without Great Expectations: a forced re-run of an
     unchanged corpus (its chunks the same) paid seconds of CPU importing it again."""
+    global _validator_used
     digest = _frame_digest(rows, min_tokens, max_tokens) if cache is not None else ""
     if cache is not None and (results := _validated(cache, digest)) is not None:
         return results
     if preload:
         preload_great_expectations()
     if _validator is not None:
+        _validator_used = True
         results = _validator.submit(_validate_chunk_frame, rows, min_tokens, max_tokens).result()
     else:
         results = _validate_chunk_frame(rows, min_tokens, max_tokens)

@@ -91,3 +91,71 @@ def test_dagster_commands_come_from_the_entry_point():
     proc = subprocess.run([str(BIN / "rag"), "--help"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0 and "materialize" in proc.stdout and " dev " in proc.stdout
+
+
+# `rag materialize` with its validation process observed: when it starts (whether Dagster is
+# imported by then) and what is left of it when the command is done.
+OBSERVED_RAG = """
+import sys
+from rag_lib import quality
+
+start, discard = quality.preload_great_expectations, getattr(quality, "discard_unused_validator", lambda: None)
+
+def observed_start():
+    if quality._validator is None:
+        print("validation process starts; dagster imported:", "dagster" in sys.modules, file=sys.stderr, flush=True)
+    start()
+
+def observed_discard():
+    pool = quality._validator
+    workers = list(pool._processes.values()) if pool is not None else []
+    discard()
+    if pool is not None:
+        print("validation process", "kept" if quality._validator is pool else "stopped",
+              [w.exitcode for w in workers], file=sys.stderr, flush=True)
+
+quality.preload_great_expectations, quality.discard_unused_validator = observed_start, observed_discard
+from rag_lib.cli import main
+sys.argv = ["rag", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_materialize_imports_great_expectations_beside_dagster(corpus_copy, pg_server, database_url, tmp_path):
+    """A `rag materialize` of new files starts the chunk_sizes check's validation process (seconds
+    of importing Great Expectations on one core) before it imports Dagster, so the two imports
+    overlap and the check does not wait for it at the run's end; the process then validates the
+    run's frame. When nothing runs (every file current) it is stopped at once, not waited for; a
+    forced re-run of an unchanged corpus (its frame validated before) starts none."""
+    name = "dagster_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    root = corpus_copy(*RELS)
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path / ".rag"),
+           "DAGSTER_PG_URL": sqlalchemy_url(pg_server, name), "HF_HUB_OFFLINE": "1", "DAGSTER_DISABLE_TELEMETRY": "1"}
+    env.pop("RAG_CONFIG", None)
+
+    def materialize(*args: str) -> tuple[dict, str]:
+        proc = subprocess.run([sys.executable, "-c", OBSERVED_RAG, "materialize", str(root), "--json", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout), proc.stderr
+
+    summary, log = materialize()
+    assert summary["stages"]["chunks"] == {"ok": 2}
+    chunk_sizes = next(c for c in summary["checks"] if c["name"] == "chunk_sizes")
+    assert chunk_sizes["passed"] and chunk_sizes["description"].endswith("tokens")
+    assert "validation process starts; dagster imported: False" in log
+    assert "validation process kept" in log  # it validated the run's new frame
+
+    summary, log = materialize()  # every file current: no run
+    assert not summary["run_ids"] and summary["current"] == 2
+    assert "validation process starts; dagster imported: False" in log
+    assert "validation process stopped [-15]" in log  # terminated (SIGTERM), its import not waited for
+
+    summary, log = materialize("--force")
+    assert summary["stages"]["chunks"] == {"ok": 2}
+    assert "validation process starts" not in log  # the same frame: its validation was kept
+    assert next(c for c in summary["checks"] if c["name"] == "chunk_sizes")["passed"]

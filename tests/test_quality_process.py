@@ -52,3 +52,25 @@ def test_a_guarded_script_validates_beside_itself(tmp_path):
     assert done.stdout.count("top level ran") == 1
     assert "failed: expect_column_values_to_be_between" in done.stdout
     assert "validation process: True" in done.stdout
+
+
+def test_an_unused_validation_process_is_stopped_and_a_used_one_kept():
+    """`discard_unused_validator` ends a validation process no frame was validated in, without
+    waiting for its import (`rag materialize` starts it before knowing whether a run here needs
+    it); one that validated a frame stays for the process's later checks."""
+    from rag_lib import quality
+
+    quality._stop_validator()
+    quality.preload_great_expectations()
+    (worker,) = quality._validator._processes.values()
+    quality.discard_unused_validator()
+    assert quality._validator is None
+    assert worker.exitcode == -15  # terminated during its import, not waited for
+
+    rows = [{"chunk_id": "a", "token_count": 5, "text_chars": 1}]
+    quality.preload_great_expectations()
+    assert all(r["success"] for r in quality.validate_chunk_frame(rows, 1, 256))
+    used = quality._validator
+    quality.discard_unused_validator()
+    assert quality._validator is used
+    quality._stop_validator()
