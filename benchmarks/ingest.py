@@ -8,7 +8,15 @@ processes) is beside it: on a busy machine the wall-time ratio moves with the ot
 `cpu_ratio` (the raw encoder's CPU per chunk over the ingest's, database included) says how much
 work an ingest does beyond encoding.
 
-    .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2]
+`--dagster`: each copy is also ingested by the Dagster run (`rag materialize`'s path in process:
+`materialize_corpus` over the copy, with the same loaded model, into databases of its own), and
+its raw encoder measured right after it too: `dagster_ratio` is the run's encoded chunks/s
+against the raw encoder's, `dagster_run_ratio` the same over the run's own seconds (RUN_START to
+its end: without registering partitions and creating the run). The Dagster run also runs the
+asset checks and reports every file per stage (what operators see); the library and the Dagster
+run take turns in going first.
+
+    .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2] [--dagster]
 """
 
 from __future__ import annotations
@@ -29,6 +37,49 @@ from _bench_db import SHARED, create_database, scratch_server, tree_cpu  # noqa:
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider  # noqa: E402
+from rag_lib.models import CorpusRoot  # noqa: E402
+
+
+def unique_texts(url: str) -> list[str]:
+    """The unique chunk texts a database's ingest encoded: what the raw encoder encodes after it."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+
+
+def dagster_copy(admin: str, work: Path, n: int, root: Path, provider) -> dict:
+    """The Dagster run over one copy, in process (databases of its own, the loaded model): its
+    encoded chunks, wall seconds (`materialize_corpus`), the run's own seconds, and the raw
+    encoder's rate on its texts right after it."""
+    import psycopg
+    from pipelines.instance import get_instance, sqlalchemy_url
+    from pipelines.launch import materialize_corpus
+    from pipelines.resources import preload_provider
+
+    url = create_database(admin, f"dag{n}")
+    settings = Settings(database_url=url, home=work / f".rag-dag{n}")
+    with KnowledgeBase(settings) as kb:
+        kb.store.active_space()  # the schema, made before the clock starts (as the library's first copy)
+    create_database(admin, f"dagster{n}")
+    os.environ["DAGSTER_PG_URL"] = sqlalchemy_url(admin, f"dagster{n}")
+    preload_provider(settings, provider)  # the run's resource takes this model, not a second one
+    instance = get_instance(settings)
+    try:
+        started = time.perf_counter()
+        materialize_corpus(instance, [CorpusRoot(root, "default")], database_url=url, home=str(settings.home))
+        seconds = time.perf_counter() - started
+        run_seconds = sum(r.end_time - r.start_time for r in instance.get_run_records())
+    finally:
+        instance.dispose()
+    with psycopg.connect(url) as conn:
+        encoded = conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
+    texts = unique_texts(url)
+    started = time.perf_counter()
+    provider.embed(texts)
+    raw_rate = len(texts) / (time.perf_counter() - started)
+    return {"encoded": encoded, "seconds": seconds, "run_seconds": run_seconds, "raw_rate": raw_rate}
 
 
 def server_cpu(pgdata: Path) -> float:
@@ -42,7 +93,10 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=SHARED / "corpus")
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=LOCAL_BATCH_SIZE)
+    parser.add_argument("--dagster", action="store_true", help="also ingest each copy by the Dagster run")
     args = parser.parse_args()
+    if args.dagster:
+        import pipelines.definitions  # noqa: F401  (Dagster's imports before any clock starts)
 
     load_before = [round(x, 2) for x in os.getloadavg()]
     provider = LocalProvider("all-MiniLM-L6-v2", 384, batch_size=args.batch_size)
@@ -56,9 +110,12 @@ def main() -> None:
         seconds = cpu = db_cpu = raw_seconds = raw_cpu = 0.0
         per_copy = []
         bases = []
+        dagster: list[dict] = []
         for n in range(args.copies):
             root = work / f"copy{n}"
             shutil.copytree(args.corpus, root)
+            if args.dagster and n % 2 == 1:  # odd copies: the Dagster run goes first
+                dagster.append(dagster_copy(admin, work, n, root, provider))
             url = create_database(admin, f"bench{n}")
             base = KnowledgeBase(Settings(database_url=url, home=work / ".rag"), provider=provider)
             bases.append((base, root))
@@ -73,9 +130,7 @@ def main() -> None:
             embedded += report.embedded
             # Raw encoder: the same texts (this copy's unique chunks), same model and batch size, right
             # after the copy's ingest, so a change of the machine's load meets both sides of the ratio.
-            with base.store.db.connection() as conn:
-                texts = [r[0] for r in conn.execute(
-                    "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+            texts = unique_texts(url)
             started, cpu0 = time.perf_counter(), time.process_time()
             provider.embed(texts)
             copy_raw = time.perf_counter() - started
@@ -83,6 +138,8 @@ def main() -> None:
             raw_cpu += time.process_time() - cpu0
             raw_texts += len(texts)
             per_copy.append(round((report.embedded / copy_seconds) / (len(texts) / copy_raw), 3))
+            if args.dagster and n % 2 == 0:
+                dagster.append(dagster_copy(admin, work, n, root, provider))
         raw_rate = raw_texts / raw_seconds
         # Re-run on the unchanged corpus: nothing to embed or publish.
         started = time.perf_counter()
@@ -93,6 +150,16 @@ def main() -> None:
         for base, _ in bases:
             base.close()
     e2e_encoded_rate = embedded / seconds
+    figures = {}
+    if dagster:
+        raw = sum(d["encoded"] / d["raw_rate"] for d in dagster)  # the raw encoder's seconds on the same texts
+        encoded = sum(d["encoded"] for d in dagster)
+        figures = {"dagster_seconds": round(sum(d["seconds"] for d in dagster), 2),
+                   "dagster_run_seconds": round(sum(d["run_seconds"] for d in dagster), 2),
+                   "dagster_chunks_encoded": encoded,
+                   "dagster_ratio": round(raw / sum(d["seconds"] for d in dagster), 3),
+                   "dagster_ratio_per_copy": [round(d["encoded"] / d["raw_rate"] / d["seconds"], 3) for d in dagster],
+                   "dagster_run_ratio": round(raw / sum(d["run_seconds"] for d in dagster), 3)}
     print(json.dumps({
         "benchmark": "ingest",
         "copies": args.copies,
@@ -111,6 +178,7 @@ def main() -> None:
         "cpu_ratio": round((raw_cpu / raw_texts) / ((cpu + db_cpu) / embedded), 3),
         "rerun_seconds": round(rerun_seconds, 2),
         "rerun_speedup": round(seconds / rerun_seconds, 1),
+        **figures,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_before": load_before,
         "load_after": [round(x, 2) for x in os.getloadavg()],
