@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rag_lib.models import SearchFilters
 from rag_lib.search.retrieval import feedback_chunks
@@ -226,3 +227,56 @@ def test_a_filtered_search_decides_its_scan_once_and_reads_similarities_with_fee
         truth = kb.store.similarities(asked, space, [h.chunk_id for h in result.hits])
         for hit in result.hits:
             assert abs(hit.similarity - truth[hit.chunk_id]) < 1e-4
+
+
+def _round_trips(path: Path, call):
+    """(`call()`, the round trips to the server it made): the server's ReadyForQuery messages (one
+    ends each round trip) in libpq's protocol trace of every connection that executed a statement."""
+    import psycopg
+    from psycopg import pq
+
+    traced: list[psycopg.Connection] = []
+    execute = psycopg.Connection.execute
+    with open(path, "w") as log:
+        def tracing(conn, query, params=None, **kw):
+            if all(c is not conn for c in traced):
+                conn.pgconn.trace(log.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                traced.append(conn)
+            return execute(conn, query, params, **kw)
+
+        psycopg.Connection.execute = tracing
+        try:
+            result = call()
+        finally:
+            psycopg.Connection.execute = execute
+            for conn in traced:
+                conn.pgconn.untrace()  # flushes the trace
+    return result, path.read_text().count("\tReadyForQuery")
+
+
+def test_a_semantic_query_and_its_feedback_query_take_one_round_trip_each(kb, tmp_path):
+    """The settings (jit, the HNSW walk's) and the query of a semantic search, and feedback's query
+    with the full-text hits' cosines, go to the server together and come back in one round trip
+    (they once went inside a transaction in a pipeline: four). The filters' count is one more, and
+    feedback, handed the first pass's decision, makes none. Exact ranking and the HNSW walk."""
+    _ingest(kb, tmp_path)
+    store = kb.store
+    space = store.active_space()
+    query = kb.provider.embed([QUESTION])[0]
+    flt = SearchFilters(collection=kb.settings.collection, section_contains="e")  # 3 sections; not the collection alone
+    rows = {row["chunk_id"]: row for row, _ in store.chunk_vectors(kb.settings.collection, space["space"])}
+    streamer = [c for c, r in rows.items() if Path(r["path"]).name == "streamer.md"]
+    bank = [c for c, r in rows.items() if Path(r["path"]).name == "bank.md"]
+    for exact_max_rows, scan in ((10_000, "exact"), (0, "hnsw")):
+        store.settings.search.exact_max_rows = exact_max_rows
+        store.semantic_search(query, space["space"], space["dimensions"], flt, 3)  # what is cached is cached
+        first, trips = _round_trips(tmp_path / "first.log", lambda: store.semantic_search(
+            query, space["space"], space["dimensions"], flt, 3))
+        assert trips == 2 and first.scan[0] == scan and len(first) == 3  # the count, the ranking
+        again, trips = _round_trips(tmp_path / "again.log", lambda: store.semantic_search(
+            query, space["space"], space["dimensions"], flt, 3, toward=streamer[:2], weight=0.8, scan=first.scan,
+            cosines=bank))
+        assert trips == 1 and len(again) == 3
+        assert again.cosines == pytest.approx(store.similarities(query, space["space"], bank))
+        assert set(again.cosines) == set(bank)

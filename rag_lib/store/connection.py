@@ -220,6 +220,17 @@ class Connections:
                 if not conn.broken:  # a broken one is discarded by the pool
                     conn.autocommit = False
 
+    @contextmanager
+    def pipelined(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in pipeline mode: the block's statements go to the server together and
+        their results come back in one round trip, at the end of the block (read the cursors after
+        it). They run as one transaction, the pipeline's implicit one (autocommit: no BEGIN nor
+        COMMIT), so `set_config(..., true)` holds for the statements after it and ends with them;
+        after an error the rest are skipped and the connection is idle again. A `transaction()`
+        inside a pipeline would cost four round trips: psycopg syncs on entering and leaving it."""
+        with self.reading() as conn, conn.pipeline():
+            yield conn
+
     def fill(self) -> None:
         """Open every connection the pool may hold now, and keep them (a server's): otherwise the pool
         grows one connection at a time while requests queue for one, in every burst after an idle spell."""

@@ -498,8 +498,8 @@ class VectorStore:
                 whole = exact and (not params or (counted is not None and self._scans_whole_space(conn, space, counted)))
         # a pool of more than half the rows would save its re-scoring little over ranking them all
         pool = pool if exact and not moved and (rows is None or 2 * pool <= rows) else 0
-        with self.db.connection() as conn, conn.pipeline(), conn.transaction():
-            # pipelined: BEGIN, the settings, the query and COMMIT go to the server in one round trip.
+        with self.db.pipelined() as conn:
+            # pipelined: the settings and the query go to the server in one round trip, as one transaction.
             # The ranking carries only ids and distances; the chunks' text and metadata are read for the
             # rows kept: an exact ranking carried them for every row it sorted (3,325 here), which
             # was over half of the query's time (EXPLAIN ANALYZE 35 -> 12 ms on the shared corpus)
@@ -646,7 +646,7 @@ class VectorStore:
         holding `toward`, exactly: a few hundred rows, not every filtered row again; with the query's
         `cosines` to those chunks."""
         among_sql, among_arg = text_array(among)
-        with self.db.connection() as conn, conn.pipeline(), conn.transaction():
+        with self.db.pipelined() as conn:
             conn.execute("SELECT set_config('jit', 'off', true)")  # as in semantic_search
             # the documents' chunks are bounded like the pool: a long guide has hundreds
             query = sql.SQL(
