@@ -135,12 +135,13 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
 
 def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> None:
     """Start what the run's later steps would do after the stages this step ran, on threads of
-    the run (`RagResource.start_after`), while this thread writes each stage step's per-file
-    events (seconds of Python): the HNSW index build and the ticker profiles' rebuild (as `rag
-    ingest` ends) with `knowledge_graph`'s per-file graph reports, the recall and orphan checks
-    (queries in Postgres), and the chunk_sizes check, whose frame, when not validated before, is
-    validated in the validation process started now (importing Great Expectations, seconds of CPU:
-    not beside the encoding, which uses both cores). The steps take the results
+    the run (`RagResource.start_after`), while this thread writes each stage step's per-file events
+    (seconds of Python): the HNSW index build and the ticker profiles' rebuild (as `rag ingest`
+    ends) with `knowledge_graph`'s per-file graph reports, the recall and orphan checks and
+    `knowledge_graph`'s five checks (queries in Postgres), and the chunk_sizes check, whose frame,
+    when not validated before, is validated in the validation process (importing Great
+    Expectations, seconds of CPU: started now if `rag materialize` did not start it before
+    importing Dagster, not beside the encoding, which uses both cores). The steps take the results
     (`RagResource.after`) in their turn; what they look at is final once the stages are done (the
     graph reports and profiles are read by none of these checks; `retrieval_quality`, which
     searches with the profiles, runs in its own step)."""
@@ -160,6 +161,11 @@ def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> N
         rag.start_after("check:vector_table", lambda: kb.quality_check("vector_table"), lane="index")
     if _selects(run, "hnsw_index") and _selects_check(run, "hnsw_index", "hnsw_recall"):
         rag.start_after("check:hnsw", lambda: kb.quality_check("hnsw"), lane="index")
+    from rag_lib.graph.checks import GRAPH_CHECKS
+
+    for name in GRAPH_CHECKS:  # queries over the graph, which vector_table wrote with the chunks
+        if _selects_check(run, "knowledge_graph", f"graph_{name}"):
+            rag.start_after(f"graph_check:{name}", lambda name=name: kb.graph_check(name), lane="index")
 
 
 def _chain(run, first: str) -> list[str]:

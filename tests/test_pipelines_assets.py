@@ -303,6 +303,8 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
     chunk_sizes check starts no validation process (seconds of importing Great Expectations) for
     its new chunks."""
     from pipelines import graph_assets
+    from pipelines.graph_checks import GRAPH_CHECKS
+    from rag_lib.graph import checks as graph_checks
     from rag_lib.ingest.stages import Publisher
 
     threads: dict[str, str] = {}
@@ -317,6 +319,8 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
     for check in ("check_hnsw", "check_vector_table", "check_chunks"):
         monkeypatch.setattr(quality, check, on_thread(check, getattr(quality, check)))
     monkeypatch.setattr(graph_assets, "graph_outcomes", on_thread("graph", graph_assets.graph_outcomes))
+    for name, check in graph_checks.GRAPH_CHECKS.items():
+        monkeypatch.setitem(graph_checks.GRAPH_CHECKS, name, on_thread(f"graph_{name}", check))
     quality._stop_validator()
     root = corpus_copy(*RELS[:2])
     with instance_for_test() as instance:
@@ -327,11 +331,12 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
         assert threads == {"index": "rag-after-index_0"}
         threads.clear()
         (root / RELS[1]).write_text((root / RELS[1]).read_text() + "\nnotes: one more section for a new chunk\n")
-        result = materialize(ASSETS + graph_assets.GRAPH_ASSETS + CHECKS, instance=instance,
+        result = materialize(ASSETS + graph_assets.GRAPH_ASSETS + CHECKS + GRAPH_CHECKS, instance=instance,
                              resources={"rag": rag_factory(root)}, tags=tags)
     assert result.success
     assert threads == {"index": "rag-after-index_0", "graph": "rag-after-index_0", "check_hnsw": "rag-after-index_0",
-                       "check_vector_table": "rag-after-index_0", "check_chunks": "rag-after-chunks_0"}
+                       "check_vector_table": "rag-after-index_0", "check_chunks": "rag-after-chunks_0",
+                       **{f"graph_{name}": "rag-after-index_0" for name in graph_checks.GRAPH_CHECKS}}
     assert _statuses(result, "knowledge_graph") == {keys[0]: "ok", keys[1]: "ok"}  # its first report
     assert quality._validator is not None  # the changed frame was validated beside the run
     mats = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata
@@ -340,6 +345,8 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
     assert mats[("knowledge_graph", keys[1])]["nodes"].value > 0
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert all(checks[n].passed for n in ("hnsw_recall", "vector_table_orphans", "chunk_sizes")), checks
+    assert checks["graph_orphan_nodes"].passed and checks["graph_stale_edges"].passed
+    assert checks["graph_counts"].metadata["nodes"].value > 0  # the graph the run's stages wrote
     chunks = sum(mats[("chunks", k)]["chunks"].value for k in keys)
     assert checks["chunk_sizes"].metadata["chunks"].value == chunks  # the frame after this run's stages
     assert checks["vector_table_orphans"].metadata["chunks"].value == chunks
