@@ -239,6 +239,11 @@ class SearchSettings(BaseModel):
     # full-text query (the date boost picks those documents), unless the question selects documents
     # ("stock analyses dated February 2026"). Dev2 cross_doc 0.690 -> 0.730 (README, Retrieval)
     lexical_drop_dates: bool = True
+    # hybrid, one result per unit: a question naming two or more tickers or document types gets each
+    # one's best unit among its first aspect_window results (moved to second place when it is not):
+    # dev 0.756 -> 0.757, dev2 0.660 -> 0.667, CV's held-out folds 0.692 -> 0.697 (README, Retrieval:
+    # "Named tickers and document types covered"); 0 turns it off
+    aspect_window: int = Field(5, ge=0, le=1000)
     # hnsw.ef_search of feedback's second query (0: ef_search). Its vector lies among the first
     # units' own, where a shorter walk finds the same: on 18k chunks of the search benchmark its
     # top 50 against an exact ranking 0.999 at 200, 0.993 at 100, final top 10 as at 200 to 0.9995;

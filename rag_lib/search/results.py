@@ -32,6 +32,32 @@ def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
     return first_by(hits, lambda h: h.unit_id)
 
 
+def cover_named(units: list[SearchHit], tickers: list[str], doc_types: list[str], window: int) -> list[SearchHit]:
+    """A question naming two or more tickers or document types asks about each ("how do the ticker
+    profile, the earnings analysis and the strategy use that"): every ticker and document type it
+    names gets its best-ranked unit among the first `window` units; one with none there has that
+    unit moved to second place (the next missing one to third, ...) with the score of the unit
+    whose place it takes, the first result keeping its place. Otherwise one document's many
+    matching sections can fill the first places while the other named document's best section
+    ranks 20th. `units`: one hit per unit, in rank order; `window` 0: as given."""
+    if window <= 0 or (len(tickers) < 2 and len(doc_types) < 2):
+        return units
+    wanted = [lambda h, t=t: h.doc_type == t for t in doc_types] + \
+        [lambda h, t=t: (h.ticker or "").upper() == t for t in tickers]
+    place = 1
+    for named in wanted:
+        if any(named(h) for h in units[:window]):
+            continue
+        best = next((h for h in units if named(h)), None)
+        if best is not None:
+            units = [h for h in units if h is not best]
+            if place < len(units):  # the score of the place it takes: results stay in score order
+                best.score = max(best.score, units[place].score)
+            units.insert(place, best)
+            place += 1
+    return units
+
+
 def _stem(word: str) -> str:
     return word[:6]
 

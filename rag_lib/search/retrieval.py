@@ -28,7 +28,7 @@ from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf,
                                    weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
-from rag_lib.search.results import excerpt, group_by_unit
+from rag_lib.search.results import cover_named, excerpt, group_by_unit
 
 MODES = ("semantic", "lexical", "hybrid")
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rag-lexical")
@@ -67,6 +67,7 @@ class SearchOptions:
     feedback_pool: int = 10
     lexical_named_ticker_weight: float = 0.1
     lexical_drop_dates: bool = True
+    aspect_window: int = 5
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
     @classmethod
@@ -441,6 +442,8 @@ def search(
     with _timed(timings, "group"):
         if group:
             ranked = group_by_unit(ranked)
+            if mode == "hybrid":
+                ranked = cover_named(ranked, plan.named_tickers, plan.doc_types, opts.aspect_window)
         # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
         # later units behind every other document's first two (as they once did) buried the sections
         # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
