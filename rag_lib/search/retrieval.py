@@ -442,7 +442,7 @@ def search(
     with _timed(timings, "group"):
         if group:
             ranked = group_by_unit(ranked)
-            if mode == "hybrid":
+            if mode == "hybrid" and reranker is None:  # a reranker's order stands (not measured with one)
                 ranked = cover_named(ranked, plan.named_tickers, plan.doc_types, opts.aspect_window)
         # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
         # later units behind every other document's first two (as they once did) buried the sections
