@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
+from _bench_db import SHARED  # noqa: E402  (the shared folder beside the repo, or RAG_SHARED)
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
@@ -270,7 +271,7 @@ class Side:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=str(SHARED / "corpus"))
     parser.add_argument("--sensor-files", type=int, default=10_000)
     parser.add_argument("--commands", action="store_true",
                         help="time `rag ingest` / `rag materialize` as fresh processes (imports, model load, exit)")

@@ -25,6 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _bench_db import SHARED  # noqa: E402  (the shared folder beside the repo, or RAG_SHARED)
 from rag_lib.chunking import Chunker  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.documents import load_file  # noqa: E402
@@ -56,7 +57,7 @@ def corpus_texts(settings: Settings, corpus: Path) -> tuple[list[str], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=str(SHARED / "corpus"))
     parser.add_argument("--chunks", type=int, default=800, help="a random sample of this many chunk texts")
     parser.add_argument("--sizes", default="8,16,64")
     parser.add_argument("--runtimes", default="onnx,torch")
