@@ -170,7 +170,7 @@ def _stop_validator() -> None:
 def discard_unused_validator() -> None:
     """Stop the validation process if no frame was validated in it: `rag materialize` starts it
     before it knows whether a run here will validate a new frame (its import then overlaps
-    Dagster's). Terminated, not shut down: a shutdown waits for the import to finish (seconds),
+    Dagster's). Killed, not shut down: a shutdown waits for the import to finish (seconds),
     and the process exits right after."""
     global _validator
     if _validator is None or _validator_used:
@@ -178,8 +178,11 @@ def discard_unused_validator() -> None:
     pool, _validator = _validator, None
     # ProcessPoolExecutor has no public way to stop a worker that is still in its initializer
     # (Python 3.14 adds terminate_workers); without the name, the shutdown waits for the import.
+    # Killed, not terminated: under pytest-xdist a terminated worker sometimes exited 0 after its
+    # import (its SIGTERM ignored, probably a parent's SIG_IGN, which children inherit), so the
+    # shutdown waited for the import; SIGKILL cannot be ignored.
     for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
+        process.kill()
     pool.shutdown(wait=True, cancel_futures=True)
 
 

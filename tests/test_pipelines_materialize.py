@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -154,10 +153,7 @@ def test_materialize_imports_great_expectations_beside_dagster(corpus_copy, pg_s
     summary, log = materialize()  # every file current: no run
     assert not summary["run_ids"] and summary["current"] == 2
     assert "validation process starts; dagster imported: False" in log
-    # stopped, not kept: terminated mid-import (exit code -15) or already gone (0; seen on a loaded
-    # machine) when the command ends; a shutdown would have waited for the import
-    stopped = re.search(r"validation process stopped \[(-15|0)\]", log)
-    assert stopped, log
+    assert "validation process stopped [-9]" in log, log  # killed, its import not waited for
 
     summary, log = materialize("--force")
     assert summary["stages"]["chunks"] == {"ok": 2}
