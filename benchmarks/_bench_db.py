@@ -108,3 +108,12 @@ def ingest_once(kb, corpus: Path, collection: str = "default") -> float:
         if report.count("failed"):
             raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
     return round(time.perf_counter() - started, 1)
+
+
+def unique_texts(url: str) -> list[str]:
+    """The unique chunk texts a database's ingest encoded: what a raw-encoder comparison encodes."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]

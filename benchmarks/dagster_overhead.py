@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from _bench_db import SHARED  # noqa: E402  (the shared folder beside the repo, or RAG_SHARED)
+from _bench_db import SHARED, unique_texts  # noqa: E402  (the shared folder beside the repo, or RAG_SHARED)
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.db import start_embedded, stop_embedded  # noqa: E402
@@ -153,9 +153,7 @@ def encoder_pace(results: dict, lib: "Side", dag: "Side", provider, tmp: Path) -
     for name, side in (("library", lib), ("dagster", dag)):
         with psycopg.connect(side.url) as conn:
             counts[name] = conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
-    with psycopg.connect(dag.url) as conn:
-        texts = [r[0] for r in conn.execute(
-            "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+    texts = unique_texts(dag.url)
     if provider is None:  # --commands: nothing loaded in this process yet
         provider = get_provider(Settings(database_url=dag.url, home=tmp / "raw_encoder"))
         provider.embed(["warm-up", "a second text"])

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import REPO, SHARED, create_database, scratch_server  # noqa: E402
+from _bench_db import REPO, SHARED, create_database, scratch_server, unique_texts  # noqa: E402
 
 import httpx  # noqa: E402
-import psycopg  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -110,9 +109,7 @@ def main() -> None:
     with scratch_server("rag-bench-embed-") as (admin, work):
         with StubProcess(latency=args.latency) as stub:
             clean = run_ingest(admin, "bench_clean", work / ".rag", args.corpus, stub, args)
-        with psycopg.connect(admin.replace("/postgres?", "/bench_clean?", 1)) as conn:
-            texts = [r[0] for r in conn.execute(
-                "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
+        texts = unique_texts(admin.replace("/postgres?", "/bench_clean?", 1))
         raw_clean = provider_only(texts, args)
         raw_faults = provider_only(texts, args, fault_rate=args.fault_rate, fault="429",
                                    retry_after=args.retry_after, seed=11)

@@ -32,21 +32,12 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_db import SHARED, create_database, scratch_server, tree_cpu  # noqa: E402
+from _bench_db import SHARED, create_database, scratch_server, tree_cpu, unique_texts  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.embedding.local import LOCAL_BATCH_SIZE, LocalProvider  # noqa: E402
 from rag_lib.models import CorpusRoot  # noqa: E402
-
-
-def unique_texts(url: str) -> list[str]:
-    """The unique chunk texts a database's ingest encoded: what the raw encoder encodes after it."""
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT DISTINCT ON (content_hash) embed_text FROM rag_chunks ORDER BY content_hash")]
 
 
 def dagster_copy(admin: str, work: Path, n: int, root: Path, provider) -> dict:
