@@ -68,7 +68,11 @@ modes = args.modes.split(",")
 for mode in modes:
     for q in warm:
         run(mode, {})(q)
+space = store.active_space()["space"]
+# the walk's hnsw.ef_search: fixed (search.ef_search) or scaled with the index (code after 8f01ebe's)
+ef_search = store.ef_search(space) if hasattr(store, "ef_search") else settings.search.ef_search
 out = {"label": args.label, "code": str(Path(rag_lib.__file__).parent.parent), "load_start": os.getloadavg()[0],
+       "ef_search": ef_search, "vectors": store.status_counts(None)["chunks"],
        "latency": {}, "stages_p95": {}, "stages_p50": {}, "feedback_applied": {}}
 for mode in modes:
     for fname in args.filters.split(","):

@@ -126,9 +126,12 @@ class ChunkSettings(BaseModel):
 
 class SearchSettings(BaseModel):
     top_k: int = 10
-    # recall@10 vs exact on 100k chunks: 0.94 at 100, 0.975 at 200 (+1.7 ms); at 1M (halfvec,
-    # ef_construction 256, quiet machine): 0.943 at 200, 0.971 at 300, 0.979 at 400 (docs/scale.md)
-    ef_search: int = 300
+    # hnsw.ef_search; 0: scaled with the HNSW index's rows (`vectors.scaled_ef_search`): 200 up to
+    # 100,000, then 100 more per tenfold (250 at 316k, 300 at 1M). recall@10 vs exact on 100k chunks:
+    # 0.94 at 100, 0.975 at 200 (+1.7 ms); at 1M (halfvec, ef_construction 256, quiet machine): 0.943 at
+    # 200, 0.971 at 300, 0.979 at 400 (docs/scale.md). A fixed 300 made every search below 1M walk
+    # half as far again for recall it did not need there (issue 30: the date filter's hybrid p95)
+    ef_search: int = Field(0, ge=0, le=1000)
     hnsw_m: int = 16
     # 128 -> 256 on the 100k benchmark: recall@10 at ef_search 200 0.924/0.941 -> 0.974/0.977 (two
     # builds each; the graph differs per build), same search time, index build 37 -> 55 s
@@ -244,7 +247,7 @@ class SearchSettings(BaseModel):
     # dev 0.756 -> 0.757, dev2 0.660 -> 0.667, CV's held-out folds 0.692 -> 0.697 (README, Retrieval:
     # "Named tickers and document types covered"); 0 turns it off
     aspect_window: int = Field(5, ge=0, le=1000)
-    # hnsw.ef_search of feedback's second query (0: ef_search). Its vector lies among the first
+    # hnsw.ef_search of feedback's second query (0: as the first's, `ef_search`). Its vector lies among the first
     # units' own, where a shorter walk finds the same: on 18k chunks of the search benchmark its
     # top 50 against an exact ranking 0.999 at 200, 0.993 at 100, final top 10 as at 200 to 0.9995;
     # exact rankings (filters leaving <= exact_max_rows chunks, the shared corpus) ignore it

@@ -337,7 +337,7 @@ def check_hnsw(store: Store, settings: Settings, space: str, dimensions: int, k:
                             "size_bytes": state["size_bytes"], "min_recall": p.min_recall}
     if not (state["exists"] and state["valid"]):
         return QualityResult(False, "error", f"HNSW index {state['index']} is missing or invalid", meta)
-    ef = max(settings.search.ef_search, k)
+    ef = max(store.ef_search(space), k)  # what searches use (search.ef_search 0: scaled with the index)
     measured = store.measure_recall(space, dimensions, p.recall_sample, k, ef)
     store.record_recall(space, measured["recall"], ef)
     meta.update({f"recall_at_{k}": round(measured["recall"], 4), "ef_search": ef, "sample_size": measured["sample"]})

@@ -59,6 +59,41 @@ def test_selective_filters_are_ranked_exactly(corpus_kb):
     assert {h.ticker for h in store.semantic_search(vector, space["space"], space["dimensions"], nvda, 20)} == {"NVDA"}
 
 
+def test_hnsw_walk_scales_with_the_index(corpus_kb, monkeypatch):
+    """search.ef_search 0 (the default): a filtered search over the HNSW index walks 200 candidates
+    up to 100k vectors and 100 more per tenfold (300 at 1M, where 200 gave recall@10 0.943 and 300
+    0.971, docs/scale.md); `rag status` shows what searches use; a set value stands."""
+    import psycopg
+
+    from rag_lib.store import vectors
+
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def spy(self, query, params=None, **kw):  # what the search sets on the real server
+        sent.extend(params[i + 1] for i, p in enumerate(params or ()) if isinstance(p, str) and p == "hnsw.ef_search")
+        return execute(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", spy)
+    corpus_kb.settings.search.exact_max_rows = 0  # the filter goes through the graph walk
+
+    def walked() -> str:
+        sent.clear()
+        assert corpus_kb.search("data center revenue", mode="semantic", doc_type="stock-analysis").hits
+        return sent[-1]
+
+    assert walked() == "200"  # 3,325 vectors (before: 300 at every size)
+    assert corpus_kb.settings.search.ef_search == 0
+    assert corpus_kb.status()["index"]["ef_search"] == 200
+    assert [vectors.scaled_ef_search(n) for n in (3_325, 100_000, 316_228, 1_000_000, 10_000_000)] == \
+        [200, 200, 250, 300, 400]
+    # the index's own size decides: the same index read as ten times the base size (as 1M is to 100k)
+    monkeypatch.setattr(vectors, "EF_SEARCH_BASE_ROWS", 332)
+    assert walked() == "300" and corpus_kb.status()["index"]["ef_search"] == 300
+    corpus_kb.settings.search.ef_search = 120  # a configured value applies at every size
+    assert walked() == "120" and corpus_kb.status()["index"]["ef_search"] == 120
+
+
 def test_top_k_and_min_similarity(corpus_kb):
     assert len(corpus_kb.search("market regime", top_k=3).hits) == 3
     loose = corpus_kb.search("market regime", mode="semantic", top_k=50).hits

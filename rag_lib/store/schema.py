@@ -44,6 +44,8 @@ class SchemaStore:
                                       ORDER BY r.id DESC LIMIT 1) b ON true
                    WHERE am.amname = 'hnsw' AND i.relnamespace = current_schema()::regnamespace ORDER BY 1"""))
             vectors = conn.execute("SELECT count(*) FROM rag_chunk_vectors").fetchone()[0]
+            active = conn.execute("SELECT space FROM rag_spaces WHERE status = 'active'").fetchone()
+        ef_search = self.ef_search(active[0]) if active else self.settings.search.ef_search or None
         return {
             "index_size_mb": round(float(total[1]) / 2**20, 3),
             "total_size_mb": round(float(total[0]) / 2**20, 3),
@@ -52,7 +54,8 @@ class SchemaStore:
                       "m": h["m"], "ef_construction": h["ef_construction"], "rows_indexed": h["rows_indexed"],
                       "build_seconds": h["build_seconds"],
                       "built_at": h["built_at"].isoformat() if h["built_at"] else None} for h in hnsw],
-            "ef_search": self.settings.search.ef_search,
+            # what searches of the active space use (search.ef_search 0: scaled with its index)
+            "ef_search": ef_search,
         }
 
     def documents_with_fingerprint(self, fingerprint: str) -> list[dict[str, Any]]:
