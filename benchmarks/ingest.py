@@ -12,9 +12,11 @@ work an ingest does beyond encoding.
 `materialize_corpus` over the copy, with the same loaded model, into databases of its own), and
 its raw encoder measured right after it too: `dagster_ratio` is the run's encoded chunks/s
 against the raw encoder's, `dagster_run_ratio` the same over the run's own seconds (RUN_START to
-its end: without registering partitions and creating the run). The Dagster run also runs the
-asset checks and reports every file per stage (what operators see); the library and the Dagster
-run take turns in going first.
+its end: without registering partitions and creating the run), `dagster_steps` where the runs'
+seconds went (each step, `stages`: the first step's stages before its events, `run_start` /
+`run_end`: the run's own start and end around its steps; summed over copies). The Dagster run
+also runs the asset checks and reports every file per stage (what operators see); the library and
+the Dagster run take turns in going first.
 
     .venv/bin/python benchmarks/ingest.py [--corpus ../shared/corpus] [--copies 2] [--dagster]
 """
@@ -62,6 +64,7 @@ def dagster_copy(admin: str, work: Path, n: int, root: Path, provider) -> dict:
         materialize_corpus(instance, [CorpusRoot(root, "default")], database_url=url, home=str(settings.home))
         seconds = time.perf_counter() - started
         run_seconds = sum(r.end_time - r.start_time for r in instance.get_run_records())
+        steps = step_timeline(instance)
     finally:
         instance.dispose()
     with psycopg.connect(url) as conn:
@@ -70,7 +73,43 @@ def dagster_copy(admin: str, work: Path, n: int, root: Path, provider) -> dict:
     started = time.perf_counter()
     provider.embed(texts)
     raw_rate = len(texts) / (time.perf_counter() - started)
-    return {"encoded": encoded, "seconds": seconds, "run_seconds": run_seconds, "raw_rate": raw_rate}
+    return {"encoded": encoded, "seconds": seconds, "run_seconds": run_seconds, "raw_rate": raw_rate,
+            "steps": steps}
+
+
+def step_timeline(instance) -> dict[str, float]:
+    """Where the runs' seconds went, from their event logs: each step's seconds (its STEP_START to
+    its end), `run_start` (RUN_START to the first step), `run_end` (the last step to the run's
+    end), and `stages` (the first step's start to its first per-file materialization: the stages
+    themselves, which that step runs for every stage; the rest of that step writes events)."""
+    from dagster import DagsterEventType
+
+    out: dict[str, float] = {}
+
+    def add(name: str, seconds: float) -> None:
+        out[name] = out.get(name, 0.0) + seconds
+
+    for record in instance.get_run_records():
+        started: dict[str, float] = {}
+        first_step = last_step = first_materialization = None
+        for entry in instance.all_logs(record.dagster_run.run_id):
+            event = entry.dagster_event
+            if event is None:
+                continue
+            if event.event_type == DagsterEventType.STEP_START:
+                started[event.step_key] = entry.timestamp
+                first_step = first_step if first_step is not None else entry.timestamp
+            elif event.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE):
+                add(event.step_key, entry.timestamp - started[event.step_key])
+                last_step = entry.timestamp
+            elif event.event_type == DagsterEventType.ASSET_MATERIALIZATION and first_materialization is None:
+                first_materialization = entry.timestamp
+        if first_step is not None:
+            add("run_start", first_step - record.start_time)
+            add("run_end", record.end_time - last_step)
+            if first_materialization is not None:
+                add("stages", first_materialization - first_step)
+    return out
 
 
 def server_cpu(pgdata: Path) -> float:
@@ -150,7 +189,11 @@ def main() -> None:
                    "dagster_chunks_encoded": encoded,
                    "dagster_ratio": round(raw / sum(d["seconds"] for d in dagster), 3),
                    "dagster_ratio_per_copy": [round(d["encoded"] / d["raw_rate"] / d["seconds"], 3) for d in dagster],
-                   "dagster_run_ratio": round(raw / sum(d["run_seconds"] for d in dagster), 3)}
+                   "dagster_run_ratio": round(raw / sum(d["run_seconds"] for d in dagster), 3),
+                   # the runs' seconds by step (summed over copies), the stages beside them
+                   "dagster_steps": {k: round(sum(d["steps"].get(k, 0.0) for d in dagster), 2)
+                                     for k in sorted({k for d in dagster for k in d["steps"]},
+                                                     key=lambda k: -sum(d["steps"].get(k, 0.0) for d in dagster))}}
     print(json.dumps({
         "benchmark": "ingest",
         "copies": args.copies,

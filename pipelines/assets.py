@@ -151,21 +151,24 @@ def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> N
                                                                      preload=True), lane="chunks")
     if VECTORS not in stages:
         return
+    # Two lanes side by side: the index build runs in PostgreSQL (about one core) while the graph
+    # lane's per-file reports and the profiles' encoding take the other; one after the other they
+    # were the run's longest chain after the stages (docs/scale.md, issue 32 item 2).
     if _selects(run, "hnsw_index"):
         rag.start_after("hnsw_index", kb.engine.publisher.ensure_index, lane="index")
+        if _selects_check(run, "hnsw_index", "hnsw_recall"):  # needs the index
+            rag.start_after("check:hnsw", lambda: kb.quality_check("hnsw"), lane="index")
     if _selects(run, "knowledge_graph"):
         from pipelines.graph_assets import GRAPH, graph_work  # it imports this module
 
-        rag.start_after(GRAPH, lambda: graph_work(rag, keys), lane="index")
+        rag.start_after(GRAPH, lambda: graph_work(rag, keys), lane="graph")
     if _selects_check(run, VECTORS, "vector_table_orphans"):
-        rag.start_after("check:vector_table", lambda: kb.quality_check("vector_table"), lane="index")
-    if _selects(run, "hnsw_index") and _selects_check(run, "hnsw_index", "hnsw_recall"):
-        rag.start_after("check:hnsw", lambda: kb.quality_check("hnsw"), lane="index")
+        rag.start_after("check:vector_table", lambda: kb.quality_check("vector_table"), lane="graph")
     from rag_lib.graph.checks import GRAPH_CHECKS
 
     for name in GRAPH_CHECKS:  # queries over the graph, which vector_table wrote with the chunks
         if _selects_check(run, "knowledge_graph", f"graph_{name}"):
-            rag.start_after(f"graph_check:{name}", lambda name=name: kb.graph_check(name), lane="index")
+            rag.start_after(f"graph_check:{name}", lambda name=name: kb.graph_check(name), lane="graph")
 
 
 def _chain(run, first: str) -> list[str]:

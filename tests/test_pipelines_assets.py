@@ -296,10 +296,11 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
 
 
 def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_factory, monkeypatch):
-    """Once a run's stages are done (in its first step), the HNSW index is built, the files'
-    graph reported and the recall, orphan and chunk-size checks are computed on threads of the
-    run, while the later stage steps write each file's events; the hnsw_index and knowledge_graph
-    steps and the checks report those results, on the run's final data. A run without the
+    """Once a run's stages are done (in its first step), the HNSW index is built (then its recall
+    measured) on one thread of the run while the files' graph is reported (then the orphan and
+    graph checks computed) on another, and the chunk-size check on a third, while the later stage
+    steps write each file's events; the hnsw_index and knowledge_graph steps and the checks report
+    those results, on the run's final data. A run without the
     chunk_sizes check starts no validation process (seconds of importing Great Expectations) for
     its new chunks."""
     from pipelines import graph_assets
@@ -334,9 +335,10 @@ def test_the_index_and_checks_run_while_the_stage_steps_report(corpus_copy, rag_
         result = materialize(ASSETS + graph_assets.GRAPH_ASSETS + CHECKS + GRAPH_CHECKS, instance=instance,
                              resources={"rag": rag_factory(root)}, tags=tags)
     assert result.success
-    assert threads == {"index": "rag-after-index_0", "graph": "rag-after-index_0", "check_hnsw": "rag-after-index_0",
-                       "check_vector_table": "rag-after-index_0", "check_chunks": "rag-after-chunks_0",
-                       **{f"graph_{name}": "rag-after-index_0" for name in graph_checks.GRAPH_CHECKS}}
+    # the graph's lane beside the index build's, not behind it
+    assert threads == {"index": "rag-after-index_0", "graph": "rag-after-graph_0", "check_hnsw": "rag-after-index_0",
+                       "check_vector_table": "rag-after-graph_0", "check_chunks": "rag-after-chunks_0",
+                       **{f"graph_{name}": "rag-after-graph_0" for name in graph_checks.GRAPH_CHECKS}}
     assert _statuses(result, "knowledge_graph") == {keys[0]: "ok", keys[1]: "ok"}  # its first report
     assert quality._validator is not None  # the changed frame was validated beside the run
     mats = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata

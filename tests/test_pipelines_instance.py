@@ -7,11 +7,16 @@ one; partition keys are read once per block, and again only after they changed."
 
 from __future__ import annotations
 
+import traceback
 import uuid
 
-from dagster import AssetKey, AssetMaterialization, AssetPartitionStatus, DagsterEventType, DagsterInstance
+from dagster import (AssetCheckResult, AssetKey, AssetRecordsFilter, AssetMaterialization, AssetPartitionStatus, BackfillPolicy,
+                     DagsterEventType, DagsterInstance, MaterializeResult, MetadataValue, asset, asset_check,
+                     materialize)
 from dagster_postgres.event_log import PostgresEventLogStorage
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from pipelines.definitions import defs
 from pipelines.event_log import RagEventLogStorage, partition_keys_read_once
@@ -287,3 +292,69 @@ def test_a_run_that_fails_mid_way_shows_the_same_failed_partitions_as_dagsters_s
     assert ours["status"] == dagsters["status"]
     # ours planned one event per asset at creation and none at the failure
     assert ours["planned"] == len(PARTITIONED) + 1
+
+
+def _two_runs_of_per_file_metadata(pg_server: str, database_url: str, home, monkeypatch, ours: bool) -> dict:
+    """On a fresh instance (ours, or Dagster's own), two runs of a step that reports each of KEYS
+    with its own metadata (as the stage steps do) and a check on its asset. Returns each file's
+    latest materialization metadata as stored, the check's result, and the catalog queries
+    (schema lookups) the second run made."""
+    @asset(partitions_def=corpus_files, backfill_policy=BackfillPolicy.single_run())
+    def per_file(context) -> MaterializeResult:
+        for n, key in enumerate(context.partition_keys):
+            context.add_asset_metadata({"status": "ok", "chunks": n, "preview": MetadataValue.md(f"| {key} |")},
+                                       partition_key=key)
+        return MaterializeResult(metadata={"run_partitions": len(context.partition_keys)})
+
+    @asset_check(asset=per_file)
+    def sizes() -> AssetCheckResult:
+        return AssetCheckResult(passed=True, metadata={"chunks": len(KEYS)})
+
+    instance = _instance(pg_server, database_url, home, monkeypatch, ours)
+    catalog: list[str] = []
+
+    def on_query(conn, cursor, statement, *args):  # the event log storage's (the run storage is Dagster's)
+        if "pg_catalog" in statement or "information_schema" in statement:
+            stack = traceback.extract_stack()
+            if any("event_log" in frame.filename for frame in stack):
+                catalog.append(" > ".join(frame.name for frame in stack[-16:-8]))
+
+    try:
+        instance.add_dynamic_partitions(CORPUS_FILES, KEYS)
+        tags = {RANGE_START_TAG: KEYS[0], RANGE_END_TAG: KEYS[-1]}
+        assert materialize([per_file, sizes], instance=instance, tags=tags).success
+        event.listen(Engine, "before_cursor_execute", on_query)
+        try:
+            result = materialize([per_file, sizes], instance=instance, tags=tags)
+        finally:
+            event.remove(Engine, "before_cursor_execute", on_query)
+        assert result.success
+        metadata = {}
+        for key in KEYS:
+            (record,) = instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey("per_file"), asset_partitions=[key]), limit=1).records
+            assert record.run_id == result.run_id
+            metadata[key] = {k: v.value for k, v in record.asset_materialization.metadata.items()}
+        status = instance.get_status_by_partition(AssetKey("per_file"), KEYS, corpus_files)
+        (check,) = result.get_asset_check_evaluations()
+        return {"metadata": metadata, "status": status, "check": (check.passed, check.metadata["chunks"].value),
+                "catalog": catalog}
+    finally:
+        instance.dispose()
+
+
+def test_a_run_writes_every_files_metadata_without_looking_the_schema_up_again(pg_server, database_url, tmp_path,
+                                                                               monkeypatch):
+    """Each file's materialization and its metadata (what the asset's partition page shows), the
+    partition status and the check's result read back as from Dagster's own storage; but where
+    Dagster looks its tables and columns up in the database again for every batch of asset events
+    and every check (a connection and catalog queries each), ours found them in the first run."""
+    ours = _two_runs_of_per_file_metadata(pg_server, database_url, tmp_path / "ours", monkeypatch, ours=True)
+    dagsters = _two_runs_of_per_file_metadata(pg_server, database_url, tmp_path / "dagster", monkeypatch, ours=False)
+    assert dagsters["metadata"] == {k: {"status": "ok", "chunks": n, "preview": f"| {k} |", "run_partitions": len(KEYS)}
+                                    for n, k in enumerate(KEYS)}
+    assert ours["metadata"] == dagsters["metadata"]
+    assert ours["status"] == dagsters["status"] == {k: AssetPartitionStatus.MATERIALIZED for k in KEYS}
+    assert ours["check"] == dagsters["check"] == (True, len(KEYS))
+    assert dagsters["catalog"], "Dagster's storage no longer looks its schema up per run: this test is moot"
+    assert ours["catalog"] == [], "\n".join(ours["catalog"])
