@@ -215,6 +215,15 @@ class SearchSettings(BaseModel):
     # and SciFact test as they were; 0.5 dropped SciFact test 0.727 -> 0.700 (README, Retrieval: "A
     # floor under the semantic list's best")
     convex_semantic_floor: float = Field(0.0, ge=0.0, le=1.0)
+    # hybrid, convex fusion, questions naming no ticker: when full text's first 5 chunks are on
+    # average less than lexical_far_ratio times as close to the question (cosine) as the semantic
+    # list's first 5, and the semantic list's best is at least lexical_far_min_cosine, full text
+    # matched words the question uses incidentally ("how much am I allowed to lose on one
+    # position"), and the semantic lists weigh convex_alpha_far instead of convex_alpha. 0 turns it
+    # off. CV over dev + dev2 (README, Retrieval: "Full text far from the question")
+    lexical_far_ratio: float = Field(0.5, ge=0.0, le=1.0)
+    convex_alpha_far: float = Field(0.7, ge=0.0, le=1.0)
+    lexical_far_min_cosine: float = Field(0.35, ge=0.0, le=1.0)
     # descriptor sections (a YAML document's `_meta`, `_graph`, `_links` and metadata scalars, as
     # `descriptor_keys` / `metadata_keys` in the sections file) describe a document rather than say
     # something: their fused scores are multiplied by descriptor_weight when the question selects

@@ -1,7 +1,8 @@
 """Hybrid fusion on small fixture corpora (real database, real model): a document whose several
 sections match lifts its other sections above weak matches elsewhere (parent-document evidence), and
 a section naming a rare identifier is not outvoted by generic sections that both retrievers half
-like (convex fusion of scores, where reciprocal rank fusion counted votes)."""
+like (convex fusion of scores, where reciprocal rank fusion counted votes), and full text that only
+matched a question's incidental words weighs less than the semantic list's answer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rag_lib.config import SearchSettings
-from rag_lib.search.fusion import Candidates, convex, document_evidence, rrf
+from rag_lib.search.fusion import Candidates, convex, document_evidence, lexical_closeness, rrf
 from rag_lib.models import SearchHit
 
 MARGIN = {
@@ -120,6 +121,45 @@ Gaming sales were flat.
 """,
 }
 
+# "what's the most I'm allowed to lose on one position": the risk rules answer it in other words;
+# full text finds the chart and scanner notes, which happen to say "one position", "allowed", "lose"
+# and "much" about something else
+RISK = {
+    "risk-rules.md": """# Risk rules
+
+## Maximum loss per trade
+The biggest loss permitted on any single trade is 1% of the account; the stop is placed so that a
+stopped-out trade costs no more than that.
+
+## Daily loss limit
+Stop trading for the day after a 3% drawdown of the account.
+
+## Portfolio heat
+Total open risk across all trades stays under 6% of the account.
+
+## Sizing a trade
+Size every trade from its stop: the shares bought times the distance to the stop must not exceed the
+1% risk budget.
+""",
+    "chart-settings.md": """# Chart settings
+
+## Layout
+Each chart keeps one position marker per symbol; how much of the layout you change is allowed to
+persist, so you lose nothing when the window is resized.
+
+## Colors
+Candles use green and red; the background follows the theme.
+""",
+    "scanner-guide.md": """# Scanner guide
+
+## Output
+The scanner lists one position of each symbol at most and shows how much volume traded.
+
+## Schedule
+Scanners run every five minutes during market hours.
+""",
+}
+
 
 def _corpus(kb, root: Path, files: dict[str, str]) -> None:
     (root / "notes").mkdir(parents=True)
@@ -171,6 +211,48 @@ def test_with_a_semantic_floor_a_weak_semantic_match_elsewhere_ranks_below_the_f
     assert units[0] == "notes/database-vendor.md#Price action"
     review = [u for u in units if u.startswith("notes/database-vendor.md#")]
     assert len(review) == 4 and units.index(chip) > max(units.index(u) for u in review), units
+
+
+def test_full_text_far_from_the_question_weighs_less_than_the_semantic_answer(kb, tmp_path):
+    # full text's hits (the chart layout, the scanner output) sit at cosine 0.17 and 0.05 from the
+    # question, the semantic list's first five (the risk rules) at 0.19-0.37: closeness 0.44, under
+    # the default 0.5, and the semantic list's best (0.37) is at least the default 0.35
+    _corpus(kb, tmp_path / "corpus", RISK)
+    query, answer, chart = ("what's the most I'm allowed to lose on one position",
+                            "notes/risk-rules.md#Maximum loss per trade", "notes/chart-settings.md#Layout")
+    defaults = SearchSettings()
+    assert (defaults.lexical_far_ratio, defaults.convex_alpha_far, defaults.lexical_far_min_cosine) == (0.5, 0.7, 0.35)
+    result = kb.search(query, mode="hybrid", top_k=4)
+    assert result.plan["lexical_closeness"] < 0.5
+    assert [h.unit_id for h in result.hits][0] == answer, [h.unit_id for h in result.hits]
+    # the full-text hits' cosines came from the vectors the process holds: the database's own
+    space = kb.store.active_space()["space"]
+    vector, ids = kb.provider.embed([query])[0], [h.chunk_id for h in result.hits]
+    held = kb.store.held_similarities(vector, space, kb.settings.collection, ids)
+    assert held.keys() == set(ids)
+    for cid, cosine in kb.store.similarities(vector, space, ids).items():
+        assert abs(held[cid] - cosine) < 1e-5
+    kb.settings.search.lexical_far_ratio = 0  # off: the chart note's incidental words win
+    assert _units(kb, query, top_k=4)[:2] == [chart, answer]
+    # nothing counts as close when the semantic list's best is under the minimum: full text keeps its weight
+    kb.settings.search.lexical_far_ratio, kb.settings.search.lexical_far_min_cosine = 0.5, 0.4
+    assert _units(kb, query, top_k=4)[:2] == [chart, answer]
+
+
+def test_full_text_close_to_the_question_keeps_its_weight(kb, tmp_path):
+    # "drawdown" finds the section that answers: full text and the semantic list agree
+    _corpus(kb, tmp_path / "corpus", RISK)
+    result = kb.search("when do I stop trading after a drawdown", mode="hybrid", top_k=4)
+    assert result.plan["lexical_closeness"] >= 0.5
+    assert result.hits[0].unit_id == "notes/risk-rules.md#Daily loss limit"
+
+
+def test_lexical_closeness_counts_unreached_chunks_at_the_semantic_list_s_last_cosine():
+    semantic = [_hit("a", 0.6), _hit("b", 0.5), _hit("c", 0.2)]
+    assert lexical_closeness(semantic, [_hit("a", 0.9)], n=2) == pytest.approx(0.6 / 0.55)
+    # "z" was not in the semantic list: it counts at 0.2, the list's last cosine
+    assert lexical_closeness(semantic, [_hit("z", 0.9), _hit("c", 0.5)], n=2) == pytest.approx(0.2 / 0.55)
+    assert lexical_closeness(semantic, []) is None and lexical_closeness([], [_hit("a", 0.9)]) is None
 
 
 def _hit(cid: str, score: float, path: str = "a.md") -> SearchHit:

@@ -62,6 +62,10 @@ class QueryPlan:
     doc_types: list[str] = field(default_factory=list)
     linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
     dates: list[str] = field(default_factory=list)  # [first, last] ISO day of a month or day the query names
+    # hybrid: how close full text's first chunks are to the question, relative to the semantic list's
+    # (`rag_lib.search.fusion.lexical_closeness`); below `search.lexical_far_ratio` the semantic
+    # lists weigh `search.convex_alpha_far`
+    lexical_closeness: float | None = None
 
     @property
     def selects_documents(self) -> bool:

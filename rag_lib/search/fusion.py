@@ -75,6 +75,21 @@ def convex(lists: list[Candidates], alpha: float, semantic_floor: float = 0.0) -
     return out
 
 
+def lexical_closeness(semantic: list[SearchHit], lexical: list[SearchHit], n: int = 5) -> float | None:
+    """How close full text's first `n` chunks are to the question, relative to the semantic list's
+    first `n`: their mean cosine (`similarity`) over the semantic list's (best first). A full-text
+    chunk without a cosine counts at the semantic list's last, at least its own. None when either
+    list is empty."""
+    if not semantic or not lexical:
+        return None
+    cosines = {h.chunk_id: h.similarity if h.similarity is not None else h.score for h in semantic}
+    last = min(cosines.values())
+    top = sorted(cosines.values(), reverse=True)[:n]
+    near = [h.similarity if h.similarity is not None else cosines.get(h.chunk_id, last) for h in lexical[:n]]
+    mean_top = sum(top) / len(top)
+    return (sum(near) / len(near)) / mean_top if mean_top > 0 else None
+
+
 def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], factor: float) -> list[SearchHit]:
     """Raise hits about a ticker / document type the query names; a soft nudge, never a filter."""
     if factor <= 0 or not (tickers or doc_types):

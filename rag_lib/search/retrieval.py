@@ -25,12 +25,13 @@ from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
-from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates, rrf,
-                                   weigh_descriptors)
+from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
+                                   lexical_closeness, rrf, weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import cover_named, excerpt, group_by_unit
 
 MODES = ("semantic", "lexical", "hybrid")
+CLOSENESS_CHUNKS = 5  # full text's and the semantic list's first chunks compared (search.lexical_far_ratio)
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rag-lexical")
 
 
@@ -59,6 +60,9 @@ class SearchOptions:
     fusion: str = "convex"
     convex_alpha: float = 0.5
     convex_semantic_floor: float = 0.0
+    lexical_far_ratio: float = 0.5
+    convex_alpha_far: float = 0.7
+    lexical_far_min_cosine: float = 0.35
     descriptor_weight: float = 1.0
     descriptor_weight_other: float = 0.4
     feedback_weight: float = 0.8
@@ -239,6 +243,40 @@ def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
     return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
 
 
+def _weigh_far_full_text(store, space: str, vector, lists: list[Candidates], plan: QueryPlan, opts: SearchOptions,
+                         timings: dict[str, float]) -> SearchOptions:
+    """`opts` with the semantic lists weighing `convex_alpha_far` when full text matched only words the
+    question uses incidentally ("how much am I allowed to lose on one position": chart notes about
+    "one position"): its first chunks are on average less than `lexical_far_ratio` times as close to
+    the question as the semantic list's first, and that list found something close (its best cosine
+    at least `lexical_far_min_cosine`; when nothing is, full text's words may be all the question
+    has). Only for questions naming no ticker: a named ticker's documents are preferred anyway and
+    full text's words pick sections among them (two cross-document comparisons fell). Sets
+    `plan.lexical_closeness`. Full-text chunks the semantic list did not reach get their cosine from
+    the vectors the process holds (a collection of at most `search.exact_max_rows` chunks), else
+    count at the semantic list's last cosine, at least their own: no query is added."""
+    semantic, full_text = lists[0].hits, next((c.hits for c in lists if c.source == "lexical"), [])
+    with _timed(timings, "closeness"):
+        first = full_text[:CLOSENESS_CHUNKS]
+        reached = {h.chunk_id: h.similarity for h in semantic}
+        for hit in first:
+            if hit.similarity is None:
+                hit.similarity = reached.get(hit.chunk_id)
+        missing = [h for h in first if h.similarity is None]
+        if missing:
+            found = store.held_similarities(vector, space, missing[0].collection, [h.chunk_id for h in missing])
+            for hit in missing:
+                hit.similarity = found.get(hit.chunk_id)
+        closeness = lexical_closeness(semantic, full_text, CLOSENESS_CHUNKS)
+    if closeness is None:
+        return opts
+    plan.lexical_closeness = round(closeness, 4)
+    best = semantic[0].similarity if semantic[0].similarity is not None else semantic[0].score
+    if closeness < opts.lexical_far_ratio and best >= opts.lexical_far_min_cosine:
+        return dataclasses.replace(opts, convex_alpha=opts.convex_alpha_far)
+    return opts
+
+
 def _first_pass(lists: list[Candidates], plan: QueryPlan, opts: SearchOptions, mode: str,
                 timings: dict[str, float]) -> list[SearchHit]:
     """The lists fused, with the query's hints, descriptor weights and (hybrid) document evidence."""
@@ -392,6 +430,9 @@ def search(
     if vectors is not None:
         with _timed(timings, "link"):
             plan = link_query(store, plan, vectors[0], space["space"], filters.collection, opts, caches)
+    if mode == "hybrid" and opts.fusion == "convex" and opts.lexical_far_ratio > 0 and lists[0].hits \
+            and not plan.named_tickers:
+        opts = _weigh_far_full_text(store, space["space"], vectors[0], lists, plan, opts, timings)
     named = plan.named_tickers
     feedback = may_feed and (opts.feedback_scope != "unnamed" or not named)
     # Feedback replaces the query's own semantic lists (hybrid gathers them first, one per filter

@@ -205,7 +205,10 @@ SearchPlan = model_of(QueryPlan, "SearchPlan", "How the query was read: its kind
                           "kind": "retrieval | comparison | relationship | trend | global",
                           "tickers": "Tickers the query names, or that entity linking found (see `linked`).",
                           "doc_types": "Document types the query names.",
-                          "linked": "Tickers entity linking added, with their similarity to the query."})
+                          "linked": "Tickers entity linking added, with their similarity to the query.",
+                          "lexical_closeness": "Hybrid: full text's first chunks' mean cosine with the query over "
+                                               "the semantic list's first chunks'; below `search.lexical_far_ratio` "
+                                               "full text weighs less."})
 
 
 class SearchResponse(BaseModel):

@@ -709,6 +709,18 @@ class VectorStore:
             known = conn.execute(_COSINES, [vector, space, list(cosines)]) if cosines else None
         return _hits(cur, known)
 
+    def held_similarities(self, vector: np.ndarray, space: str, collection: str,
+                          chunk_ids: Sequence[str]) -> dict[str, float]:
+        """Cosine similarity of `vector` to each of `chunk_ids` that this process holds the vector of
+        (`HeldVectors`, as a search of the whole collection left them), without a query; chunks not
+        held are left out."""
+        held = self.held_vectors.entries.get((collection, space))  # no LRU touch: a read beside searches
+        rows = [held.position[c] for c in chunk_ids if c in held.position] if held is not None else []
+        if not rows:
+            return {}
+        distances = held.distances(vector, np.asarray(rows))
+        return {held.ids[r]: float(max(0.0, 1.0 - d)) for r, d in zip(rows, distances)}
+
     def similarities(self, vector: np.ndarray, space: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Cosine similarity of `vector` to each chunk's stored vector in `space` (chunks found by
         full text, or by another query, get the same measure as semantic hits)."""
