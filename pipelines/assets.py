@@ -13,6 +13,7 @@ raises instead, so that partition is marked failed in the UI."""
 
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from dagster import (
@@ -33,7 +34,8 @@ from rag_lib.versions import stage_versions
 
 from pipelines.event_log import partition_keys_read_once
 from pipelines.partitions import corpus_files
-from pipelines.resources import RagResource, _selects, _selects_check, steps_share_process
+from pipelines.resources import (RagResource, StagesAhead, StagesStopped, _selects, _selects_check,
+                                 steps_share_process)
 from rag_lib.ingest import run as ingest_run
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, STAGES, VECTORS, StageOutcome, StageRunner
@@ -88,11 +90,14 @@ def partition_targets(rag: RagResource, keys: list[str]) -> tuple[list[FileTarge
 
 
 def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: str, targets: list[FileTarget]) -> None:
-    """Run the per-file stages this run selects from `first` on, as the library's ingest does
-    (`rag_lib.ingest.run`: rounds of files, reading-to-chunking, encoding and publishing each on a
-    thread of its own, overlapping), from the step of `first`; the outcomes go to `rag.ahead`, and
-    each stage's own step then reports them as its materializations. Run one stage per step, a
-    Dagster run was the sum of its steps (cold: +10 s over the library, docs/scale.md).
+    """Start the per-file stages this run selects from `first` on, as the library's ingest runs
+    them (`rag_lib.ingest.run`: rounds of files, reading-to-chunking, encoding and publishing each
+    on a thread of its own, overlapping), on a thread of the run (`RagResource.run_stages_ahead`);
+    the outcomes go to `rag.ahead`, and each stage's own step reports them as its materializations
+    as soon as its stage is done for every file (`StagesAhead.wait_for`): the steps of the stages
+    before embedding write their files' events while the encoder works, not after it. Run one
+    stage per step, a Dagster run was the sum of its steps (cold: +10 s over the library,
+    docs/scale.md).
 
     `vector_table` is published ahead only when no staged vector fails the blocking
     `embeddings_valid` check's rules (`store.bad_staged_vectors`) before the run starts: the vectors
@@ -109,66 +114,79 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
         stages.remove(VECTORS)
     found = {stage: rag.ahead.setdefault(stage, {}) for stage in stages}
     out: dict[str, dict[str, StageOutcome]] = {t.key: {} for t in targets}
+    run, keys = context.run, list(context.partition_keys)
+    later = after_stages(run, rag, stages, keys)
+    ahead = StagesAhead(stages, [t.key for t in targets], found)
 
     def step(names: tuple[str, ...]):
         def work(files: list[FileTarget]) -> None:
+            if ahead.stop.is_set():
+                raise StagesStopped("the run ended before its stages")
             for stage in names:
                 runner.run_all(files, (stage,), out)
                 found[stage].update((t.key, out[t.key][stage]) for t in files)
+                ahead.progressed()
                 if stage == RAW:  # files with new content: the model loads on a thread meanwhile
-                    rag.prepare_after_raw_documents(context.run, any(out[t.key][RAW].status == "ok" for t in files))
+                    rag.prepare_after_raw_documents(run, any(out[t.key][RAW].status == "ok" for t in files))
         return work
 
     steps = [step(names) for names in (tuple(s for s in group if s in stages) for group in ingest_run.STEPS) if names]
     if CHUNKS in stages and EMBEDDINGS in stages:  # a round chunked is queued for the encoder at once, as in rag ingest
         steps.insert(1, runner.encode_ahead)
     rounds = ingest_run.in_rounds(targets)  # the library's rounds: small first and last
-    try:
-        for done in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
-            runner.release(done)  # as `rag ingest`: the run holds only the files in flight
-    finally:
-        runner.abandon_started()
-    if len(targets) > 1 or not any(o.status == "failed" for o in out[targets[0].key].values()):
-        # (a one-file run that failed stops at its step: `finish`)
-        after_stages(context.run, rag, stages, list(context.partition_keys))
+
+    def work() -> None:
+        try:
+            for done in overlapped(rounds, steps, ingest_run.ROUNDS_IN_FLIGHT):
+                runner.release(done)  # as `rag ingest`: the run holds only the files in flight
+        finally:
+            runner.abandon_started()
+        if len(targets) > 1 or not any(o.status == "failed" for o in out[targets[0].key].values()):
+            # (a one-file run that failed stops at its step: `finish`)
+            for name, later_work, lane in later:
+                rag.start_after(name, later_work, lane=lane)
+
+    rag.run_stages_ahead(ahead, work)
 
 
-def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> None:
-    """Start what the run's later steps would do after the stages this step ran, on threads of
-    the run (`RagResource.start_after`), while this thread writes each stage step's per-file events
-    (seconds of Python): the HNSW index build and the ticker profiles' rebuild (as `rag ingest`
-    ends) with `knowledge_graph`'s per-file graph reports, the recall and orphan checks and
-    `knowledge_graph`'s five checks (queries in Postgres), and the chunk_sizes check, whose frame,
-    when not validated before, is validated in the validation process (importing Great
-    Expectations, seconds of CPU: started now if `rag materialize` did not start it before
-    importing Dagster, not beside the encoding, which uses both cores). The steps take the results
-    (`RagResource.after`) in their turn; what they look at is final once the stages are done (the
-    graph reports and profiles are read by none of these checks; `retrieval_quality`, which
-    searches with the profiles, runs in its own step)."""
+def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> list[tuple[str, Callable[[], Any], str]]:
+    """What the run's later steps would do after the stages, as (name, work, lane): started on
+    threads of the run once the stages are done (`RagResource.start_after`), while the main thread
+    writes the stage steps' per-file events (seconds of Python): the HNSW index build and the ticker
+    profiles' rebuild (as `rag ingest` ends) with `knowledge_graph`'s per-file graph reports, the
+    recall and orphan checks and `knowledge_graph`'s five checks (queries in Postgres), and the
+    chunk_sizes check, whose frame, when not validated before, is validated in the validation
+    process (importing Great Expectations, seconds of CPU: started then if `rag materialize` did
+    not start it before importing Dagster, not beside the encoding, which uses both cores). The
+    steps take the results (`RagResource.after`) in their turn; what they look at is final once the
+    stages are done (the graph reports and profiles are read by none of these checks;
+    `retrieval_quality`, which searches with the profiles, runs in its own step)."""
     kb = rag.kb()
+    later: list[tuple[str, Callable[[], Any], str]] = []
     if CHUNKS in stages and _selects_check(run, CHUNKS, "chunk_sizes") and quality.validates_beside():
-        rag.start_after("check:chunks", lambda: quality.check_chunks(kb.store, kb.settings, kb.provider.max_tokens,
-                                                                     preload=True), lane="chunks")
+        later.append(("check:chunks", lambda: quality.check_chunks(kb.store, kb.settings, kb.provider.max_tokens,
+                                                                   preload=True), "chunks"))
     if VECTORS not in stages:
-        return
+        return later
     # Two lanes side by side: the index build runs in PostgreSQL (about one core) while the graph
     # lane's per-file reports and the profiles' encoding take the other; one after the other they
     # were the run's longest chain after the stages (docs/scale.md, issue 32 item 2).
     if _selects(run, "hnsw_index"):
-        rag.start_after("hnsw_index", kb.engine.publisher.ensure_index, lane="index")
+        later.append(("hnsw_index", kb.engine.publisher.ensure_index, "index"))
         if _selects_check(run, "hnsw_index", "hnsw_recall"):  # needs the index
-            rag.start_after("check:hnsw", lambda: kb.quality_check("hnsw"), lane="index")
+            later.append(("check:hnsw", lambda: kb.quality_check("hnsw"), "index"))
     if _selects(run, "knowledge_graph"):
         from pipelines.graph_assets import GRAPH, graph_work  # it imports this module
 
-        rag.start_after(GRAPH, lambda: graph_work(rag, keys), lane="graph")
+        later.append((GRAPH, lambda: graph_work(rag, keys), "graph"))
     if _selects_check(run, VECTORS, "vector_table_orphans"):
-        rag.start_after("check:vector_table", lambda: kb.quality_check("vector_table"), lane="graph")
+        later.append(("check:vector_table", lambda: kb.quality_check("vector_table"), "graph"))
     from rag_lib.graph.checks import GRAPH_CHECKS
 
     for name in GRAPH_CHECKS:  # queries over the graph, which vector_table wrote with the chunks
         if _selects_check(run, "knowledge_graph", f"graph_{name}"):
-            rag.start_after(f"graph_check:{name}", lambda name=name: kb.graph_check(name), lane="graph")
+            later.append((f"graph_check:{name}", lambda name=name: kb.graph_check(name), "graph"))
+    return later
 
 
 def _chain(run, first: str) -> list[str]:
@@ -189,8 +207,10 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str) -> M
     runner = rag.runner()
     targets, outcomes = partition_targets(rag, list(context.partition_keys))
     ahead = rag.ahead.setdefault(stage, {})
-    if not ahead:
+    if rag.stages_ahead is None and not ahead:
         pipelined_stages(context, rag, stage, targets)
+    if rag.stages_ahead is not None:  # this stage's outcomes, or the stages' end (a stage not run ahead)
+        rag.stages_ahead.wait_for(stage)
     todo = [t for t in targets if t.key not in ahead]
     if todo:  # the stage was not run ahead (e.g. vector_table behind a failing check)
         ahead.update((o.key, o) for o in getattr(runner, stage)(todo))

@@ -46,7 +46,10 @@ def chunk_sizes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetC
     return quality_check(rag, "chunks")
 
 
-@asset_check(asset=raw_documents, description="Skipped inputs, counted and listed by reason (warning).")
+# Lowest priority: it looks at the run's final skips (the chunks stage records some), so it waits for
+# the stages' end; run before the chunks and embeddings steps, it would hold back their events.
+@asset_check(asset=raw_documents, op_tags={"dagster/priority": "-1"},
+             description="Skipped inputs, counted and listed by reason (warning).")
 def skipped_inputs(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
     return quality_check(rag, "skipped")
 

@@ -69,6 +69,55 @@ def freeze_if_one_shot() -> None:
     if _process_ends_with_its_runs():
         gc.freeze()
 
+class StagesStopped(Exception):
+    """The run ended before its stages did (a step failed, or the run was stopped)."""
+
+
+class StagesAhead:
+    """A run's per-file stages running on a thread of the run (pipelines.assets.pipelined_stages),
+    and what each stage step waits for: its stage's outcome for every file of the run, not the
+    end of the others, so the steps of the stages done first write their files' events while the
+    encoder works on (seconds of one core after the stages otherwise; docs/scale.md, issue 32
+    item 2)."""
+
+    def __init__(self, stages: list[str], keys: list[str], found: dict[str, dict[str, Any]]):
+        self.stages = set(stages)
+        self.keys = keys
+        self.found = found  # stage → partition key → outcome, filled by the stages' threads
+        self.stop = threading.Event()  # set when the run ends early: no stage starts on a later round
+        self._changed = threading.Condition()
+        self._ended = False
+        self._error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def progressed(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def ended(self, error: BaseException | None) -> None:
+        with self._changed:
+            self._ended, self._error = True, error
+            self._changed.notify_all()
+
+    def complete(self, stage: str) -> bool:
+        return stage in self.stages and all(k in self.found.get(stage, {}) for k in self.keys)
+
+    def wait_for(self, stage: str) -> None:
+        """Until `stage` has every file's outcome, or (a stage not run ahead) the stages ended; an
+        error that stopped the stages is raised when the stage was left incomplete."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._ended or self.complete(stage))
+            if not self.complete(stage) and self._error is not None:
+                raise self._error
+
+    def wait_ended(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._ended)
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+
 # Loading a model costs seconds: one provider per embedding configuration per process.
 _PROVIDERS: dict[str, EmbeddingProvider] = {}
 
@@ -110,6 +159,7 @@ class RagResource(ConfigurableResource):
     _ahead: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
     _after: dict[str, Future] = PrivateAttr(default_factory=dict)
     _after_lanes: dict[str, ThreadPoolExecutor] = PrivateAttr(default_factory=dict)
+    _stages_ahead: StagesAhead | None = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
         if self.config_file:
@@ -148,6 +198,27 @@ class RagResource(ConfigurableResource):
         stages' steps (pipelines.assets.pipelined_stages)."""
         return self._ahead
 
+    @property
+    def stages_ahead(self) -> StagesAhead | None:
+        """The run's stages running ahead on a thread of the run, once its first stage step started
+        them (pipelines.assets.pipelined_stages)."""
+        return self._stages_ahead
+
+    def run_stages_ahead(self, ahead: StagesAhead, work: Callable[[], None]) -> None:
+        """Run the stages (`work`) on a thread of the run; `ahead` says how far they are."""
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                work()
+            except BaseException as exc:  # noqa: BLE001 - raised in the steps that wait for it
+                error = exc
+            finally:
+                ahead.ended(error)
+
+        self._stages_ahead = ahead
+        ahead.thread = threading.Thread(target=run, name="rag-stages", daemon=True)
+        ahead.thread.start()
+
     def start_after(self, name: str, work: Callable[[], Any], lane: str) -> None:
         """Start `work` now on the run's thread for `lane` (a lane's work runs in the order given),
         for the step that needs its result to take it (`after`): the index build and the checks'
@@ -159,7 +230,11 @@ class RagResource(ConfigurableResource):
         self._after[name] = pool.submit(work)
 
     def after(self, name: str, work: Callable[[], T]) -> T:
-        """The result of `name` started ahead (its exception raised here), else `work()` now."""
+        """The result of `name` started ahead (its exception raised here), else `work()` now. While
+        the stages run ahead, their end is waited for: a check or a step after the stages looks at
+        their final data."""
+        if self._stages_ahead is not None:
+            self._stages_ahead.wait_ended()
         future = self._after.pop(name, None)
         return future.result() if future is not None else work()
 
@@ -207,6 +282,12 @@ class RagResource(ConfigurableResource):
         if self._preparing is not None:  # never close the knowledge base under a loading model
             self._preparing.join()
             self._preparing = None
+        ahead, self._stages_ahead = self._stages_ahead, None
+        if ahead is not None and ahead.thread is not None:  # a run that ended before its stages did
+            ahead.stop.set()  # the rounds being worked on finish, no later one starts
+            ahead.thread.join()
+            if ahead.error() is not None and not isinstance(ahead.error(), StagesStopped):
+                log.warning("the run's stages, running ahead of its steps, failed", exc_info=ahead.error())
         for pool in self._after_lanes.values():  # a failed run's unused work: what runs ends, the rest never starts
             pool.shutdown(wait=True, cancel_futures=True)
         for name, future in self._after.items():  # started ahead for a step that did not run

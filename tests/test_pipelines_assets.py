@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dagster import instance_for_test, materialize
+from dagster import DagsterEventType, instance_for_test, materialize
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
@@ -223,6 +223,45 @@ def test_a_run_publishes_its_first_files_while_it_encodes_the_last(corpus_copy, 
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "skipped_inputs")
     with _kb(database_url, tmp_path, provider) as kb:
         assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
+
+
+def test_the_first_stages_report_every_file_while_the_last_is_still_encoding(corpus_copy, rag_factory, monkeypatch):
+    """The steps of the stages before embedding (raw_documents, flattened_sections, chunks) write
+    their files' events (what each file's partition shows) as soon as their stage is done for
+    every file, while the encoder still works on the last file; not all after it. Every asset
+    still reports every file, and the checks see the run's final data."""
+    monkeypatch.setattr(ingest_run, "FILES_PER_ROUND", 1)
+    root = corpus_copy(*RELS[:2])
+    chunks_reported = threading.Event()
+    waited: list[bool] = []
+    embed = StageRunner.embeddings
+
+    def embeddings(self, targets):
+        if [t.key for t in targets] == [FILES[1]]:  # the last file's encoding waits for the chunks step's end
+            waited.append(chunks_reported.wait(timeout=30))
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        store_event = instance.event_log_storage.store_event
+
+        def stored(event):
+            store_event(event)
+            if event.dagster_event_type == DagsterEventType.STEP_SUCCESS and event.step_key == "chunks":
+                chunks_reported.set()
+
+        monkeypatch.setattr(instance.event_log_storage, "store_event", stored)
+        result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags=range_tags(keys[0], keys[-1]))
+    assert result.success and waited == [True]
+    for asset in ("raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"):
+        assert _statuses(result, asset) == {FILES[0]: "ok", FILES[1]: "ok"}, asset
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    chunks = sum(e.step_materialization_data.materialization.metadata["chunks"].value
+                 for e in result.get_asset_materialization_events()
+                 if e.step_materialization_data.materialization.asset_key.to_user_string() == "chunks")
+    assert checks["vector_table_orphans"].passed and checks["vector_table_orphans"].metadata["chunks"].value == chunks
 
 
 def test_a_step_per_pod_run_runs_each_stage_in_its_own_step(corpus_copy, rag_factory, monkeypatch):
