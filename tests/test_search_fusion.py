@@ -239,6 +239,15 @@ def test_full_text_far_from_the_question_weighs_less_than_the_semantic_answer(kb
     assert _units(kb, query, top_k=4)[:2] == [chart, answer]
 
 
+def test_full_text_keeps_its_weight_when_the_question_names_a_ticker(kb, tmp_path):
+    # a named ticker's documents are preferred anyway and full text's words pick sections among them
+    _corpus(kb, tmp_path / "corpus", {**RISK, "acme.yaml": "ticker: ACME\nthesis:\n  text: ACME sells chart software.\n"})
+    result = kb.search("what's the most I'm allowed to lose on one ACME position", mode="hybrid", top_k=4)
+    assert result.plan["tickers"] == ["ACME"] and result.plan["lexical_closeness"] is None
+    assert kb.search("what's the most I'm allowed to lose on one position", mode="hybrid",
+                     top_k=4).plan["lexical_closeness"] < 0.5
+
+
 def test_full_text_close_to_the_question_keeps_its_weight(kb, tmp_path):
     # "drawdown" finds the section that answers: full text and the semantic list agree
     _corpus(kb, tmp_path / "corpus", RISK)
