@@ -1,7 +1,8 @@
 """search.py's latency section alone, for whichever rag_lib is on PYTHONPATH, so old and new code can be
-measured in alternate processes on one database built by search.py (README, Benchmarks: "Measured at
-75,325 chunks"). Prints one JSON line: p50/p95 per mode and filter, the hybrid searches' per-stage
-p50/p95 (timings_ms), how many applied feedback, and the 1-minute load average around each.
+measured in alternate processes on one database built by search.py (README, Benchmarks: "ef_search
+scaled with the index", 100,005 chunks). Prints one JSON line: p50/p95 per mode and filter, the hybrid
+searches' per-stage p50/p95 (timings_ms), how many applied feedback, the walk's hnsw.ef_search, the
+chunks, and the 1-minute load average around each.
 
     PYTHONPATH=/tmp/old-checkout .venv/bin/python benchmarks/search_latency.py --work .rag/bench --label old
     PYTHONPATH=. .venv/bin/python benchmarks/search_latency.py --work .rag/bench --label new --modes hybrid
