@@ -156,8 +156,9 @@ def after_stages(run, rag: RagResource, stages: list[str], keys: list[str]) -> l
     profiles' rebuild (as `rag ingest` ends) with `knowledge_graph`'s per-file graph reports, the
     recall and orphan checks and `knowledge_graph`'s five checks (queries in Postgres), and the
     chunk_sizes check, whose frame, when not validated before, is validated in the validation
-    process (importing Great Expectations, seconds of CPU: started then if `rag materialize` did
-    not start it before importing Dagster, not beside the encoding, which uses both cores). The
+    process (importing Great Expectations, seconds of CPU: started at idle priority with the run
+    when it encodes new chunks, `RagResource.setup_for_execution`, else by `rag materialize`
+    before importing Dagster, else then, not beside the encoding, which uses both cores). The
     steps take the results (`RagResource.after`) in their turn; what they look at is final once the
     stages are done (the graph reports and profiles are read by none of these checks;
     `retrieval_quality`, which searches with the profiles, runs in its own step)."""

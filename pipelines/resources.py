@@ -254,9 +254,17 @@ class RagResource(ConfigurableResource):
         # stages, whose Python work (and the model load's, on a thread) holds this process to one
         # core; started later it would slow the embedding, which uses both (chunk_sizes runs last).
         # A run whose first step encodes beside chunking (pipelines.assets.pipelined_stages) starts
-        # it after that step, beside the index, graph and other checks' steps.
+        # it at idle priority when it encodes new chunks (below), else after that step (a frame
+        # not validated before), beside the index, graph and other checks' steps.
         if _selects(context.run, "chunks") and not _chunks_beside_encoding(context.run):
             preload_great_expectations()
+        elif (_chunks_beside_encoding(context.run) and self._embeds_uncached(context.run)
+              and _selects_check(context.run, "chunks", "chunk_sizes")):
+            # A run that encodes new chunks validates them: the process starts now at idle
+            # priority, importing on the CPU the encoding leaves, and is put back to normal priority
+            # for the validation (rag_lib.quality). Started after the stages, the check waited
+            # for its import (1.9-3.5 s of a cold run of the shared corpus at load 2-6).
+            preload_great_expectations(idle=True)
         # The model takes seconds to load: a run that will embed loads it on a thread while its
         # first stages run. A forced re-run mostly finds its vectors cached: it loads on demand.
         if self._embeds_uncached(context.run) and not _selects(context.run, "raw_documents"):

@@ -110,6 +110,7 @@ FRAME_COLUMNS = ["chunk_id", "token_count", "text_chars"]
 # initialised modules), so it is a process.
 _validator: ProcessPoolExecutor | None = None
 _validator_used = False  # whether a frame was submitted to it (see `discard_unused_validator`)
+_validator_idle = False  # whether it runs at idle priority (`preload_great_expectations(idle=True)`)
 
 
 def _import_great_expectations() -> None:
@@ -119,6 +120,17 @@ def _import_great_expectations() -> None:
     import great_expectations  # noqa: F401
 
     skip_final_collections()
+
+
+def can_validate_at_idle_priority() -> bool:
+    """Whether a validation process may import at idle priority (`SCHED_IDLE`, Linux) and be put
+    back to normal priority when a frame is to be validated: leaving `SCHED_IDLE` needs
+    CAP_SYS_NICE (root here) or a RLIMIT_NICE of 20 (nice 0 allowed)."""
+    import resource
+
+    if not hasattr(os, "SCHED_IDLE") or not hasattr(resource, "RLIMIT_NICE"):
+        return False
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
 def _spawn_reimports_safely() -> bool:
@@ -146,36 +158,41 @@ def _guards_its_work(script: Path) -> bool:
                for node in tree.body)
 
 
-def preload_great_expectations() -> None:
+def preload_great_expectations(idle: bool = False) -> None:
     """Start the validation process (importing Great Expectations) now, when a spawned process may
     re-import the caller's main module (`_spawn_reimports_safely`); later chunk-frame validations in
-    this process run there. Otherwise validations run in this process. Idempotent."""
-    global _validator
+    this process run there. Otherwise validations run in this process. Idempotent.
+
+    `idle` (when `can_validate_at_idle_priority`): the process imports at idle priority, on CPU
+    that nothing else wants, and is put back to normal priority when a frame is to be validated:
+    a Dagster run starts it with its encoding (both cores busy, a few percent idle between
+    mini-batches: about the import's seconds over a cold run of the shared corpus) instead of
+    after it, where the chunk_sizes check waited for the import (docs/scale.md, issue 32 item 2)."""
+    global _validator, _validator_idle
     if _validator is None and _spawn_reimports_safely():
+        idle = idle and can_validate_at_idle_priority()
         _validator = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_import_great_expectations)
         _validator.submit(int)  # start the worker now, not on first use
+        _validator_idle = idle
+        if idle:  # its whole start (Python, then the import) only on CPU nothing else wants
+            for process in list((getattr(_validator, "_processes", None) or {}).values()):
+                os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
         # A spawned process (a Dagster run worker) joins its children before interpreter exit:
         # stop the worker first, or the caller never exits.
         multiprocessing.util.Finalize(None, _stop_validator, exitpriority=100)
 
 
 def _stop_validator() -> None:
-    global _validator, _validator_used
+    global _validator, _validator_used, _validator_idle
     if _validator is not None:
+        if _validator_idle and not _validator_used:  # its import at idle priority may never end on a busy machine
+            _kill_workers(_validator)
         _validator.shutdown(wait=True, cancel_futures=True)
-        _validator, _validator_used = None, False
+        _validator, _validator_used, _validator_idle = None, False, False
 
 
-def discard_unused_validator() -> None:
-    """Stop the validation process if no frame was validated in it: `rag materialize` starts it
-    before it knows whether a run here will validate a new frame (its import then overlaps
-    Dagster's). Killed, not shut down: a shutdown waits for the import to finish (seconds),
-    and the process exits right after."""
-    global _validator
-    if _validator is None or _validator_used:
-        return
-    pool, _validator = _validator, None
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
     # ProcessPoolExecutor has no public way to stop a worker that is still in its initializer
     # (Python 3.14 adds terminate_workers); without the name, the shutdown waits for the import.
     # Killed, not terminated: under pytest-xdist a terminated worker sometimes exited 0 after its
@@ -183,6 +200,32 @@ def discard_unused_validator() -> None:
     # shutdown waited for the import; SIGKILL cannot be ignored.
     for process in list((getattr(pool, "_processes", None) or {}).values()):
         process.kill()
+
+
+def _to_normal_priority() -> None:
+    """Put an idle-priority validation process back to normal priority (a frame is to be
+    validated now: the run waits for it)."""
+    global _validator_idle
+    if _validator is None or not _validator_idle:
+        return
+    for process in list((getattr(_validator, "_processes", None) or {}).values()):
+        try:
+            os.sched_setscheduler(process.pid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:  # gone: the submit below raises BrokenProcessPool, as before
+            pass
+    _validator_idle = False
+
+
+def discard_unused_validator() -> None:
+    """Stop the validation process if no frame was validated in it: `rag materialize` starts it
+    before it knows whether a run here will validate a new frame (its import then overlaps
+    Dagster's). Killed, not shut down: a shutdown waits for the import to finish (seconds),
+    and the process exits right after."""
+    global _validator, _validator_idle
+    if _validator is None or _validator_used:
+        return
+    pool, _validator, _validator_idle = _validator, None, False
+    _kill_workers(pool)
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -229,6 +272,7 @@ def validate_chunk_frame(rows: list[dict[str, Any]], min_tokens: int, max_tokens
         preload_great_expectations()
     if _validator is not None:
         _validator_used = True
+        _to_normal_priority()
         results = _validator.submit(_validate_chunk_frame, rows, min_tokens, max_tokens).result()
     else:
         results = _validate_chunk_frame(rows, min_tokens, max_tokens)

@@ -3,6 +3,7 @@ partitions in one run, skipped inputs, per-file failures, and the Postgres-backe
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 import warnings
@@ -264,6 +265,43 @@ def test_the_first_stages_report_every_file_while_the_last_is_still_encoding(cor
     assert checks["vector_table_orphans"].passed and checks["vector_table_orphans"].metadata["chunks"].value == chunks
 
 
+@pytest.mark.warm_cache(False)  # a cold run: it encodes
+@pytest.mark.skipif(not quality.can_validate_at_idle_priority(), reason="needs SCHED_IDLE and leave to undo it")
+def test_a_cold_run_imports_the_chunk_suite_at_idle_priority_while_it_encodes(corpus_copy, rag_factory, monkeypatch):
+    """A run that encodes new chunks starts the chunk_sizes check's validation process with the
+    run, at idle priority (its seconds of importing Great Expectations take only CPU the encoding
+    leaves), and puts it back to normal priority for the validation, whose results the check
+    reports as before."""
+    quality._stop_validator()  # an earlier test's process would hide when this run starts one
+    root = corpus_copy(*RELS[:2])
+    seen: list[tuple[bool, int | None]] = []
+    embed = StageRunner.embeddings
+
+    def embeddings(self, targets):
+        pool = quality._validator
+        workers = list(pool._processes.values()) if pool is not None else []
+        seen.append((pool is not None, os.sched_getscheduler(workers[0].pid) if workers else None))
+        return embed(self, targets)
+
+    monkeypatch.setattr(StageRunner, "embeddings", embeddings)
+    with instance_for_test() as instance:
+        keys = _register(instance, root)
+        result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag_factory(root)},
+                             tags=range_tags(keys[0], keys[-1]))
+    assert result.success
+    assert seen and all(s == (True, os.SCHED_IDLE) for s in seen), seen  # while it encoded
+    (worker,) = quality._validator._processes.values()
+    assert os.sched_getscheduler(worker.pid) == os.SCHED_OTHER  # validated at normal priority
+    check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "chunk_sizes")
+    assert check.passed and check.metadata["expectations_failed"].value == 0
+    assert "expect_column_values_to_be_unique | chunk_id | True" in check.metadata["expectations"].value
+    assert check.metadata["chunks"].value == sum(
+        e.step_materialization_data.materialization.metadata["chunks"].value
+        for e in result.get_asset_materialization_events()
+        if e.step_materialization_data.materialization.asset_key.to_user_string() == "chunks")
+    quality._stop_validator()
+
+
 def test_a_step_per_pod_run_runs_each_stage_in_its_own_step(corpus_copy, rag_factory, monkeypatch):
     """The k8s variants (tag `rag/executor: k8s`) run each step in its own pod, sized for its
     stage: there no step runs the later stages ahead, so the encoding stays in the embeddings step
@@ -305,9 +343,11 @@ class _RecordingProvider(LocalProvider):
 def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_copy, database_url, tmp_path):
     """The model (seconds to load) loads on a thread of its own once raw_documents finds files with
     new content, only in runs that embed; never for a raw_documents-only run or unchanged files.
-    The validation process (seconds of importing Great Expectations) starts once the run's stages,
-    which encode beside chunking, are done (beside the index and checks' steps, not beside the
-    encoding), for a run with the chunk_sizes check, and not at all for a raw_documents-only run."""
+    The validation process (seconds of importing Great Expectations) starts with a run that
+    encodes new chunks at idle priority where that can be undone for the validation (taking only
+    CPU the encoding leaves), else once the run's stages, which encode beside chunking, are done
+    (beside the index and checks' steps, not beside the encoding), for a run with the chunk_sizes
+    check, and not at all for a raw_documents-only run."""
     quality._stop_validator()  # an earlier test's process would hide when this run starts one
     root = corpus_copy(*RELS[:2])
     settings = Settings(database_url=database_url, home=tmp_path / ".rag")
@@ -325,8 +365,9 @@ def test_a_run_that_embeds_loads_the_model_while_its_first_stages_run(corpus_cop
         # keys[0] is unchanged now, keys[1] is new: its chunks need the model
         result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag}, tags=tags)
         assert result.success and _statuses(result, "raw_documents") == {keys[0]: "unchanged", keys[1]: "ok"}
-        assert fresh.prepared_on == "rag-prepare" and fresh.validator_started_first is False
-        assert quality._validator is not None  # started for the chunk_sizes check after the stages
+        assert fresh.prepared_on == "rag-prepare"
+        assert fresh.validator_started_first is quality.can_validate_at_idle_priority()
+        assert quality._validator is not None  # for the chunk_sizes check
         assert _statuses(result, "vector_table") == {keys[0]: "ok", keys[1]: "ok"}
         fresh.prepared_on = None
         again = materialize(ASSETS, instance=instance, resources={"rag": rag}, tags=tags)

@@ -101,10 +101,10 @@ from rag_lib import quality
 
 start, discard = quality.preload_great_expectations, getattr(quality, "discard_unused_validator", lambda: None)
 
-def observed_start():
+def observed_start(**kwargs):
     if quality._validator is None:
         print("validation process starts; dagster imported:", "dagster" in sys.modules, file=sys.stderr, flush=True)
-    start()
+    start(**kwargs)
 
 def observed_discard():
     pool = quality._validator

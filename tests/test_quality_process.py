@@ -74,3 +74,22 @@ def test_an_unused_validation_process_is_stopped_and_a_used_one_kept():
     quality.discard_unused_validator()
     assert quality._validator is used
     quality._stop_validator()
+
+
+def test_an_idle_priority_validation_process_imports_on_spare_cpu_and_is_killed_when_unused():
+    """A Dagster run that encodes starts the validation process at idle priority (its import takes
+    only CPU nothing else wants); never used, it is killed when stopped, not waited for (on a busy
+    machine its import may not end)."""
+    import os
+
+    from rag_lib import quality
+
+    if not quality.can_validate_at_idle_priority():
+        pytest.skip("needs SCHED_IDLE and leave to undo it")
+    quality._stop_validator()
+    quality.preload_great_expectations(idle=True)
+    (worker,) = quality._validator._processes.values()
+    assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE
+    quality._stop_validator()
+    assert quality._validator is None
+    assert worker.exitcode == -9  # killed during its import, not waited for
