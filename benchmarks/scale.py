@@ -438,7 +438,7 @@ def main() -> None:
         dims = space["dimensions"]
         result["space"] = space["space"]
         result["hnsw"] = {"m": settings.search.hnsw_m, "ef_construction": settings.search.hnsw_ef_construction,
-                          "ef_search": settings.search.ef_search, "maintenance_work_mem": args.maintenance_work_mem,
+                          "ef_search_setting": settings.search.ef_search, "maintenance_work_mem": args.maintenance_work_mem,
                           "max_parallel_maintenance_workers": args.workers}
 
         passages = real_passages(args.anchors, args.seed)
@@ -521,6 +521,7 @@ def main() -> None:
                                               "p95": round(percentile(lat_store, 95), 1)}}
 
             out.update(store_recall())
+            out["ef_search"] = kb.store.ef_search(space["space"])  # what searches used (0: scaled with the index)
             # the same at other hnsw.ef_search values: what a higher recall costs at this size
             product_ef = settings.search.ef_search
             for ef in [int(e) for e in args.ef_search_sweep.split(",") if e]:
