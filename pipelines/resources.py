@@ -69,6 +69,7 @@ def freeze_if_one_shot() -> None:
     if _process_ends_with_its_runs():
         gc.freeze()
 
+
 class StagesStopped(Exception):
     """The run ended before its stages did (a step failed, or the run was stopped)."""
 
