@@ -39,7 +39,7 @@ everything works unchanged, only slower."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timezone
@@ -156,23 +156,13 @@ class RagEventLogStorage(PostgresEventLogStorage):
         every batch of asset events, every check evaluation and every partition check, each time
         on a connection of its own beside the pooled one it writes on (connect, catalog query,
         close); a table found stays (a migration adds tables, never drops them)."""
-        if table_name in self._tables_found:
-            return True
-        found = super().has_table(table_name)
-        if found:
-            self._tables_found.add(table_name)
-        return found
+        return _found_once(self._tables_found, table_name, super().has_table)
 
     def has_asset_key_col(self, column_name: str) -> bool:
         """Whether the asset-key table has the column, reflected from the database until it does:
         Dagster reflects the table's columns (catalog queries) for every read of asset records,
         which each asset check's step does."""
-        if column_name in self._asset_key_columns_found:
-            return True
-        found = super().has_asset_key_col(column_name)
-        if found:
-            self._asset_key_columns_found.add(column_name)
-        return found
+        return _found_once(self._asset_key_columns_found, column_name, super().has_asset_key_col)
 
     @contextmanager
     def partition_keys_read_once(self) -> Iterator[None]:
@@ -225,3 +215,14 @@ def partition_keys_read_once(instance) -> Iterator[None]:
         return
     with storage.partition_keys_read_once():
         yield
+
+
+def _found_once(found: set[str], name: str, ask: Callable[[str], bool]) -> bool:
+    """`ask(name)` until it answers yes, then yes from `found` without asking (schema objects are
+    added by migrations, never dropped)."""
+    if name in found:
+        return True
+    if ask(name):
+        found.add(name)
+        return True
+    return False

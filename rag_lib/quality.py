@@ -176,7 +176,7 @@ def preload_great_expectations(idle: bool = False) -> None:
         _validator.submit(int)  # start the worker now, not on first use
         _validator_idle = idle
         if idle:  # its whole start (Python, then the import) only on CPU nothing else wants
-            for process in list((getattr(_validator, "_processes", None) or {}).values()):
+            for process in _workers(_validator):
                 os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
         # A spawned process (a Dagster run worker) joins its children before interpreter exit:
         # stop the worker first, or the caller never exits.
@@ -192,13 +192,18 @@ def _stop_validator() -> None:
         _validator, _validator_used, _validator_idle = None, False, False
 
 
+def _workers(pool: ProcessPoolExecutor) -> list[multiprocessing.Process]:
+    # ProcessPoolExecutor has no public way to reach a worker that is still in its initializer
+    # (Python 3.14 adds terminate_workers): its private process table, empty when it has none.
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def _kill_workers(pool: ProcessPoolExecutor) -> None:
-    # ProcessPoolExecutor has no public way to stop a worker that is still in its initializer
-    # (Python 3.14 adds terminate_workers); without the name, the shutdown waits for the import.
-    # Killed, not terminated: under pytest-xdist a terminated worker sometimes exited 0 after its
-    # import (its SIGTERM ignored, probably a parent's SIG_IGN, which children inherit), so the
-    # shutdown waited for the import; SIGKILL cannot be ignored.
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+    # A shutdown alone waits for the import to finish. Killed, not terminated: under pytest-xdist a
+    # terminated worker sometimes exited 0 after its import (its SIGTERM ignored, probably a
+    # parent's SIG_IGN, which children inherit), so the shutdown waited for the import; SIGKILL
+    # cannot be ignored.
+    for process in _workers(pool):
         process.kill()
 
 
@@ -208,7 +213,7 @@ def _to_normal_priority() -> None:
     global _validator_idle
     if _validator is None or not _validator_idle:
         return
-    for process in list((getattr(_validator, "_processes", None) or {}).values()):
+    for process in _workers(_validator):
         try:
             os.sched_setscheduler(process.pid, os.SCHED_OTHER, os.sched_param(0))
         except ProcessLookupError:  # gone: the submit below raises BrokenProcessPool, as before
