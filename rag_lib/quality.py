@@ -183,6 +183,12 @@ def preload_great_expectations(idle: bool = False) -> None:
         multiprocessing.util.Finalize(None, _stop_validator, exitpriority=100)
 
 
+def wait_for_validator() -> None:
+    """Wait until the validation process has imported Great Expectations (none started: return)."""
+    if _validator is not None:
+        _validator.submit(int).result()  # queued behind its initializer, the import
+
+
 def _stop_validator() -> None:
     global _validator, _validator_used, _validator_idle
     if _validator is not None:

@@ -99,7 +99,7 @@ SMALL = {
                         {"runs", "graph", "per_query"}),
     "ingest.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--copies", "1", "--dagster"],
                   {"ratio", "cpu_ratio", "rerun_seconds", "peak_rss_mb", "load_before", "load_after",
-                   "dagster_ratio", "dagster_run_ratio", "dagster_steps"}),
+                   "dagster_ratio", "dagster_run_ratio", "dagster_steps", "dagster_cpu_s", "dagster_cpu_ratio"}),
     "lexical_reference.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--collection", "small",
                                                   *_tiny_eval_set(tmp)], {"ndcg@10"}),
     "local_batch_size.py": (lambda corpus, tmp: ["--corpus", str(corpus), "--chunks", "8", "--sizes", "8",

@@ -93,3 +93,29 @@ def test_an_idle_priority_validation_process_imports_on_spare_cpu_and_is_killed_
     quality._stop_validator()
     assert quality._validator is None
     assert worker.exitcode == -9  # killed during its import, not waited for
+
+
+def _imported_great_expectations() -> bool:
+    import sys
+
+    return "great_expectations" in sys.modules
+
+
+def test_waiting_for_the_validation_process_returns_once_it_has_imported():
+    """`wait_for_validator` (benchmarks/ingest.py, as `rag materialize` starts) returns when the
+    process has imported Great Expectations, and at once when none was started; it validates
+    nothing, so the process still counts as unused (`discard_unused_validator` ends it)."""
+    from rag_lib import quality
+
+    quality._stop_validator()
+    quality.wait_for_validator()  # none started: returns
+    assert quality._validator is None
+    quality.preload_great_expectations()
+    try:
+        quality.wait_for_validator()
+        assert quality._validator.submit(_imported_great_expectations).result(timeout=5)
+        assert not quality._validator_used
+        quality.discard_unused_validator()
+        assert quality._validator is None
+    finally:
+        quality._stop_validator()
