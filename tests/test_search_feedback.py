@@ -117,7 +117,7 @@ def test_feedback_brings_the_answering_documents_other_sections_forward(corpus_k
     next; the feedback step lifts the analysis's further sections above them."""
     question = "how does the streaming service plan to grow ad revenue"
 
-    def top(weight: float, pool: int = 10) -> list[tuple[str, str]]:
+    def top(weight: float, pool: int = 4) -> list[tuple[str, str]]:
         corpus_kb.settings.search.feedback_weight = weight
         corpus_kb.settings.search.feedback_depth = 4
         corpus_kb.settings.search.feedback_pool = pool
@@ -127,8 +127,8 @@ def test_feedback_brings_the_answering_documents_other_sections_forward(corpus_k
     netflix = lambda hits: [p.endswith("NFLX_20250118T0800.yaml") for _, p in hits]  # noqa: E731
     assert all(netflix(before[:4])) and all(netflix(after[:4]))
     assert sum(netflix(after)) > sum(netflix(before))
-    # the corpus (3,325 chunks) is ranked exactly: feedback re-scored the first pass's pool of 500,
-    # and finds what ranking every chunk again finds
+    # the corpus (3,325 chunks) is ranked exactly: feedback re-scored the first pass's pool of 200
+    # (the default 4 x 50), and finds what ranking every chunk again finds
     assert top(0.8, pool=0) == after
 
 

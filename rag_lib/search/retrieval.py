@@ -68,7 +68,7 @@ class SearchOptions:
     feedback_weight: float = 0.8
     feedback_depth: int = 4
     feedback_scope: str = "shared"
-    feedback_pool: int = 10
+    feedback_pool: int = 4
     lexical_named_ticker_weight: float = 0.1
     lexical_drop_dates: bool = True
     aspect_window: int = 5
