@@ -132,8 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.dagster:
         # As `rag materialize` starts: the validation process importing Great Expectations beside
-        # Dagster's imports (pipelines/cli.py), both before any clock starts; the CLI's import ends
-        # about with Dagster's, here it is waited for.
+        # Dagster's imports (pipelines/cli.py), both before any clock starts; the CLI goes on while
+        # it imports, here it is waited for (so no clock holds the import).
         from rag_lib import quality
 
         quality.preload_great_expectations()
