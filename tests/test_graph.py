@@ -341,6 +341,23 @@ def test_graph_fusion_lifts_linked_documents_in_hybrid_search(corpus_kb):
     assert "graph" not in corpus_kb.search("max log file size before rotation", mode="hybrid").timings_ms
 
 
+def test_the_graph_list_query_and_its_time_limit_take_one_round_trip(kb, corpus_copy, tmp_path):
+    """A hybrid search waits on the graph's list: its statement goes with its statement_timeout in
+    one round trip (inside a transaction they took four), and the time limit still holds."""
+    from rag_lib.errors import QueryTimeoutError
+    from rag_lib.graph.extract import STRUCTURAL
+    from testkit import round_trips
+
+    kb.ingest([corpus_copy(TRADE, STRATEGY, LEARNING, EARNINGS)])
+    related, trips = round_trips(tmp_path / "graph.log", lambda: kb.store.graph_related_paths(
+        "default", [TRADE], STRUCTURAL, 20))
+    assert trips == 1 and STRATEGY in {p for p, _ in related}
+    kb.settings.graph.query_timeout_ms = 50
+    with pytest.raises(QueryTimeoutError, match="query_timeout_ms=50"):
+        kb.store._graph_statement("SELECT pg_sleep(2)", {})
+    assert kb.store.graph_related_paths("default", [TRADE], STRUCTURAL, 20) == related  # the pool's connection is fine
+
+
 def test_search_goes_on_without_the_graph_list_when_the_graph_query_times_out(kb, corpus_copy, caplog):
     """The graph's list waits on `graph.query_timeout_ms` like every graph query; past it the
     search answers without the list (and says so in the log) instead of waiting on the graph."""

@@ -11,6 +11,7 @@ import pytest
 
 from rag_lib.models import SearchFilters
 from rag_lib.search.retrieval import feedback_chunks
+from testkit import round_trips
 
 # One streaming company's notes: the first section shares the question's words, the others answer it
 # in their own (films, churn, pricing); a bank's and a miner's notes share the odd word.
@@ -204,7 +205,8 @@ def _statements(monkeypatch) -> list[tuple[str, bool]]:
 
 def test_a_filtered_search_decides_its_scan_once_and_reads_similarities_with_feedback(kb, tmp_path, monkeypatch):
     """A filter beside the collection is counted (up to search.exact_max_rows + 1 rows) to choose
-    between an exact ranking and the HNSW walk: once per search, not again for feedback's query, which
+    between an exact ranking and the HNSW walk: once per search and filters (for vectors.SCAN_TTL
+    seconds), not again for feedback's query, which
     also brings the full-text hits' cosine with the question in its own round trip (no lookup of
     their own at the end). Both for an exact ranking and for the walk; the hits' similarity is
     still their cosine with the question."""
@@ -229,39 +231,20 @@ def test_a_filtered_search_decides_its_scan_once_and_reads_similarities_with_fee
         truth = kb.store.similarities(asked, space, [h.chunk_id for h in result.hits])
         for hit in result.hits:
             assert abs(hit.similarity - truth[hit.chunk_id]) < 1e-4
-
-
-def _round_trips(path: Path, call):
-    """(`call()`, the round trips to the server it made): the server's ReadyForQuery messages (one
-    ends each round trip) in libpq's protocol trace of every connection that executed a statement."""
-    import psycopg
-    from psycopg import pq
-
-    traced: list[psycopg.Connection] = []
-    execute = psycopg.Connection.execute
-    with open(path, "w") as log:
-        def tracing(conn, query, params=None, **kw):
-            if all(c is not conn for c in traced):
-                conn.pgconn.trace(log.fileno())
-                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-                traced.append(conn)
-            return execute(conn, query, params, **kw)
-
-        psycopg.Connection.execute = tracing
-        try:
-            result = call()
-        finally:
-            psycopg.Connection.execute = execute
-            for conn in traced:
-                conn.pgconn.untrace()  # flushes the trace
-    return result, path.read_text().count("\tReadyForQuery")
+    # the same filters again within vectors.SCAN_TTL: the decision stands, nothing is counted; other
+    # filters, or another exact_max_rows, are counted
+    for doc_types, counted in ((doc_type, 0), ([doc_type, "no-such-type"], 1)):
+        sent = _statements(monkeypatch)
+        kb.search(QUESTION, mode="hybrid", top_k=8, doc_type=doc_types)
+        monkeypatch.undo()
+        assert len([s for s, _ in sent if s.startswith("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c")]) == counted
 
 
 def test_a_semantic_query_and_its_feedback_query_take_one_round_trip_each(kb, tmp_path):
     """The settings (jit, the HNSW walk's) and the query of a semantic search, and feedback's query
     with the full-text hits' cosines, go to the server together and come back in one round trip
-    (they once went inside a transaction in a pipeline: four). The filters' count is one more, and
-    feedback, handed the first pass's decision, makes none. Exact ranking and the HNSW walk."""
+    (they once went inside a transaction in a pipeline: four). The filters' count is one more (once per
+    vectors.SCAN_TTL for the same filters), and feedback, handed the first pass's decision, makes none. Exact ranking and the HNSW walk."""
     _ingest(kb, tmp_path)
     store = kb.store
     space = store.active_space()
@@ -273,10 +256,15 @@ def test_a_semantic_query_and_its_feedback_query_take_one_round_trip_each(kb, tm
     for exact_max_rows, scan in ((10_000, "exact"), (0, "hnsw")):
         store.settings.search.exact_max_rows = exact_max_rows
         store.semantic_search(query, space["space"], space["dimensions"], flt, 3)  # what is cached is cached
-        first, trips = _round_trips(tmp_path / "first.log", lambda: store.semantic_search(
+        for key in [k for k in store.scan_decisions if k[0] == "scan"]:  # but the filters' decision
+            del store.scan_decisions[key]
+        first, trips = round_trips(tmp_path / "first.log", lambda: store.semantic_search(
             query, space["space"], space["dimensions"], flt, 3))
         assert trips == 2 and first.scan[0] == scan and len(first) == 3  # the count, the ranking
-        again, trips = _round_trips(tmp_path / "again.log", lambda: store.semantic_search(
+        _, trips = round_trips(tmp_path / "decided.log", lambda: store.semantic_search(
+            query, space["space"], space["dimensions"], flt, 3))
+        assert trips == 1  # the same filters within vectors.SCAN_TTL: decided already
+        again, trips = round_trips(tmp_path / "again.log", lambda: store.semantic_search(
             query, space["space"], space["dimensions"], flt, 3, toward=streamer[:2], weight=0.8, scan=first.scan,
             cosines=bank))
         assert trips == 1 and len(again) == 3

@@ -132,3 +132,28 @@ def error_text(result) -> str:
     """An MCP tool call's error message (the call must have failed)."""
     assert result.is_error, result.content
     return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def round_trips(path: Path, call):
+    """(`call()`, the round trips to the server it made): the server's ReadyForQuery messages (one
+    ends each round trip) in libpq's protocol trace of every connection that executed a statement."""
+    from psycopg import pq
+
+    traced: list[psycopg.Connection] = []
+    execute = psycopg.Connection.execute
+    with open(path, "w") as log:
+        def tracing(conn, query, params=None, **kw):
+            if all(c is not conn for c in traced):
+                conn.pgconn.trace(log.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                traced.append(conn)
+            return execute(conn, query, params, **kw)
+
+        psycopg.Connection.execute = tracing
+        try:
+            result = call()
+        finally:
+            psycopg.Connection.execute = execute
+            for conn in traced:
+                conn.pgconn.untrace()  # flushes the trace
+    return result, path.read_text().count("\tReadyForQuery")

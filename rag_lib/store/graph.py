@@ -212,10 +212,8 @@ class GraphStore:
     ) -> list[dict[str, Any]]:
         """Edges reached from `start` within `depth` steps (either direction), each with the depth at
         which it was first reached; cycle-safe (a walk never revisits a node) and capped."""
-        with self._graph_connection() as conn:
-            cur = conn.execute(_WALK_SQL, self._walk_params(collection, start, depth, predicates, exclude, max_rows,
-                                                            fanout))
-            return _dicts(cur)
+        return _dicts(self._graph_statement(
+            _WALK_SQL, self._walk_params(collection, start, depth, predicates, exclude, max_rows, fanout)))
 
     def graph_walk_plan(self, collection: str, start: str, depth: int) -> list[str]:
         """EXPLAIN (ANALYZE, BUFFERS) of `graph_walk` (benchmarks, tuning)."""
@@ -286,44 +284,53 @@ class GraphStore:
                 conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{timeout}ms",))
                 yield conn
         except psycopg.errors.QueryCanceled as exc:
-            raise QueryTimeoutError(
-                f"the graph query took longer than graph.query_timeout_ms={timeout} "
-                "(RAG_GRAPH__QUERY_TIMEOUT_MS); ask for a smaller depth or raise the setting") from exc
+            raise _timed_out(timeout) from exc
+
+    def _graph_statement(self, query: str, params: dict[str, Any]) -> psycopg.Cursor:
+        """One graph statement under `graph.query_timeout_ms`, sent with its setting in one round trip
+        (a transaction around them took four: a search's graph list waited ~0.35 ms on them)."""
+        timeout = self.settings.graph.query_timeout_ms
+        try:
+            with self.db.pipelined() as conn:
+                conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{timeout}ms",))
+                cur = conn.execute(query, params)
+        except psycopg.errors.QueryCanceled as exc:
+            raise _timed_out(timeout) from exc
+        return cur
 
     def graph_related_paths(self, collection: str, paths: Sequence[str], exclude: Sequence[str],
                             limit: int = 50) -> list[tuple[str, int]]:
         """Documents linked to, or sharing a graph node with, `paths`, with how many connections each
         has. Raises QueryTimeoutError after `graph.query_timeout_ms`."""
         keys = [f"doc:{p}" for p in paths]
-        with self._graph_connection() as conn:  # bounded like every graph query: a search waits on it
-            rows = conn.execute(
-                """WITH seed AS (SELECT unnest(%(k)s::text[]) AS key),
-                   direct AS (
-                       SELECT e.dst AS other FROM rag_graph_edges e JOIN seed ON e.src = seed.key
-                        WHERE e.collection = %(c)s AND e.predicate = 'links_to'
-                       UNION ALL
-                       SELECT e.src FROM rag_graph_edges e JOIN seed ON e.dst = seed.key
-                        WHERE e.collection = %(c)s AND e.predicate = 'links_to'),
-                   shared AS (
-                       SELECT e2.src AS other FROM rag_graph_edges e1 JOIN seed ON e1.src = seed.key
-                       JOIN rag_graph_edges e2 ON e2.collection = e1.collection AND e2.dst = e1.dst
-                        AND e2.src LIKE 'doc:%%' AND e2.src <> e1.src
-                        WHERE e1.collection = %(c)s AND NOT (e1.predicate = ANY(%(x)s))
-                          AND NOT (e2.predicate = ANY(%(x)s)) AND e1.predicate <> 'links_to'),
-                   -- a direct link counts twice a shared entity; counted once, before the
-                   -- documents are looked up (a plan that joined first, on a table without
-                   -- statistics, recomputed the shared entities per document: seconds)
-                   counted AS MATERIALIZED (
-                       SELECT other, count(*) AS n FROM (
-                           SELECT other FROM direct UNION ALL SELECT other FROM direct
-                           UNION ALL SELECT other FROM shared) x
-                       WHERE other LIKE 'doc:%%' AND NOT (other = ANY(%(k)s))
-                       GROUP BY other)
-                   SELECT substr(other, 5) AS path, n FROM counted
-                   WHERE EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = %(c)s AND d.path = substr(other, 5))
-                   ORDER BY n DESC, other LIMIT %(l)s""",
-                {"k": keys, "c": collection, "x": list(exclude), "l": limit},
-            ).fetchall()
+        rows = self._graph_statement(  # bounded like every graph query: a search waits on it
+            """WITH seed AS (SELECT unnest(%(k)s::text[]) AS key),
+               direct AS (
+                   SELECT e.dst AS other FROM rag_graph_edges e JOIN seed ON e.src = seed.key
+                    WHERE e.collection = %(c)s AND e.predicate = 'links_to'
+                   UNION ALL
+                   SELECT e.src FROM rag_graph_edges e JOIN seed ON e.dst = seed.key
+                    WHERE e.collection = %(c)s AND e.predicate = 'links_to'),
+               shared AS (
+                   SELECT e2.src AS other FROM rag_graph_edges e1 JOIN seed ON e1.src = seed.key
+                   JOIN rag_graph_edges e2 ON e2.collection = e1.collection AND e2.dst = e1.dst
+                    AND e2.src LIKE 'doc:%%' AND e2.src <> e1.src
+                    WHERE e1.collection = %(c)s AND NOT (e1.predicate = ANY(%(x)s))
+                      AND NOT (e2.predicate = ANY(%(x)s)) AND e1.predicate <> 'links_to'),
+               -- a direct link counts twice a shared entity; counted once, before the
+               -- documents are looked up (a plan that joined first, on a table without
+               -- statistics, recomputed the shared entities per document: seconds)
+               counted AS MATERIALIZED (
+                   SELECT other, count(*) AS n FROM (
+                       SELECT other FROM direct UNION ALL SELECT other FROM direct
+                       UNION ALL SELECT other FROM shared) x
+                   WHERE other LIKE 'doc:%%' AND NOT (other = ANY(%(k)s))
+                   GROUP BY other)
+               SELECT substr(other, 5) AS path, n FROM counted
+               WHERE EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = %(c)s AND d.path = substr(other, 5))
+               ORDER BY n DESC, other LIMIT %(l)s""",
+            {"k": keys, "c": collection, "x": list(exclude), "l": limit},
+        ).fetchall()
         return [(p, int(n)) for p, n in rows]
 
     # ---- checks and export ---------------------------------------------------------------
@@ -457,6 +464,11 @@ class GraphStore:
                 "SELECT src, predicate, dst, path, section, role FROM rag_graph_edges WHERE collection = %s"
                 " ORDER BY id", (collection,)))
         return nodes, edges
+
+
+def _timed_out(timeout: int) -> QueryTimeoutError:
+    return QueryTimeoutError(f"the graph query took longer than graph.query_timeout_ms={timeout} "
+                             "(RAG_GRAPH__QUERY_TIMEOUT_MS); ask for a smaller depth or raise the setting")
 
 
 def _mergeable(key: str) -> bool:

@@ -78,7 +78,8 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
     return sql.SQL(" AND ").join(parts), params
 
 
-SCAN_TTL = 5.0  # seconds a collection's exact-or-HNSW decision is reused (a collection grows in steps)
+SCAN_TTL = 5.0  # seconds a filter's exact-or-HNSW decision is reused (a collection grows in steps)
+SCAN_DECISIONS_MAX = 1024  # decisions kept before the expired ones are dropped
 # `search.ef_search` 0 scales the walk with the index: recall@10 against exact search was 0.975 at
 # ef_search 200 on 100k chunks, and at 1M 0.943 at 200, 0.971 at 300 (docs/scale.md): a tenfold
 # larger index lost ~0.03 at a fixed ef_search and 100 more won it back.
@@ -432,18 +433,23 @@ class VectorStore:
         """The scan, and the chunks the filters leave when it is 'exact' (None: more, or unknown)."""
         if not params:
             return "hnsw", None
-        # A filter on the collection alone (every KnowledgeBase search has one) is decided once per
-        # SCAN_TTL: counting it reads up to exact_max_rows index entries per search otherwise.
-        key = ("scan", filters.collection) if filters is not None and _collection_only(filters) else None
+        # Decided once per SCAN_TTL for the same filters (a collection alone: every KnowledgeBase
+        # search; an analyst's or agent's ticker over several questions): counting the filtered rows
+        # is a round trip and up to exact_max_rows index entries per search otherwise.
+        cap = self.settings.search.exact_max_rows
+        key = ("scan", cap, repr(filters)) if filters is not None else None
         now = time.monotonic()
         if key is not None and (hit := self.scan_decisions.get(key)) and now - hit[0] < SCAN_TTL:
             return hit[1]
-        cap = self.settings.search.exact_max_rows
         # counted up to cap + 1: an index-only scan for the usual filters, well under a millisecond
         query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM rag_chunks c WHERE {} LIMIT %s) s").format(where)
         rows = conn.execute(query, [*params, cap + 1]).fetchone()[0]
         decision = ("exact", rows) if rows <= cap else ("hnsw", None)
         if key is not None:
+            if len(self.scan_decisions) >= SCAN_DECISIONS_MAX:  # many distinct filters: forget the expired
+                for k, v in list(self.scan_decisions.items()):  # copied: other threads may add some
+                    if now - v[0] >= SCAN_TTL:
+                        self.scan_decisions.pop(k, None)
             self.scan_decisions[key] = (now, decision)
         return decision
 
