@@ -143,11 +143,11 @@ class SearchSettings(BaseModel):
     # Filters leaving at most this many chunks are ranked exactly (recall 1; ~26 ms for 4,840 rows on
     # 2 cores, vs ~95 ms and recall 0.49 for a graph walk that starts far from the filtered rows).
     exact_max_rows: int = 10000
-    # Exact rankings over a whole collection (a collection filter alone, at most exact_max_rows
-    # chunks) are computed in the process from a copy of the collection's vectors and hit rows,
-    # read again when its documents change (checked at most every 0.1 s). At most 2 x exact_max_rows
-    # chunks per process (~12 MB for 3,325 at 384 dimensions). False: the database ranks every row
-    # (README "Small collections are ranked in the process", docs/scale.md HTTP)
+    # Exact rankings (a whole collection, or the chunks other filters leave, at most exact_max_rows)
+    # are computed in the process from a copy of those chunks' vectors and hit rows, read again when
+    # they change (checked at most every 0.1 s); filters on client tags are not held. At most
+    # 2 x exact_max_rows chunks per process (~12 MB for 3,325 at 384 dimensions). False: the database
+    # ranks every row (README "Small collections are ranked in the process", docs/scale.md HTTP)
     rank_in_process: bool = True
     # Rows the rarest query terms may select for full-text scoring (cost grows linearly with it); a
     # query of common words only scores at most this many rows holding all of them

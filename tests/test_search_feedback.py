@@ -247,6 +247,7 @@ def test_a_semantic_query_and_its_feedback_query_take_one_round_trip_each(kb, tm
     vectors.SCAN_TTL for the same filters), and feedback, handed the first pass's decision, makes none. Exact ranking and the HNSW walk."""
     _ingest(kb, tmp_path)
     store = kb.store
+    store.settings.search.rank_in_process = False  # the database's ranking (held copies: test_search_in_process)
     space = store.active_space()
     query = kb.provider.embed([QUESTION])[0]
     flt = SearchFilters(collection=kb.settings.collection, section_contains="e")  # 3 sections; not the collection alone

@@ -69,10 +69,58 @@ def test_a_whole_collection_is_ranked_in_the_process_as_the_database_ranks_it(co
                 results.append([(h.chunk_id, h.score, h.similarity) for h in hits])
             assert _same(*results), (question, mode)
 
-    # held: the collection's vectors only (one copy, read once); a ticker filter is ranked by the database
-    assert list(store.held_vectors.entries) == [("default", space["space"])]
-    held = store.held_vectors.entries[("default", space["space"])]
+    # held: the collection's vectors only (one copy, read once)
+    assert list(store.held_vectors.entries) == [(("collection", "default"), space["space"])]
+    held = store.held_vectors.entries[(("collection", "default"), space["space"])]
     assert held.matrix.shape == (len(held.ids), space["dimensions"]) == (3325, 384)
+
+
+def test_the_chunks_a_filter_leaves_are_held_and_ranked_as_the_database_ranks_them(corpus_kb):
+    """A filter beside the collection (a ticker, a document type) that leaves at most
+    `search.exact_max_rows` chunks: from its second search within `vectors.REPEAT_SECONDS`, its
+    chunks' vectors and rows are held as a collection's are, and both passes of a hybrid search are
+    ranked in the process, as the database ranks them. Filters on client tags (which change without
+    rewriting chunks) are ranked by the database."""
+    store = corpus_kb.store
+    space = store.active_space()
+    nvda = SearchFilters(collection="default", ticker="NVDA")
+    vector = corpus_kb.embed_text("data center revenue guidance")
+
+    def ranked(in_process: bool, **kw):
+        corpus_kb.settings.search.rank_in_process = in_process
+        hits = store.semantic_search(vector, space["space"], space["dimensions"], nvda, 30, **kw)
+        return [(h.chunk_id, h.score, h.similarity) for h in hits], hits.pool
+
+    with store.db.connection() as conn:
+        nvda_chunks = conn.execute("SELECT count(*) FROM rag_chunks WHERE collection = 'default' AND ticker = 'NVDA'"
+                                   ).fetchone()[0]
+    pool = nvda_chunks // 2  # a larger pool is no pool (it would save feedback little)
+    key = (("filters", repr(nvda)), space["space"])
+    db, db_pool = ranked(False, pool=pool)
+    once, _ = ranked(True, pool=pool)  # a filter's first search: ranked by the database, nothing read
+    assert key not in store.held_vectors.entries and _same(db, once)
+    mem, mem_pool = ranked(True, pool=pool)  # its second within vectors.REPEAT_SECONDS: its chunks are held
+    assert key in store.held_vectors.entries
+    assert len(mem) == 30 and _same(db, mem) and len(mem_pool) == pool and mem_pool[:-5] == db_pool[:-5]
+    toward = [cid for cid, _, _ in mem[:3]]
+    db_moved, _ = ranked(False, toward=toward, weight=0.8, among=mem_pool)
+    mem_moved, _ = ranked(True, toward=toward, weight=0.8, among=mem_pool)
+    assert _same(db_moved, mem_moved) and [c for c, _, _ in mem_moved] != [c for c, _, _ in mem]
+    held = store.held_vectors.entries[key]
+    assert len(held.ids) == nvda_chunks and {r[9] for r in held.rows} == {"NVDA"}
+
+    for question in QUESTIONS:  # whole searches with the filter: the same results
+        results = []
+        for in_process in (False, True):
+            corpus_kb.settings.search.rank_in_process = in_process
+            hits = corpus_kb.search(question, mode="hybrid", top_k=10, ticker="NVDA").hits
+            results.append([(h.chunk_id, h.score, h.similarity) for h in hits])
+        assert results[1] and _same(*results), question
+
+    before = set(store.held_vectors.entries)
+    for _ in range(2):
+        tagged = corpus_kb.search("data center revenue guidance", mode="hybrid", tags={"desk": "semis"})
+    assert set(store.held_vectors.entries) == before and tagged.hits == []
 
 
 def test_a_collection_over_exact_max_rows_is_not_held(corpus_kb):
@@ -99,8 +147,8 @@ def _found(kb: KnowledgeBase, question: str) -> list[str]:
 
 def test_held_vectors_follow_other_processes_writes_at_once(corpus_kb, tmp_path):
     """Another process (here another knowledge base on the same database) publishes and deletes a
-    document: a search of the process holding the collection's vectors sees it as soon as its
-    generation is checked again (at most `vectors.RECHECK_SECONDS`, 0.1 s, after the last check)."""
+    document: a search of the process holding the collection's vectors, or the chunks a filter
+    leaves, sees it as soon as their generation is checked again (at most `vectors.RECHECK_SECONDS`, 0.1 s, after the last check)."""
     note = _note(tmp_path, "zz_glacier.md", "# Glacier notes\n\n## Ice\nThe glacier retreated four kilometres, "
                  "exposing lichen-covered bedrock that tourists photograph from the ferry.\n")
     question = "glacier retreat exposing lichen bedrock seen from the ferry"
@@ -109,19 +157,26 @@ def test_held_vectors_follow_other_processes_writes_at_once(corpus_kb, tmp_path)
         time.sleep(vectors.RECHECK_SECONDS)  # a search this soon after the last check reuses it
         return _found(corpus_kb, question)
 
+    def filtered() -> list[str]:  # the chunks a filter leaves are held alike (none yet)
+        time.sleep(vectors.RECHECK_SECONDS)
+        return [Path(h.path).name for h in corpus_kb.search(question, mode="semantic", top_k=3, path="zz_").hits]
+
     assert "zz_glacier.md" not in found()  # the vectors are held now
-    assert corpus_kb.store.held_vectors.entries
+    assert filtered() == [] and filtered() == []  # held from the filter's second search
+    assert len(corpus_kb.store.held_vectors.entries) == 2
     other = KnowledgeBase(Settings(database_url=corpus_kb.settings.database_url, home=tmp_path / "other"),
                           provider=corpus_kb.provider)
     try:
         assert other.ingest([note.parent], root=note.parent).count("failed") == 0
         assert found()[0] == "zz_glacier.md"
-        held = corpus_kb.store.held_vectors.entries[("default", corpus_kb.store.active_space()["space"])]
+        assert set(filtered()) == {"zz_glacier.md"}
+        held = corpus_kb.store.held_vectors.entries[(("collection", "default"), corpus_kb.store.active_space()["space"])]
         assert len(held.ids) > 3325  # read again, with the new document's chunks
         hybrid = corpus_kb.search(question, mode="hybrid", top_k=3).hits
         assert Path(hybrid[0].path).name == "zz_glacier.md"
         other.delete_document("zz_glacier.md")
         assert "zz_glacier.md" not in found()
+        assert filtered() == []
     finally:
         other.close()
 
