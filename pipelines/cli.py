@@ -96,8 +96,6 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
          as_json: bool, parallel: Optional[int] = None) -> None:
-    import gc
-
     from rag_lib import quality
 
     settings = get_settings()
@@ -107,15 +105,12 @@ def _run(paths: list[str], collection: Optional[str], force: bool, job: str, emb
             # Its import (seconds of one core) runs beside Dagster's, on the core that import leaves
             # idle, instead of at the run's end where the chunk_sizes check waited for it (cold: 2.6-2.8 s).
             quality.preload_great_expectations()
-        gc.disable()  # importing Dagster: see pipelines.resources.collections_paused (not imported yet)
-        try:
+        from pipelines.gc_policy import collections_paused, ends_with_its_runs
+
+        ends_with_its_runs()
+        with collections_paused():  # importing Dagster
             from pipelines.instance import get_instance
             from pipelines.launch import materialize_corpus
-            from pipelines.resources import ends_with_its_runs
-        finally:
-            gc.freeze()  # this command's process ends with its runs
-            gc.enable()
-        ends_with_its_runs()
 
         instance = get_instance(settings)
         try:

@@ -26,7 +26,8 @@ from pipelines import dagster_private
 from pipelines.jobs import INGEST_JOB
 from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, keys_needing_runs, plan_ranges, range_tags,
                                   record_refused, sync_partitions)
-from pipelines.resources import collections_paused, stage_runner
+from pipelines.gc_policy import collections_paused
+from pipelines.resources import stage_runner
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"

@@ -442,7 +442,7 @@ def test_only_a_process_that_ends_with_its_runs_freezes_its_heap(corpus_copy, ra
     cycles for the process's life."""
     import gc
 
-    from pipelines import resources
+    from pipelines import gc_policy
 
     root = corpus_copy(*RELS[:2])
     frozen = gc.get_freeze_count()
@@ -452,7 +452,7 @@ def test_only_a_process_that_ends_with_its_runs_freezes_its_heap(corpus_copy, ra
             tags = range_tags(keys[0], keys[-1])
             assert materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)}, tags=tags).success
             assert gc.get_freeze_count() == frozen and gc.isenabled()
-            monkeypatch.setitem(resources._ONE_SHOT, "process", True)  # what `rag materialize` marks
+            monkeypatch.setitem(gc_policy._ONE_SHOT, "process", True)  # what `rag materialize` marks
             assert materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root, force=True)},
                                tags=tags).success
             assert gc.get_freeze_count() > frozen and gc.isenabled()
