@@ -8,6 +8,7 @@ from dagster import AssetCheckExecutionContext, AssetCheckResult, asset_check
 from pipelines.checks import to_check_result
 from pipelines.graph_assets import knowledge_graph
 from pipelines.resources import RagResource
+from rag_lib.graph.checks import GRAPH_CHECKS as LIBRARY_CHECKS
 
 
 def graph_check(rag: RagResource, name: str) -> AssetCheckResult:
@@ -15,32 +16,25 @@ def graph_check(rag: RagResource, name: str) -> AssetCheckResult:
     return to_check_result(rag.after(f"graph_check:{name}", lambda: rag.kb().graph_check(name)))
 
 
-@asset_check(asset=knowledge_graph, description="`_links` pointing to files that are not in the corpus (warning, listed).")
-def graph_dangling_links(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return graph_check(rag, "dangling_links")
+# The UI's text for each of the library's graph checks (rag_lib.graph.checks.GRAPH_CHECKS): a check
+# added there without one fails this module's import.
+DESCRIPTIONS = {
+    "dangling_links": "`_links` pointing to files that are not in the corpus (warning, listed).",
+    "orphan_nodes": "Graph nodes no edge references any more (error).",
+    "stale_edges": "Graph edges written from another version of their document than the live one (error).",
+    "duplicate_nodes": "Graph nodes that look like one thing under two names (warning, listed).",
+    "counts": "Nodes per entity type and edges per predicate as metadata, with a sample of triples.",
+}
 
 
-@asset_check(asset=knowledge_graph, description="Graph nodes no edge references any more (error).")
-def graph_orphan_nodes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return graph_check(rag, "orphan_nodes")
+def _graph_asset_check(name: str):
+    """The asset check `graph_<name>` on knowledge_graph, reporting the library's check `name`."""
+
+    @asset_check(asset=knowledge_graph, name=f"graph_{name}", description=DESCRIPTIONS[name])
+    def check(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
+        return graph_check(rag, name)
+
+    return check
 
 
-@asset_check(asset=knowledge_graph,
-             description="Graph edges written from another version of their document than the live one (error).")
-def graph_stale_edges(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return graph_check(rag, "stale_edges")
-
-
-@asset_check(asset=knowledge_graph,
-             description="Graph nodes that look like one thing under two names (warning, listed).")
-def graph_duplicate_nodes(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return graph_check(rag, "duplicate_nodes")
-
-
-@asset_check(asset=knowledge_graph,
-             description="Nodes per entity type and edges per predicate as metadata, with a sample of triples.")
-def graph_counts(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
-    return graph_check(rag, "counts")
-
-
-GRAPH_CHECKS = [graph_dangling_links, graph_orphan_nodes, graph_stale_edges, graph_duplicate_nodes, graph_counts]
+GRAPH_CHECKS = [_graph_asset_check(name) for name in LIBRARY_CHECKS]
