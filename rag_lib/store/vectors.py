@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,7 +82,7 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
 
 
 SCAN_TTL = 5.0  # seconds a filter's exact-or-HNSW decision is reused (a collection grows in steps)
-SCAN_DECISIONS_MAX = 1024  # decisions kept before the expired ones are dropped
+REMEMBERED_MAX = 1024  # per-filter answers kept (scan decisions, searches) before the expired ones are dropped
 # `search.ef_search` 0 scales the walk with the index: recall@10 against exact search was 0.975 at
 # ef_search 200 on 100k chunks, and at 1M 0.943 at 200, 0.971 at 300 (docs/scale.md): a tenfold
 # larger index lost ~0.03 at a fixed ef_search and 100 more won it back.
@@ -181,6 +181,11 @@ _CHUNK_GENERATION = ("SELECT count(*) AS chunks, coalesce(sum(c.xmin::text::bigi
                      " FROM rag_chunks c WHERE {where}")
 
 
+def _collection_key(collection: str) -> tuple[str, str]:
+    """A whole collection's `HeldScope.key`."""
+    return ("collection", collection)
+
+
 @dataclasses.dataclass(frozen=True)
 class HeldScope:
     """What one held copy covers: a whole collection, or the chunks some filters leave."""
@@ -190,13 +195,13 @@ class HeldScope:
     params: tuple[Any, ...]
 
     @classmethod
-    def of(cls, filters: SearchFilters) -> HeldScope | None:
-        """The scope of `filters`; None when they cannot be held (client tags)."""
+    def of(cls, filters: SearchFilters, where: sql.Composable, params: list[Any]) -> HeldScope | None:
+        """The scope of `filters` (`where`, `params`: their `_filter_sql`); None when they cannot be
+        held (client tags)."""
         if filters.tags:
             return None
-        where, params = _filter_sql(filters)
         if _collection_only(filters):
-            return cls(("collection", filters.collection), where, tuple(params))
+            return cls(_collection_key(filters.collection), where, tuple(params))
         return cls(("filters", repr(filters)), where, tuple(params))
 
     def generation(self, conn: psycopg.Connection) -> tuple:
@@ -280,10 +285,7 @@ class HeldVectorsCache:
             return False
         now = time.monotonic()
         last = self._asked.get(key)
-        if len(self._asked) >= 1024:  # many filters: forget the old ones
-            for k, t in list(self._asked.items()):  # copied: other threads may add some
-                if now - t >= REPEAT_SECONDS:
-                    self._asked.pop(k, None)
+        _forget_expired(self._asked, now, REPEAT_SECONDS, stamp=lambda t: t)
         self._asked[key] = now
         return last is not None and now - last < REPEAT_SECONDS
 
@@ -330,6 +332,15 @@ def _matrix(values: list[bytes]) -> np.ndarray:
         raise ValueError("vectors of different dimensions in one space")
     rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), width)
     return rows[:, 4:].copy().view(">f4").astype(np.float32)
+
+
+def _forget_expired(entries: dict, now: float, ttl: float, stamp: Callable[[Any], float]) -> None:
+    """Drop the entries whose `stamp` is `ttl` seconds old or more, once `entries` holds REMEMBERED_MAX
+    (many distinct filters). Iterates a copy: other threads may add entries meanwhile."""
+    if len(entries) >= REMEMBERED_MAX:
+        for key, value in list(entries.items()):
+            if now - stamp(value) >= ttl:
+                entries.pop(key, None)
 
 
 def _nearest(distances: np.ndarray, k: int) -> np.ndarray:
@@ -532,10 +543,7 @@ class VectorStore:
         rows = conn.execute(query, [*params, cap + 1]).fetchone()[0]
         decision = ("exact", rows) if rows <= cap else ("hnsw", None)
         if key is not None:
-            if len(self.scan_decisions) >= SCAN_DECISIONS_MAX:  # many distinct filters: forget the expired
-                for k, v in list(self.scan_decisions.items()):  # copied: other threads may add some
-                    if now - v[0] >= SCAN_TTL:
-                        self.scan_decisions.pop(k, None)
+            _forget_expired(self.scan_decisions, now, SCAN_TTL, stamp=lambda v: v[0])
             self.scan_decisions[key] = (now, decision)
         return decision
 
@@ -596,7 +604,7 @@ class VectorStore:
         s = self.settings.search
         moved = bool(toward) and weight > 0
         scan, rows = scan if scan is not None else (None, None)
-        scope = HeldScope.of(filters) if s.rank_in_process and params else None
+        scope = HeldScope.of(filters, where, params) if s.rank_in_process and params else None
         if scope is not None and self.held_vectors.wanted((scope.key, space), first_pass=not moved):
             with self.db.reading() as conn:
                 if scan is None:
@@ -813,7 +821,7 @@ class VectorStore:
         """Cosine similarity of `vector` to each of `chunk_ids` that this process holds the vector of
         (`HeldVectors`, as a search of the whole collection left them), without a query; chunks not
         held are left out."""
-        held = self.held_vectors.entries.get((("collection", collection), space))  # no LRU touch: a read beside searches
+        held = self.held_vectors.entries.get((_collection_key(collection), space))  # no LRU touch: a read beside searches
         rows = [held.position[c] for c in chunk_ids if c in held.position] if held is not None else []
         if not rows:
             return {}
