@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rag_lib.config import SearchSettings
-from rag_lib.search.fusion import Candidates, convex, document_evidence, lexical_closeness, rrf
+from rag_lib.search.fusion import Candidates, boost, convex, document_evidence, lexical_closeness, rescale_to_one, rrf
 from rag_lib.models import SearchHit
 
 MARGIN = {
@@ -264,9 +264,38 @@ def test_lexical_closeness_counts_unreached_chunks_at_the_semantic_list_s_last_c
     assert lexical_closeness(semantic, []) is None and lexical_closeness([], [_hit("a", 0.9)]) is None
 
 
-def _hit(cid: str, score: float, path: str = "a.md") -> SearchHit:
+def _hit(cid: str, score: float, path: str = "a.md", ticker: str | None = None) -> SearchHit:
     return SearchHit(chunk_id=cid, score=score, text="", doc_id=path, path=path, section=cid, section_path=cid,
-                     unit_id=f"{path}#{cid}", doc_type="note", collection="c")
+                     unit_id=f"{path}#{cid}", doc_type="note", collection="c", ticker=ticker)
+
+
+def test_boosted_hits_keep_their_margins_through_document_evidence():
+    """A named (or linked) ticker's hits are boosted above 1 without being cut back to 1: cut, the
+    strong single match `x` tied with the other document's middling sections and document evidence
+    alone put them first. Scores come back in [0, 1] at the end, in the same order and ratios."""
+    ranked = [_hit("x", 0.95, "a.md", "NVDA"), _hit("y1", 0.70, "b.md", "NVDA"), _hit("y2", 0.69, "b.md", "NVDA"),
+              _hit("y3", 0.68, "b.md", "NVDA"), _hit("z", 0.90, "c.md")]
+    boosted = boost(ranked, ["NVDA"], [], 0.5)
+    assert [round(h.score, 3) for h in boosted[:2]] == [1.425, 1.05]
+    fused = document_evidence(boosted, 3, 0.2)
+    assert [h.chunk_id for h in fused] == ["x", "y1", "y2", "y3", "z"]
+    before = [h.score for h in fused]
+    scaled = rescale_to_one(fused)
+    assert scaled[0].score == 1.0 and all(0 < h.score <= 1.0 for h in scaled)
+    assert [h.score / scaled[0].score for h in scaled] == pytest.approx([b / before[0] for b in before])
+    cosines = [_hit("a", 0.6), _hit("b", 0.4)]  # nothing above 1: semantic mode's cosines stay cosines
+    assert [h.score for h in rescale_to_one(cosines)] == [0.6, 0.4]
+
+
+def test_a_search_naming_a_ticker_tells_its_results_apart(corpus_kb):
+    """The first result scores 1 and the others less, in order: a question naming a ticker once
+    gave every one of its first results the score 1.0 (the boost was cut at 1)."""
+    for query in ("NVDA bull case", "the GPU maker's data center revenue"):
+        result = corpus_kb.search(query, mode="hybrid", top_k=8)
+        scores = [h.score for h in result.hits]
+        assert result.plan["tickers"] == ["NVDA"], result.plan
+        assert scores[0] == 1.0 and scores == sorted(scores, reverse=True) and 0 < scores[-1] < 1.0, scores
+        assert len(set(scores)) == len(scores), scores
 
 
 def test_convex_weighs_margins_where_rrf_counts_votes():

@@ -101,8 +101,20 @@ def boost(hits: list[SearchHit], tickers: list[str], doc_types: list[str], facto
             bonus += factor
         if doc_types and hit.doc_type in doc_types:
             bonus += factor / 2
-        hit.score = min(1.0, hit.score * (1.0 + bonus))  # only raises: min_similarity still holds
+        # only raises (min_similarity still holds); not capped at 1, which tied every boosted hit
+        # above 1 / (1 + factor) (document evidence alone then ordered them): see `rescale_to_one`
+        hit.score = hit.score * (1.0 + bonus)
     return sorted(hits, key=lambda h: -h.score)
+
+
+def rescale_to_one(hits: list[SearchHit]) -> list[SearchHit]:
+    """Scores back in [0, 1] after boosts raised some above 1: all divided by the best, so the order
+    and the ratios stay (unboosted scores, such as semantic mode's cosines, are left as they are)."""
+    top = max((h.score for h in hits), default=0.0)
+    if top > 1.0:
+        for hit in hits:
+            hit.score /= top
+    return hits
 
 
 def weigh_descriptors(hits: list[SearchHit], names: frozenset[str], weight: float) -> list[SearchHit]:
@@ -125,7 +137,7 @@ def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[S
     first, last = (dt.date.fromisoformat(d) for d in dates)
     for hit in hits:
         if hit.doc_date is not None and first <= hit.doc_date <= last:
-            hit.score = min(1.0, hit.score * (1.0 + factor))
+            hit.score = hit.score * (1.0 + factor)  # not capped either (see `boost`)
     return sorted(hits, key=lambda h: -h.score)
 
 

@@ -26,7 +26,7 @@ from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
-                                   lexical_closeness, rrf, weigh_descriptors)
+                                   lexical_closeness, rrf, weigh_descriptors, rescale_to_one)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import cover_named, excerpt, group_by_unit
 
@@ -488,7 +488,7 @@ def search(
         # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
         # later units behind every other document's first two (as they once did) buried the sections
         # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
-        hits = ranked[:top_k]
+        hits = rescale_to_one(ranked)[:top_k]
         if plan.kind == "trend":
             hits = _by_date(hits)
     if min_similarity <= 0 and vectors is not None:
