@@ -65,6 +65,12 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, _, err = rag("reset")
     assert code == 2 and "--yes" in err
 
+    # usage errors are click's, shown as such (exit code 2), not as an unexpected failure
+    code, _, err = rag("search", "x", "--date-from", "2025-01-01")
+    assert code == 2 and "No such option: --date-from" in err and "unexpected" not in err
+    code, _, err = rag("search", "x", "--top-k", "0")
+    assert code == 2 and "--top-k" in err and "unexpected" not in err
+
 
 def test_validate_is_a_dry_run_that_fails_on_problems(rag, corpus_copy):
     root = corpus_copy(LEARNING, MALFORMED)

@@ -88,11 +88,11 @@ def main() -> None:
         err_console.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and unexpected failures
-        import click
-
-        if isinstance(exc, click.ClickException):
+        # typer ships its own click (`typer._click`): its usage errors are not `click.ClickException`s,
+        # only `typer.TyperException`s that can show themselves (usage, hint and error; exit code 2)
+        if isinstance(exc, typer.TyperException) and callable(getattr(exc, "show", None)):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(getattr(exc, "exit_code", 2))
         if STATE["debug"]:
             raise
         log.debug("command failed", exc_info=True)  # the whole message (a statement too) with --debug
