@@ -47,6 +47,16 @@ def test_ingest_search_show_delete_round_trip(rag, corpus_copy):
     assert json.loads(out)["documents"] == 0
 
 
+def test_a_search_of_an_empty_collection_names_the_collections_that_hold_documents(rag, corpus_copy):
+    root = corpus_copy(LEARNING)
+    assert rag("ingest", str(root), "--collection", "research")[0] == 0
+    code, out, _ = rag("search", "loss aversion")  # the default collection: nothing there
+    assert code == 0
+    assert "no results: collection 'default' holds no documents" in out and "research (1 document)" in out
+    code, out, _ = rag("search", "loss aversion", "--collection", "research")
+    assert code == 0 and "no results" not in out and "loss-aversion" in out
+
+
 def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, out, err = rag("show", "no-such-doc")
     assert code == 1
