@@ -42,7 +42,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
         print_json(data)
     else:
         kind = "embedded" if st.embedded else "external"
-        console.print(f"{kind} server {'running' if st.running else 'stopped'}" + (f" at {st.url}" if st.url else ""))
+        console.print(f"{kind} server {'running' if st.running else 'stopped'}" + (f" at {st.url}" if st.url else ""), soft_wrap=True)
     if not st.running:
         raise typer.Exit(3)
 
