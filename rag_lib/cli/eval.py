@@ -21,11 +21,14 @@ def eval_command(
     mode: str = typer.Option("hybrid", "--mode", "-m", help="semantic | lexical | hybrid"),
     judge: bool = typer.Option(False, "--judge", help="Also the RAGAS metrics, judged by eval.judge_model."),
     judge_top_k: int = typer.Option(5, "--judge-top-k", min=1, max=50, help="Chunks per query the judge reads."),
+    per_query: bool = typer.Option(False, "--per-query", help="Also each query's nDCG@10, recall@10 and MRR@10 "
+                                   "(worst first), with its type and text."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """nDCG@10, Recall@10/100, MRR@10 and per-query latency of retrieval on a judged query set; with
     --judge also context precision, context recall and faithfulness (RAGAS) from a chat model."""
-    from rag_lib.eval import UNITS, evaluate_kb, judge_kb, load_qrels, load_queries, load_references
+    from rag_lib.eval import (UNITS, evaluate_kb, judge_kb, load_qrels, load_queries, load_query_types,
+                              load_references, metrics_by_type)
     from rag_lib.search import MODES
 
     if unit not in UNITS:
@@ -47,8 +50,14 @@ def eval_command(
         asked = {q: query_map[q] for q in judged if q in query_map}
         ragas = judge_kb(base, asked, mode=mode, collection=collection, top_k=judge_top_k,
                          references=load_references(queries))
+    types = load_query_types(queries)
+    # per query type (`metadata.type` in the queries file): the figures the retrieval_quality check keeps
+    by_type = metrics_by_type(report.per_query, types)
+    worst = sorted(report.per_query, key=lambda q: (report.per_query[q]["ndcg@10"], q))
     if as_json:
-        print_json({**report.summary(), **({"ragas": ragas} if ragas else {})})
+        rows = {q: {**report.per_query[q], "type": types.get(q, "untyped"), "text": query_map[q]} for q in worst}
+        print_json({**report.summary(), "by_type": by_type, **({"per_query": rows} if per_query else {}),
+                    **({"ragas": ragas} if ragas else {})})
         return
     table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")
     table.add_column("metric")
@@ -62,6 +71,22 @@ def eval_command(
             value = ragas[name]
             table.add_row(f"{name} (judge {ragas['model']})", "n/a (no references)" if value is None else f"{value:.4f}")
     console.print(table)
+    if set(by_type) - {"all", "untyped"}:  # the queries carry types
+        typed = Table(title="per query type")
+        for name in ("type", "queries", "ndcg@10", "recall@10", "mrr@10"):
+            typed.add_column(name, justify="left" if name == "type" else "right")
+        for name, m in sorted(by_type.items(), key=lambda kv: (kv[0] != "all", kv[0])):
+            typed.add_row(name, str(m["queries"]), *(f"{m[k]:.4f}" for k in ("ndcg@10", "recall@10", "mrr@10")))
+        console.print(typed)
+    if per_query:
+        rows = Table(title="per query, worst first")
+        for name in ("id", "type", "ndcg@10", "recall@10", "mrr@10", "query"):
+            rows.add_column(name, justify="right" if "@" in name else "left", overflow="fold")
+        for q in worst:
+            m = report.per_query[q]
+            rows.add_row(q, types.get(q, "untyped"), *(f"{m[k]:.3f}" for k in ("ndcg@10", "recall@10", "mrr@10")),
+                         query_map[q])
+        console.print(rows)
     if report.missing_queries:
         console.print(f"[yellow]{len(report.missing_queries)} judged query ids have no text: "
                       f"{', '.join(report.missing_queries[:5])}[/]")
