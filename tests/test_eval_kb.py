@@ -41,48 +41,38 @@ def test_rag_eval_json(monkeypatch, corpus_db_url, provider, tmp_path, capsys):
     qrels = tmp_path / "qrels.tsv"
     qrels.write_bytes(b"query-id\tcorpus-id\tscore\r\n" + b"".join(
         line.encode() + b"\r\n" for line in (DEV / "qrels.tsv").read_text().splitlines()[1:] if line.startswith("d0")))
-    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
-                                      "--mode", "lexical", "--json"])
-    try:
-        main()
-    except SystemExit as exc:
-        assert not exc.code
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1
-    data = json.loads(out[0])
+
+    def rag_eval(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
+                                          *args])
+        try:
+            main()
+        except SystemExit as exc:
+            return int(exc.code or 0), capsys.readouterr().out
+        return 0, capsys.readouterr().out
+
+    code, out = rag_eval("--mode", "lexical", "--json")
+    assert code == 0 and len(out.strip().splitlines()) == 1
+    data = json.loads(out)
     assert set(data) == {"ndcg@10", "recall@10", "recall@100", "mrr@10", "queries", "latency_ms", "mode", "by_type"}
     assert data["queries"] == 9 and data["mode"] == "lexical" and 0 < data["ndcg@10"] <= 1
     assert data["latency_ms"]["p50"] <= data["latency_ms"]["p95"]
-    # per query type, as the queries file's metadata.type says: d01-d09 are factual
+    # per query type, as the queries file's metadata.type says
     types = {json.loads(line)["_id"]: json.loads(line)["metadata"]["type"]
              for line in (DEV / "queries.jsonl").read_text().splitlines() if line.strip()}
-    expected = {t for q, t in types.items() if q.startswith("d0")} | {"all"}
-    assert set(data["by_type"]) == expected
+    assert set(data["by_type"]) == {t for q, t in types.items() if q.startswith("d0")} | {"all"}
     assert data["by_type"]["all"]["queries"] == 9 and data["by_type"]["all"]["ndcg@10"] == data["ndcg@10"]
 
-    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
-                                      "--mode", "lexical", "--json", "--per-query"])
-    try:
-        main()
-    except SystemExit as exc:
-        assert not exc.code
-    rows = json.loads(capsys.readouterr().out)["per_query"]
-    assert len(rows) == 9 and rows["d01"]["type"] == types["d01"] and rows["d01"]["text"].startswith("NVDA bull call")
+    code, out = rag_eval("--mode", "lexical", "--json", "--per-query")
+    rows = json.loads(out)["per_query"]
+    assert code == 0 and len(rows) == 9
+    assert rows["d01"]["type"] == types["d01"] and rows["d01"]["text"].startswith("NVDA bull call")
     ndcgs = [r["ndcg@10"] for r in rows.values()]
     assert ndcgs == sorted(ndcgs)  # worst first
     assert sum(ndcgs) / 9 == pytest.approx(data["ndcg@10"], abs=1e-4)
 
-    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
-                                      "--mode", "lexical", "--per-query"])
-    try:
-        main()
-    except SystemExit as exc:
-        assert not exc.code
-    text = capsys.readouterr().out
-    assert "per query type" in text and "factual" in text and "per query, worst first" in text and "d01" in text
-    monkeypatch.setattr(sys, "argv", ["rag", "eval", "--queries", str(DEV / "queries.jsonl"), "--qrels", str(qrels),
-                                      "--unit", "paragraph"])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    assert exc.value.code == 2
+    code, text = rag_eval("--mode", "lexical", "--per-query")
+    assert code == 0 and "per query type" in text and "factual" in text
+    assert "per query, worst first" in text and "d01" in text
+    assert rag_eval("--unit", "paragraph")[0] == 2
     get_settings.cache_clear()
