@@ -125,6 +125,16 @@ def _type_from_shape(body: dict[str, Any]) -> str | None:
     return None
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= limit else text[:limit] + "…'"
+
+
+def _not_a_date(field_name: str, value: Any, instead: str = "") -> str:
+    return (f"{field_name} {_shown(value)} is not a date (YYYY-MM-DD); "
+            + (instead or "the document has no date, so date filters and the date boost skip it"))
+
+
 def _as_date(value: Any) -> dt.date | None:
     if isinstance(value, dt.datetime):
         return value.date()
@@ -180,23 +190,33 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         or _type_from_shape(body)
         or "unknown"
     )
+    warnings: list[str] = []
     ticker = body.get("ticker") or meta.get("ticker") or body.get("symbol")
     if not isinstance(ticker, str) or not TICKER.match(ticker.strip().upper()):
+        if ticker is not None and not isinstance(ticker, (dict, list)):
+            warnings.append(f"ticker {_shown(ticker)} is not a ticker symbol (letters first, up to 10 of A-Z, "
+                            "0-9, '.', '-'); the document has no ticker, so ticker filters and boosts skip it")
         ticker = None
         match = re.match(r"^([A-Z]{1,5})_\d{8}T\d{4}", Path(rel_path).name)
         if match and doc_type not in ("research-analysis", "unknown"):
             ticker = match.group(1)
-    date = None
-    for value in (
-        body.get("analysis_date"),
-        body.get("date"),
-        body.get("trade_date"),
-        meta.get("date"),
-        meta.get("created"),
+    date, unread = None, []  # unread: (field, value) given but not a date, before the one used
+    for name, value in (
+        ("analysis_date", body.get("analysis_date")),
+        ("date", body.get("date")),
+        ("trade_date", body.get("trade_date")),
+        ("_meta.date", meta.get("date")),
+        ("_meta.created", meta.get("created")),
     ):
         date = _as_date(value)
         if date:
+            unread = [_not_a_date(n, v, f"the document's date is {name}'s, {date.isoformat()}") for n, v in unread]
             break
+        if value is not None and value != "":
+            unread.append((name, value))
+    if date is None:
+        unread = [_not_a_date(n, v) for n, v in unread]
+    warnings += unread
     if date is None and (m := FILE_DATE.search(Path(rel_path).name)):
         date = _as_date(f"{m.group(1)}-{m.group(2)}-{m.group(3)}")
     title = body.get("title") or meta.get("title")
@@ -209,6 +229,7 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         "version": str(meta["version"]) if meta.get("version") is not None else None,
         "title": str(title) if title else None,
         "metadata": extra,
+        "warnings": warnings,
     }
 
 
@@ -235,10 +256,11 @@ def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) 
         "doc_id": str(front.get("id") or rel_path),
         "doc_type": normalise_type(front.get("type")) or "note",
         "ticker": None,
-        "doc_date": _as_date(front.get("date")),
+        "doc_date": (date := _as_date(front.get("date"))),
         "version": str(front["version"]) if front.get("version") is not None else None,
         "title": str(title) if title else Path(rel_path).stem,
         "metadata": {str(k): str(v) for k, v in front.items() if isinstance(v, (str, int, float))},
+        "warnings": [_not_a_date("date", front["date"])] if date is None and front.get("date") not in (None, "") else [],
     }
 
 

@@ -51,6 +51,9 @@ class Document:
     # YAML: the 1-based line of each top-level key, noted while the text is at hand (load), so
     # flattening gives source positions without reading the file again
     key_lines: dict[str, int] = field(default_factory=dict)
+    # metadata the document gives but that cannot be used (a date that is not one, a ticker that is
+    # not a symbol): the document is ingested without it, and the ingest report says so
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -237,6 +240,7 @@ class FileOutcome:
     chunks: int = 0
     reason: str | None = None
     detail: str | None = None
+    warnings: list[str] = field(default_factory=list)  # the document's metadata warnings (`Document.warnings`)
 
 
 @dataclass

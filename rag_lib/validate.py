@@ -36,7 +36,8 @@ def _validate_file(preparer: Preparer, source) -> list[dict[str, Any]]:
     for doc in loaded.documents:
         sections = preparer.flatten(doc)
         entry = {"path": doc.path, "doc_type": doc.doc_type, "doc_id": doc.doc_id,
-                 "sections": len(sections), "empty_sections": sum(s.is_empty for s in sections)}
+                 "sections": len(sections), "empty_sections": sum(s.is_empty for s in sections),
+                 "warnings": doc.warnings}  # metadata ingest would leave out: reported, not a problem
         try:
             chunks = preparer.chunk(doc, sections)
         except TooManyChunksError as exc:  # ingest would skip it with this reason

@@ -57,6 +57,25 @@ def test_a_search_of_an_empty_collection_names_the_collections_that_hold_documen
     assert code == 0 and "no results" not in out and "loss-aversion" in out
 
 
+def test_ingest_and_validate_say_which_metadata_a_document_lost(rag, tmp_path):
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "odd.yaml").write_text("_meta:\n  type: stock-analysis\nticker: 123\nanalysis_date: soon\nthesis: up\n")
+    code, out, _ = rag("validate", str(root), "--json")
+    assert code == 0  # a warning, not a problem
+    assert [len(f["warnings"]) for f in json.loads(out)["files"]] == [2]
+    code, out, _ = rag("ingest", str(root), "--json")
+    files = json.loads(out)["files"]
+    assert code == 0 and files[0]["status"] == "new"
+    assert [w.split(" is not")[0] for w in files[0]["warnings"]] == ["ticker 123", "analysis_date 'soon'"]
+    code, out, _ = rag("ingest", str(root))  # unchanged: still said, until the file is fixed
+    assert code == 0 and "ingested without some of their metadata" in out and "analysis_date 'soon'" in out
+    (root / "odd.yaml").write_text("_meta:\n  type: stock-analysis\nticker: NVDA\nanalysis_date: 2025-01-02\n"
+                                   "thesis: up\n")
+    code, out, _ = rag("ingest", str(root), "--json")
+    assert code == 0 and json.loads(out)["files"][0]["warnings"] == []
+
+
 def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, out, err = rag("show", "no-such-doc")
     assert code == 1

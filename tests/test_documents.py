@@ -50,6 +50,32 @@ def test_underscore_type_and_missing_meta_fall_back_sensibly():
     assert fixture.doc_type == "research-analysis"  # `_meta.doc_type: research-analysis`
 
 
+def test_metadata_that_cannot_be_used_is_a_warning_not_a_silent_loss(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("_meta:\n  type: stock-analysis\nticker: 123\nanalysis_date: not-a-date\nthesis: up\n")
+    doc = load_one(bad, tmp_path)
+    assert doc.ticker is None and doc.doc_date is None
+    assert doc.warnings == [
+        "ticker 123 is not a ticker symbol (letters first, up to 10 of A-Z, 0-9, '.', '-'); the document has "
+        "no ticker, so ticker filters and boosts skip it",
+        "analysis_date 'not-a-date' is not a date (YYYY-MM-DD); the document has no date, so date filters and "
+        "the date boost skip it"]
+    # a later field gives the date: the warning says which one it came from
+    fallback = tmp_path / "fallback.yaml"
+    fallback.write_text("_meta:\n  created: '2025-03-04T10:00:00Z'\nanalysis_date: 2025-02\nthesis: up\n")
+    doc = load_one(fallback, tmp_path)
+    assert doc.doc_date == dt.date(2025, 3, 4)
+    assert doc.warnings == ["analysis_date '2025-02' is not a date (YYYY-MM-DD); the document's date is "
+                            "_meta.created's, 2025-03-04"]
+    note = tmp_path / "note.md"
+    note.write_text("---\ndate: last tuesday\n---\n# Note\n\nText.\n")
+    assert load_one(note, tmp_path).warnings[0].startswith("date 'last tuesday' is not a date")
+    # the shared corpus's real documents give none
+    real = [d for f in sorted(SHARED_CORPUS.rglob("*.yaml"))[:80] for d in load_file(f, SHARED_CORPUS, "default", LIMIT)
+            if isinstance(d, Document)]
+    assert real and not [d.warnings for d in real if d.warnings]
+
+
 def test_markdown_document_metadata():
     rel = "tradegent-docs/.claude/rules/05-database-access.md"
     doc = load_one(SHARED_CORPUS / rel, SHARED_CORPUS)

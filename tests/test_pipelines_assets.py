@@ -79,6 +79,7 @@ def _statuses(result, asset: str) -> dict[str, str]:
 def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, database_url, provider, tmp_path):
     root = corpus_copy(*RELS)
     (root / "broken.yaml").write_text("title: [unclosed\n")
+    (root / "undated.md").write_text("---\ndate: last tuesday\n---\n# Undated note\n\n## Body\nA note.\n")
     with instance_for_test() as instance:
         keys = _register(instance, root)
         result = materialize(ASSETS + CHECKS, instance=instance, resources={"rag": rag_factory(root)},
@@ -86,18 +87,22 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert result.success
         assert len(instance.get_runs()) == 1  # every partition in a single run
         raw = _statuses(result, "raw_documents")
-        assert raw == {"corpus/broken.yaml": "skipped", FILES[0]: "ok", FILES[1]: "ok", FILES[2]: "skipped"}
+        assert raw == {"corpus/broken.yaml": "skipped", "corpus/undated.md": "ok", FILES[0]: "ok", FILES[1]: "ok",
+                       FILES[2]: "skipped"}
         assert _statuses(result, "vector_table") == raw
         mats = {(ev.asset_key.to_user_string(), ev.partition): ev.step_materialization_data.materialization.metadata
                 for ev in result.get_asset_materialization_events()}
         assert mats[("raw_documents", "corpus/broken.yaml")]["skip_reason"].value == "malformed_yaml"
         assert mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
+        # ingested, without the date its front matter gives: the file's metadata says why
+        assert "date 'last tuesday' is not a date" in mats[("raw_documents", "corpus/undated.md")]["warnings"].value
+        assert "warnings" not in mats[("raw_documents", FILES[1])]
         chunk_meta = mats[("chunks", FILES[1])]
         assert chunk_meta["chunks"].value > 5 and "| tokens | chunks |" in chunk_meta["chunk_size_histogram"].value
         assert "| section | tokens | text |" in chunk_meta["preview"].value
         emb = mats[("embeddings", FILES[1])]
         assert emb["model"].value == "all-MiniLM-L6-v2" and emb["dimensions"].value == 384
-        total_chunks = sum(mats[("chunks", f)]["chunks"].value for f in FILES[:2])
+        total_chunks = sum(mats[("chunks", f)]["chunks"].value for f in [*FILES[:2], "corpus/undated.md"])
         assert 0 < emb["run_embedded"].value <= total_chunks  # fresh cache: the model was called
         assert mats[("hnsw_index", None)]["valid"].value is True
         assert "rag_chunks" in mats[("hnsw_index", None)]["tables_analyzed"].value  # a first load: statistics

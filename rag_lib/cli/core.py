@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -53,6 +54,14 @@ def print_ingest_report(report: IngestReport) -> None:
         for o in problems:
             detail.add_row(o.path, o.status, o.reason or "", o.detail or "")
         console.print(detail)
+    warned = [(o.path, w) for o in report.outcomes for w in o.warnings]
+    if warned:
+        table = Table(title="ingested without some of their metadata")
+        for col in ("path", "warning"):
+            table.add_column(col, overflow="fold")
+        for path, warning in warned:
+            table.add_row(path, warning)
+        console.print(table)
 
 
 @app.command("embed", help="Same as `ingest` (the name the design brief uses).")
@@ -286,9 +295,12 @@ def validate(paths: list[Path] = typer.Argument(None, help="Files or folders to 
         for f in report["files"]:
             table.add_row(f["path"], f.get("doc_type") or "", str(f.get("sections", "")), str(f.get("empty_sections", "")),
                           str(f.get("chunks", "")), str(f.get("max_tokens", "")),
-                          f"[red]{f['problem']}[/]" if f.get("problem") else "")
+                          f"[red]{f['problem']}[/]" if f.get("problem") else
+                          "\n".join(f"[yellow]{escape(w)}[/]" for w in f.get("warnings") or []))
         console.print(table)
-        console.print(f"{report['ok']} ok, {report['problems']} with problems")
+        warned = sum(1 for f in report["files"] if f.get("warnings"))
+        console.print(f"{report['ok']} ok, {report['problems']} with problems"
+                      + (f", {warned} ingested without some of their metadata" if warned else ""))
     if report["problems"]:
         raise typer.Exit(1)
 

@@ -205,6 +205,7 @@ def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: di
     returns the document paths a prune must keep."""
     raw = rows.get((t.collection, t.rel, RAW)) or {}
     documents = [d["path"] for d in raw.get("documents", [])]
+    warnings = {d["path"]: d.get("warnings") or [] for d in raw.get("documents", [])}
     for s in raw.get("skipped", []):
         report.outcomes.append(FileOutcome(s["path"], "skipped", reason=s["reason"], detail=s["detail"]))
     keep = {t.rel, *documents, *(s["path"] for s in raw.get("skipped", []))}
@@ -226,5 +227,5 @@ def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: di
         if path in skipped:
             continue
         status, chunks = published.documents.get(path, ("unchanged", 0)) if published else ("unchanged", 0)
-        report.outcomes.append(FileOutcome(path, status, chunks=chunks))
+        report.outcomes.append(FileOutcome(path, status, chunks=chunks, warnings=warnings[path]))
     return keep

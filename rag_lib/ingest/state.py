@@ -341,6 +341,8 @@ class StageRunner:
                                 doc_date=d.doc_date.isoformat() if d.doc_date else "")
                 if reason:
                     meta.update(skip_reason=reason, skip_detail=skips[0].detail)
+                if warnings := [w for d in docs for w in d.warnings]:
+                    meta["warnings"] = "; ".join(warnings)
                 payload = self._payload(
                     RAW, status, loaded.file_hash, meta, documents=[_doc_meta(d) for d in docs],
                     skipped=[{"path": s.path, "reason": s.reason, "detail": s.detail} for s in skips],
