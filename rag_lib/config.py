@@ -269,6 +269,13 @@ class SearchSettings(BaseModel):
     # dev, dev2 and SciFact rankings as with 10 and with 0. 4, not 10: a 5% type filter's feedback
     # step at 100k chunks 7.4 -> 4.5 ms p50 (README, "Pseudo-relevance feedback's cost")
     feedback_pool: int = Field(4, ge=0, le=100)
+    # after an HNSW walk (collections over exact_max_rows chunks, wide filters), feedback re-scores the
+    # walk's hits, the full-text hits and the first units' documents' chunks instead of walking the
+    # index again for the moved vector (true: walk again, at feedback_ef_search). Rankings, the HNSW
+    # path forced on the shared corpus: dev / dev2 0.7633 / 0.6785 -> 0.7635 / 0.6767 (rag eval),
+    # 0.742 / 0.649 -> 0.740 / 0.656 (first 10 of 10); 100k chunks: feedback p50 7.6 -> 5.0 ms, hybrid
+    # p95 with the date filter 28.1 -> 25.8 ms (README, "Pseudo-relevance feedback's cost")
+    feedback_walk_again: bool = False
     # A read replica (hot standby) that searches read from; writes, metrics included, go to the primary
     # (RAG_DATABASE_URL). A replica lags its primary by its replay delay.
     database_url: str | None = None

@@ -203,6 +203,31 @@ def _statements(monkeypatch) -> list[tuple[str, bool]]:
     return sent
 
 
+def test_after_a_walk_feedback_re_scores_what_the_walk_found_instead_of_walking_again(kb, tmp_path, monkeypatch):
+    """Over the HNSW walk (a collection or filter over search.exact_max_rows chunks), feedback ranks
+    the walk's hits, the full-text hits and the first units' documents by the moved vector, exactly:
+    no second walk. `feedback_walk_again` walks the index again instead. Either way the first units'
+    document's other sections come forward."""
+    _ingest(kb, tmp_path)
+    kb.settings.search.exact_max_rows = 0
+    kb.settings.search.rank_in_process = False
+    kb.settings.search.feedback_depth = 2
+    results = {}
+    for again in (False, True):
+        kb.settings.search.feedback_walk_again = again
+        sent = _statements(monkeypatch)
+        result = kb.search(QUESTION, mode="hybrid", top_k=8)
+        monkeypatch.undo()
+        assert "feedback" in result.timings_ms
+        moved = [s for s, _ in sent if s.startswith("WITH moved AS")]
+        assert len(moved) == 1, moved
+        walked = "ORDER BY v.embedding::vector(" in moved[0]  # the index's order: a walk
+        assert walked == again and ("candidates AS" in moved[0]) == (not again)
+        results[again] = [h.unit_id for h in result.hits]
+    for ranked in results.values():
+        assert {"streamer.md#Content slate", "streamer.md#Pricing"} <= set(ranked[:5]), ranked
+
+
 def test_a_filtered_search_decides_its_scan_once_and_reads_similarities_with_feedback(kb, tmp_path, monkeypatch):
     """A filter beside the collection is counted (up to search.exact_max_rows + 1 rows) to choose
     between an exact ranking and the HNSW walk: once per search and filters (for vectors.SCAN_TTL

@@ -69,6 +69,7 @@ class SearchOptions:
     feedback_depth: int = 4
     feedback_scope: str = "shared"
     feedback_pool: int = 4
+    feedback_walk_again: bool = False
     lexical_named_ticker_weight: float = 0.1
     lexical_drop_dates: bool = True
     aspect_window: int = 5
@@ -364,8 +365,9 @@ def search(
 
     vectors = embed([q for q, _ in queries]) if mode == "semantic" else None
     may_feed = mode == "hybrid" and opts.feedback_weight > 0
-    # per filter variant, the query's nearest `feedback_pool` x depth chunks when it was ranked exactly
-    # (None: by the HNSW walk): feedback re-scores them instead of ranking every filtered row again
+    # per filter variant, the query's nearest `feedback_pool` x depth chunks when it was ranked exactly,
+    # the walk's hits after an HNSW walk (None: feedback walks again, `feedback_walk_again`): feedback
+    # re-scores them instead of ranking every filtered row again
     pools: list[list[str] | None] = [None] * len(variants)
     # per filter variant, the exact-or-HNSW decision its first pass got: feedback's query reuses it
     # instead of counting the filtered rows again (a round trip; up to exact_max_rows index entries)
@@ -382,6 +384,9 @@ def search(
                                                  pool=depth * opts.feedback_pool if may_feed and n == 0 else 0)
                     if n == 0:
                         pools[i], scans[i] = hits.pool, hits.scan
+                        if pools[i] is None and hits.scan is not None and hits.scan[0] == "hnsw" \
+                                and not opts.feedback_walk_again:
+                            pools[i] = [h.chunk_id for h in hits]  # what the walk found, re-scored by feedback
                     if n > 0:
                         for hit in hits:
                             hit.similarity = None
