@@ -216,6 +216,28 @@ def test_planning_a_lexical_query_is_one_round_trip(kb, corpus_copy):
     assert calls == {"query_terms": 3}
 
 
+def test_a_repeated_question_plans_its_terms_without_a_query_until_the_collection_changes(
+        kb, corpus_copy, monkeypatch):
+    """A question asked again (a page refreshed, an agent's retry, another filter) takes its lexemes
+    and their frequencies from the cache; once a document is published the next check of the
+    collection's state drops them and the new frequencies are read."""
+    kb.ingest([corpus_copy(PFE, TRADE)])
+    store, stats = kb.store, TermStatistics()
+    cap = store.settings.search.lexical_max_candidates
+    question = "loss aversion before earnings"
+    first = plan_terms(store, stats, question, "default", cap)
+    calls = _store_calls(store)
+    assert plan_terms(store, stats, question, "default", cap) == first
+    assert calls["query_terms"] == 0
+    assert plan_terms(store, stats, "pfizer pipeline risk", "default", cap).terms and calls["query_terms"] == 1
+    kb.ingest([corpus_copy(LEARNING)])  # "loss" and "aversion" are in more chunks now
+    monkeypatch.setattr(lexical, "GENERATION_TTL", 0.0)  # the next search checks the collection's state
+    calls.clear()
+    again = plan_terms(store, stats, question, "default", cap)
+    assert calls["query_terms"] == 1 and again == plan_terms(store, TermStatistics(), question, "default", cap)
+    assert again != first
+
+
 def test_common_lexemes_are_read_again_after_analyze(kb, corpus_copy, monkeypatch):
     """ANALYZE's most common lexemes are cached per collection state: an ANALYZE of the chunks
     (which rewrites them) makes the next check read them again, even when no document changed."""

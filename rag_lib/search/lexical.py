@@ -8,6 +8,7 @@ import math
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from rag_lib.models import SearchFilters, SearchHit
@@ -16,6 +17,7 @@ _WEB_SYNTAX = re.compile(r'"|(^|\s)-\w|\sOR\s')
 # Tokens that must match as written: tickers (NVDA), ids/files (NVDA_20250120T0900.yaml), numbers (145.50).
 _EXACT = re.compile(r"\b(?:[A-Z]{2,6}|[\w.\-/]*\d[\w.\-/]*|\w+_\w+(?:\.\w+)?)\b")
 GENERATION_TTL = 5.0  # seconds between checks that the collection changed (term statistics cache)
+QUERY_TERMS_CACHED = 1024  # per collection: query texts whose lexemes and frequencies are kept
 
 
 def is_websearch(query: str) -> bool:
@@ -36,6 +38,9 @@ class _Stats:
     checked: float = 0.0
     total: int = 0
     common: dict[str, dict[str, float]] = field(default_factory=dict)  # {config: {lexeme: share of chunks}}
+    # (english text, simple text) -> the store's `query_terms` for them: a repeated question (a page
+    # refreshed, an agent's retry, the same words in another filter) skips the round trip
+    queries: OrderedDict[tuple[str, str], dict[str, list[tuple[str, int]]]] = field(default_factory=OrderedDict)
 
 
 class TermStatistics:
@@ -78,6 +83,7 @@ class TermStatistics:
             common = elements if generation[1] >= 0.9 * counted else {}
             with self._lock:  # re-entrant: the first check holds it already
                 stats.generation, stats.total, stats.common = generation, generation[1], common
+                stats.queries.clear()  # the frequencies changed with the collection
 
     def frequencies(self, store, collection: str | None, english: str, simple: str,
                     cap: int | None = None) -> tuple[int, dict[str, list[tuple[str, int]]]]:
@@ -86,13 +92,32 @@ class TermStatistics:
         their share of the collection (as they always have: the rankings stay what they were); the
         others' stored frequency is cut at `cap` when given (see `plan_terms`)."""
         total, common = self._current(store, collection)
-        found = store.query_terms(collection, english, simple)
+        found = self._query_terms(store, collection, english, simple)
         out = {}
         for config, pairs in found.items():
             shares = common.get(config, {})
             out[config] = [(lex, round(shares[lex] * total) if lex in shares else n if cap is None else min(n, cap))
                            for lex, n in pairs]
         return total, out
+
+
+    def _query_terms(self, store, collection: str | None, english: str,
+                     simple: str) -> dict[str, list[tuple[str, int]]]:
+        """The store's `query_terms`, kept per collection until it changes (`_check`)."""
+        key = (english, simple)
+        with self._lock:
+            stats = self._by_collection.setdefault(collection, _Stats())
+            found, generation = stats.queries.get(key), stats.generation
+            if found is not None:
+                stats.queries.move_to_end(key)
+                return found
+        found = store.query_terms(collection, english, simple)
+        with self._lock:
+            if stats.generation == generation:  # not read across a change of the collection
+                stats.queries[key] = found
+                while len(stats.queries) > QUERY_TERMS_CACHED:
+                    stats.queries.popitem(last=False)
+        return found
 
 
 @dataclass
