@@ -76,6 +76,21 @@ def test_ingest_and_validate_say_which_metadata_a_document_lost(rag, tmp_path):
     assert code == 0 and json.loads(out)["files"][0]["warnings"] == []
 
 
+def test_a_search_says_what_it_preferred_and_why(rag, corpus_copy):
+    from rag_lib.cli.core import _plan_hints
+
+    assert _plan_hints({"tickers": ["NVDA"], "linked": {"NVDA": 0.5285}}) == \
+        "preferred: linked NVDA (profile similarity 0.53)"
+    assert _plan_hints({"tickers": ["AMD", "NVDA"], "linked": {}, "doc_types": ["stock-analysis"],
+                        "dates": ["2025-01-01", "2025-01-31"]}) == \
+        "preferred: named AMD, NVDA; document types stock-analysis; dated 2025-01-01 to 2025-01-31"
+    assert _plan_hints({"tickers": [], "linked": {}}) == ""
+    root = corpus_copy(LEARNING)
+    assert rag("ingest", str(root))[0] == 0
+    code, out, _ = rag("search", "loss aversion learnings", "--mode", "hybrid")
+    assert code == 0 and "preferred: document types learning" in out
+
+
 def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, out, err = rag("show", "no-such-doc")
     assert code == 1
