@@ -127,7 +127,7 @@ def _type_from_shape(body: dict[str, Any]) -> str | None:
 
 def _shown(value: Any, limit: int = 40) -> str:
     text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return text if len(text) <= limit else text[:limit] + "…'"
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _not_a_date(field_name: str, value: Any, instead: str = "") -> str:

@@ -26,7 +26,7 @@ from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
-                                   lexical_closeness, rrf, weigh_descriptors, rescale_to_one)
+                                   lexical_closeness, rescale_to_one, rrf, weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import cover_named, excerpt, group_by_unit
 
