@@ -687,6 +687,18 @@ class KnowledgeBase:
                       doc_types=counts["by_type"], last_embed=counts["last_ingest"])
         return counts
 
+    def empty_collection_note(self, collection: str | None = None) -> str | None:
+        """Why a search of `collection` finds nothing when it holds no documents (a name mistyped, or
+        the documents ingested into another collection), naming the collections that hold some; None
+        when it holds documents."""
+        name = self._collection(collection)
+        counts = self.store.status_counts(name)
+        if counts["documents"]:
+            return None
+        held = ", ".join(f"{c['collection']} ({c['documents']} document{'s' if c['documents'] != 1 else ''})"
+                         for c in counts["collections"] if c["documents"])
+        return f"collection '{name}' holds no documents" + (f"; these do: {held}" if held else "")
+
     def list_documents(self, collection: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict]:
         return self.store.list_documents(collection, limit, offset)
 

@@ -119,6 +119,9 @@ async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     assert held["results"] and all(h["similarity"] >= 0.4 for h in held["results"])
     assert chat.expansions == expansions  # an expander is configured, but rag_search did not ask for it
     assert past["results"][0]["unit_id"].startswith(past["results"][0]["path"] + "#")
+    # an agent that names a collection holding nothing is told which ones hold documents
+    wrong = payload(await client.call_tool("rag_search", {"query": "NVDA thesis", "collection": "research"}))
+    assert wrong["results"] == [] and wrong["note"].startswith("collection 'research' holds no documents; these do: ")
     peers = payload(await client.call_tool("rag_search", {"query": "earnings-analysis thesis catalysts",
                                                           "ticker": ["AMD", "AVGO"], "top_k": 2}))
     assert peers["results"] and all(h["ticker"] in ("AMD", "AVGO") for h in peers["results"])

@@ -102,6 +102,10 @@ def test_search_returns_scored_units_with_filters(client: TestClient):
     assert body["timings_ms"]["total"] > 0
     # the default mode is the best the library offers
     assert client.post("/api/rag/search", json={"query": "momentum"}).json()["mode"] in ("hybrid", "semantic")
+    # nothing found because the collection holds nothing: the response says which collections do
+    empty = client.post("/api/rag/search", json={"query": "momentum", "collection": "nope"}).json()
+    assert empty["results"] == [] and empty["note"].startswith("collection 'nope' holds no documents; these do: ")
+    assert "note" not in body or body["note"] is None
 
 
 def test_metrics_summary_counts_the_searches_it_served(client: TestClient):

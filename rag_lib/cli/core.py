@@ -102,19 +102,6 @@ def ingest(
         raise typer.Exit(1)
 
 
-def _empty_collection_hint(collection: str | None) -> str:
-    """Why a search found nothing when its collection holds no documents (a collection name mistyped,
-    or the documents ingested into another one): the collections that do hold some."""
-    base = kb()
-    name = collection or base.settings.collection
-    status = base.status(name)
-    if status["documents"]:
-        return ""
-    held = ", ".join(f"{c['collection']} ({c['documents']} document{'s' if c['documents'] != 1 else ''})"
-                     for c in status["collections"] if c["documents"])
-    return f": collection '{name}' holds no documents" + (f"; pass --collection, one of: {held}" if held else "")
-
-
 @app.command()
 def search(
     query: str = typer.Argument(..., help="What to look for."),
@@ -143,7 +130,8 @@ def search(
         print_json(result.to_dict())
         return
     if not result.hits:
-        console.print("no results" + _empty_collection_hint(collection))
+        note = kb().empty_collection_note(collection)
+        console.print("no results" + (f": {note}" if note else ""), soft_wrap=True)
         return
     table = Table(title=f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)")
     table.add_column("#", justify="right")
