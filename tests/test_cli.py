@@ -55,6 +55,9 @@ def test_a_search_of_an_empty_collection_names_the_collections_that_hold_documen
     assert "no results: collection 'default' holds no documents" in out and "research (1 document)" in out
     code, out, _ = rag("search", "loss aversion", "--collection", "research")
     assert code == 0 and "no results" not in out and "loss-aversion" in out
+    code, out, _ = rag("status", "--collection", "default")
+    assert code == 0 and "collection 'default' holds no documents; these do: research (1 document)" in out
+    assert "holds no documents" not in rag("status")[1]  # every collection's figures
 
 
 def test_ingest_and_validate_say_which_metadata_a_document_lost(rag, tmp_path):

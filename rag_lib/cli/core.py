@@ -173,6 +173,8 @@ def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -
         f"[bold]{data['documents']}[/] documents, [bold]{data['chunks']}[/] chunks, {data['tokens']} tokens; "
         f"active space {space}; last ingest {data['last_ingest'] or 'never'}"
     )
+    if collection and not data["documents"] and any(c["documents"] for c in data["collections"]):  # others do
+        console.print(f"[yellow]{escape(kb().empty_collection_note(collection) or '')}[/]", soft_wrap=True)
     index = data.get("index") or {}
     if index:
         console.print(f"index size {index['index_size_mb']:.1f} MB (tables and indexes {index['total_size_mb']:.1f} MB), "
