@@ -54,6 +54,13 @@ def skipped_inputs(context: AssetCheckExecutionContext, rag: RagResource) -> Ass
     return quality_check(rag, "skipped")
 
 
+@asset_check(asset=raw_documents, op_tags={"dagster/priority": "-1"},
+             description="Documents ingested without some of their metadata (a date that is not one, a ticker "
+                         "that is not a symbol), listed with the field and why (warning).")
+def metadata_warnings(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
+    return quality_check(rag, "metadata")
+
+
 @asset_check(asset=hnsw_index, description="The HNSW index exists, is valid, and recall@10 vs exact search ≥ minimum.")
 def hnsw_recall(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
     return quality_check(rag, "hnsw")
@@ -68,4 +75,5 @@ def retrieval_quality(context: AssetCheckExecutionContext, rag: RagResource) -> 
     return quality_check(rag, "retrieval")
 
 
-CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, hnsw_recall, retrieval_quality]
+CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, metadata_warnings, hnsw_recall,
+          retrieval_quality]

@@ -384,6 +384,21 @@ def check_skipped(store: Store) -> QualityResult:
     )
 
 
+def check_metadata(store: Store) -> QualityResult:
+    """Documents ingested without some of their metadata (a date that is not one, a ticker that is not
+    a symbol): a warning, as filters and boosts skip what they lack."""
+    rows = store.metadata_warnings()
+    documents = len({(r["collection"], r["path"]) for r in rows})
+    return QualityResult(
+        passed=not rows,
+        severity="warn",
+        description="every document's metadata was usable" if not rows else
+        f"{documents} documents ingested without some of their metadata ({len(rows)} fields)",
+        metadata={"documents": documents, "warnings": len(rows)},
+        markdown={"metadata_warnings": markdown_table(rows[:200], ["collection", "path", "warning"])} if rows else {},
+    )
+
+
 def check_hnsw(store: Store, settings: Settings, space: str, dimensions: int, k: int = 10) -> QualityResult:
     """The space's HNSW index exists and is valid, and recall@k against exact search is high enough."""
     state = store.hnsw_index_state(space)

@@ -268,7 +268,8 @@ def test_assets_and_checks_show_their_metadata(operator: Operator):
     assert "tokens" in chunk_meta["preview"] and chunk_meta["chunk_size_histogram"].strip(), chunk_meta
     index = ui.materializations("hnsw_index")
     assert index and index[0]["metadata"].get("valid") is True and index[0]["metadata"].get("rows_indexed", 0) > 0, index
-    expected = {"raw_documents": {"skipped_inputs"}, "chunks": {"chunk_sizes"}, "embeddings": {"embeddings_valid"},
+    expected = {"raw_documents": {"skipped_inputs", "metadata_warnings"}, "chunks": {"chunk_sizes"},
+                "embeddings": {"embeddings_valid"},
                 "vector_table": {"vector_table_orphans"}, "hnsw_index": {"hnsw_recall", "retrieval_quality"}}
     for asset, names in expected.items():
         checks = ui.checks(asset)

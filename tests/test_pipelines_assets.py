@@ -107,11 +107,16 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert mats[("hnsw_index", None)]["valid"].value is True
         assert "rag_chunks" in mats[("hnsw_index", None)]["tables_analyzed"].value  # a first load: statistics
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
-        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs", "hnsw_recall",
-                               "retrieval_quality"}
+        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs",
+                               "metadata_warnings", "hnsw_recall", "retrieval_quality"}
         assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "chunk_sizes", "hnsw_recall",
                                               "retrieval_quality"))  # no eval set configured: passes unmeasured
         assert not checks["skipped_inputs"].passed and checks["skipped_inputs"].severity.value == "WARN"
+        # undated.md's front matter date: a warning, listed with the file and the field
+        meta_check = checks["metadata_warnings"]
+        assert not meta_check.passed and meta_check.severity.value == "WARN"
+        assert "undated.md" in meta_check.metadata["metadata_warnings"].value
+        assert "date 'last tuesday' is not a date" in meta_check.metadata["metadata_warnings"].value
 
         # Second run: nothing changed, so every stage after raw_documents is a cheap no-op.
         again = materialize(ASSETS, instance=instance, resources={"rag": rag_factory(root)},
@@ -227,6 +232,7 @@ def test_a_run_publishes_its_first_files_while_it_encodes_the_last(corpus_copy, 
     for asset in ("raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"):
         assert _statuses(result, asset) == {FILES[0]: "ok", FILES[1]: "ok"}, asset
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "skipped_inputs")
+    assert "metadata_warnings" in {c.check_name for c in result.get_asset_check_evaluations()}
     with _kb(database_url, tmp_path, provider) as kb:
         assert any(h.path == RELS[1] for h in kb.search("NVDA earnings", top_k=5).hits)
 

@@ -203,6 +203,25 @@ def test_skipped_inputs_check(staged):
 
 
 @pytest.mark.slow
+def test_metadata_warnings_check(staged):
+    kb, rag, root = staged
+    assert quality.check_metadata(kb.store).passed
+    (root / "notes").mkdir()
+    (root / "notes" / "odd.yaml").write_text("_meta:\n  type: stock-analysis\nticker: 123\nanalysis_date: soon\n"
+                                             "thesis: up\n")
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CORPUS_FILES, ["corpus/notes/odd.yaml"])
+        assert materialize([raw_documents], instance=instance, resources={"rag": rag},
+                           partition_key="corpus/notes/odd.yaml").success
+    warn = quality.check_metadata(kb.store)
+    assert not warn.passed and warn.severity == "warn"
+    assert warn.metadata == {"documents": 1, "warnings": 2}
+    assert "notes/odd.yaml" in warn.markdown["metadata_warnings"] and "analysis_date 'soon'" in warn.markdown[
+        "metadata_warnings"]
+    assert kb.store.metadata_warnings("elsewhere") == []
+
+
+@pytest.mark.slow
 def test_hnsw_check(staged):
     kb, _, _ = staged
     space = kb.provider.space

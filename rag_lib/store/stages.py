@@ -113,6 +113,18 @@ class StageStore:
             ).fetchall()
         return {(c, p): (h, s, f) for c, p, h, s, f in rows}
 
+    def metadata_warnings(self, collection: str | None = None) -> list[dict[str, Any]]:
+        """Per document, the metadata it was ingested without (`Document.warnings`, kept in its file's
+        raw_documents output): collection, path, warning."""
+        with self.db.connection() as conn:
+            cur = conn.execute(
+                """SELECT o.collection, d->>'path' AS path, w AS warning FROM rag_stage_outputs o
+                   CROSS JOIN LATERAL jsonb_array_elements(coalesce(o.payload->'documents', '[]')) d
+                   CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(d->'warnings', '[]')) w
+                   WHERE o.stage = 'raw_documents' AND (%(c)s::text IS NULL OR o.collection = %(c)s)
+                   ORDER BY 1, 2""", {"c": collection})
+            return [dict(zip(("collection", "path", "warning"), row)) for row in cur.fetchall()]
+
     def forget_file(self, collection: str, path: str, document_paths: Sequence[str]) -> list[str]:
         """Delete everything a file produced: its documents' rows, stage rows, staged vectors, skips."""
         deleted: list[str] = []
