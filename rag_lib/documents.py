@@ -208,15 +208,12 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         ("_meta.date", meta.get("date")),
         ("_meta.created", meta.get("created")),
     ):
-        date = _as_date(value)
-        if date:
-            unread = [_not_a_date(n, v, f"the document's date is {name}'s, {date.isoformat()}") for n, v in unread]
+        if date := _as_date(value):
             break
         if value is not None and value != "":
             unread.append((name, value))
-    if date is None:
-        unread = [_not_a_date(n, v) for n, v in unread]
-    warnings += unread
+    instead = f"the document's date is {name}'s, {date.isoformat()}" if date else ""
+    warnings += [_not_a_date(n, v, instead) for n, v in unread]
     if date is None and (m := FILE_DATE.search(Path(rel_path).name)):
         date = _as_date(f"{m.group(1)}-{m.group(2)}-{m.group(3)}")
     title = body.get("title") or meta.get("title")

@@ -55,8 +55,9 @@ def eval_command(
     by_type = metrics_by_type(report.per_query, types)
     worst = sorted(report.per_query, key=lambda q: (report.per_query[q]["ndcg@10"], q))
     if as_json:
-        rows = {q: {**report.per_query[q], "type": types.get(q, "untyped"), "text": query_map[q]} for q in worst}
-        print_json({**report.summary(), "by_type": by_type, **({"per_query": rows} if per_query else {}),
+        rows = {q: {**report.per_query[q], "type": types.get(q, "untyped"), "text": query_map[q]}
+                for q in worst} if per_query else None
+        print_json({**report.summary(), "by_type": by_type, **({"per_query": rows} if rows is not None else {}),
                     **({"ragas": ragas} if ragas else {})})
         return
     table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")

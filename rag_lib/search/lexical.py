@@ -100,7 +100,6 @@ class TermStatistics:
                            for lex, n in pairs]
         return total, out
 
-
     def _query_terms(self, store, collection: str | None, english: str,
                      simple: str) -> dict[str, list[tuple[str, int]]]:
         """The store's `query_terms`, kept per collection until it changes (`_check`)."""

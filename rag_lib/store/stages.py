@@ -12,6 +12,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from rag_lib.store.connection import copy_rows
+from rag_lib.store.documents import _dicts
 from rag_lib.store.vectors import index_name
 
 # What searches read: their statistics decide the plans (refresh_statistics, maintain_indexes).
@@ -117,13 +118,12 @@ class StageStore:
         """Per document, the metadata it was ingested without (`Document.warnings`, kept in its file's
         raw_documents output): collection, path, warning."""
         with self.db.connection() as conn:
-            cur = conn.execute(
+            return _dicts(conn.execute(
                 """SELECT o.collection, d->>'path' AS path, w AS warning FROM rag_stage_outputs o
                    CROSS JOIN LATERAL jsonb_array_elements(coalesce(o.payload->'documents', '[]')) d
                    CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(d->'warnings', '[]')) w
                    WHERE o.stage = 'raw_documents' AND (%(c)s::text IS NULL OR o.collection = %(c)s)
-                   ORDER BY 1, 2""", {"c": collection})
-            return [dict(zip(("collection", "path", "warning"), row)) for row in cur.fetchall()]
+                   ORDER BY 1, 2""", {"c": collection}))
 
     def forget_file(self, collection: str, path: str, document_paths: Sequence[str]) -> list[str]:
         """Delete everything a file produced: its documents' rows, stage rows, staged vectors, skips."""
