@@ -296,3 +296,40 @@ def test_searches_go_on_while_one_checks_the_collections_state(kb, corpus_copy, 
         release.set()
         checking.join(30)
     assert finished.is_set() and not checking.is_alive()
+
+
+def _pending(kb) -> dict[str, int]:
+    """Entries waiting in each full-text index's pending list (pgstattuple's view of the metapage)."""
+    with kb.store.db.connection() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        return {index: conn.execute("SELECT pending_tuples FROM pgstatginindex(%s)", (index,)).fetchone()[0]
+                for index in ("rag_chunks_tsv", "rag_chunks_tsv_simple")}
+
+
+def test_published_chunks_go_straight_into_the_full_text_index(kb, corpus_copy):
+    # a pending list is read in full by every full-text query (sql/022): nothing may wait in one
+    kb.ingest([corpus_copy(PFE, TRADE, LEARNING)])
+    assert _pending(kb) == {"rag_chunks_tsv": 0, "rag_chunks_tsv_simple": 0}
+    assert kb.search("loss aversion before earnings", mode="lexical").hits
+
+
+def test_the_migration_empties_an_existing_pending_list(kb, corpus_copy):
+    root = corpus_copy(PFE, TRADE, LEARNING)
+    kb.ingest([root / PFE])
+    with kb.store.db.connection() as conn:  # the indexes as they were before sql/022
+        conn.execute("ALTER INDEX rag_chunks_tsv SET (fastupdate = on)")
+        conn.execute("ALTER INDEX rag_chunks_tsv_simple SET (fastupdate = on)")
+        conn.execute("DELETE FROM rag_schema_migrations WHERE name = '022_full_text_without_pending_list.sql'")
+        conn.commit()
+    kb.ingest([root])
+    waiting = _pending(kb)
+    assert waiting["rag_chunks_tsv"] > 0 and waiting["rag_chunks_tsv_simple"] > 0
+    before = [h.chunk_id for h in kb.search("loss aversion before earnings", mode="lexical").hits]
+
+    with kb.store.db.connection() as conn:
+        assert apply_migrations(conn) == ["022_full_text_without_pending_list.sql"]
+        options = dict(conn.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)",
+                                    (["rag_chunks_tsv", "rag_chunks_tsv_simple"],)).fetchall())
+    assert _pending(kb) == {"rag_chunks_tsv": 0, "rag_chunks_tsv_simple": 0}
+    assert all("fastupdate=off" in opts for opts in options.values())
+    assert [h.chunk_id for h in kb.search("loss aversion before earnings", mode="lexical").hits] == before
