@@ -296,3 +296,30 @@ def test_a_semantic_query_and_its_feedback_query_take_one_round_trip_each(kb, tm
         assert trips == 1 and len(again) == 3
         assert again.cosines == pytest.approx(store.similarities(query, space["space"], bank))
         assert set(again.cosines) == set(bank)
+
+
+def test_re_scoring_reads_each_candidates_vector_once_with_the_cosines_asked_for(kb, tmp_path, monkeypatch):
+    """Feedback's re-scoring of a first pass (`among`) returns the query's cosine with the chunks
+    asked for (the full-text hits) from the candidates' own rows, in its one statement; a chunk
+    asked for that is no candidate still gets its cosine, from a pipelined lookup (same round trip)."""
+    _ingest(kb, tmp_path)
+    store = kb.store
+    store.settings.search.rank_in_process = False
+    space = store.active_space()
+    query = kb.provider.embed([QUESTION])[0]
+    flt = SearchFilters(collection=kb.settings.collection)
+    rows = {row["chunk_id"]: row for row, _ in store.chunk_vectors(kb.settings.collection, space["space"])}
+    streamer = [c for c, r in rows.items() if Path(r["path"]).name == "streamer.md"]
+    bank = [c for c, r in rows.items() if Path(r["path"]).name == "bank.md"]
+    others = [c for c in rows if c not in streamer and c not in bank]
+    for asked, statements in ((bank, 1), (bank + others[:1], 2)):
+        sent = _statements(monkeypatch)
+        again = store.semantic_search(query, space["space"], space["dimensions"], flt, 5, toward=streamer[:2],
+                                      weight=0.8, among=bank + streamer, cosines=asked)
+        monkeypatch.undo()
+        assert len([s for s, _ in sent if not s.startswith("SELECT set_config")]) == statements, sent
+        assert all(pipelined for _, pipelined in sent)
+        assert again.cosines == pytest.approx(store.similarities(query, space["space"], asked))
+        assert set(again.cosines) == set(asked) and len(again) == 5
+        truth = store.similarities(query, space["space"], [h.chunk_id for h in again])
+        assert [h.similarity for h in again] == pytest.approx([truth[h.chunk_id] for h in again])
