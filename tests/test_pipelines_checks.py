@@ -240,3 +240,29 @@ def test_checks_registered_on_their_assets():
     assert set(by_asset) == {"embeddings", "vector_table", "chunks", "raw_documents", "hnsw_index"}
     spec = next(iter(by_asset["embeddings"].check_specs))
     assert spec.blocking
+
+
+def test_recall_is_measured_against_the_databases_exact_ranking(corpus_kb):
+    """The recall check ranks the stored vectors itself, in one read: its exact neighbours are the
+    database's exact ranking's, and its recall is the walk's overlap with them."""
+    from psycopg import sql
+
+    from rag_lib.store.checks import _exact_neighbours
+    from rag_lib.store.connection import as_array
+
+    store, space = corpus_kb.store, corpus_kb.provider.space
+    knn = sql.SQL("SELECT chunk_id FROM rag_chunk_vectors WHERE space = %s"
+                  " ORDER BY embedding::vector(384) <=> %s::vector(384) LIMIT 10")
+    with store.db.connection() as conn, conn.transaction():
+        queries = [as_array(r[0]) for r in conn.execute(
+            "SELECT embedding FROM rag_chunk_vectors WHERE space = %s ORDER BY md5(chunk_id) LIMIT 30", (space,))]
+        conn.execute("SET LOCAL hnsw.ef_search = 4")  # a walk this short misses most of the 10
+        walked = [{r[0] for r in conn.execute(knn, (space, q))} for q in queries]
+        conn.execute("SET LOCAL enable_indexscan = off")
+        exact = [[r[0] for r in conn.execute(knn, (space, q))] for q in queries]
+        # the same ten (equal distances may come in either order: the corpus repeats some texts)
+        assert [set(found) for found in _exact_neighbours(conn, space, queries, 10)] == [set(e) for e in exact]
+    overlap = sum(len(w & set(e)) for w, e in zip(walked, exact)) / 300
+    measured = store.measure_recall(space, 384, 30, 10, 4)
+    assert measured["recall"] == pytest.approx(overlap) and measured["sample"] == 30
+    assert 0 < overlap < 0.9  # the walk missed some: the exact side was tested, not just agreed with

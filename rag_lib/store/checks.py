@@ -5,12 +5,44 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import psycopg
 from psycopg import sql
 
+from rag_lib.store.connection import as_array
 from rag_lib.store.documents import _dicts
-from rag_lib.store.vectors import index_name, vector_sql_type
+from rag_lib.store.vectors import _matrix, _VectorBytes, index_name, vector_sql_type
 
 ID_LIMIT = 50  # offending ids reported per problem (counts are always complete)
+EXACT_BATCH = 20_000  # vectors read and ranked at a time by the recall check (~30 MB at 384 dimensions)
+
+
+def _exact_neighbours(conn: psycopg.Connection, space: str, queries: list[np.ndarray], k: int) -> list[list[str]]:
+    """The ids of each query's `k` nearest stored vectors in `space` by cosine distance, exactly: the
+    vectors read once in binary, in batches, each batch ranked against every query at once."""
+    if not queries:
+        return []
+    wanted = np.stack(queries).astype(np.float32)
+    wanted /= np.linalg.norm(wanted, axis=1, keepdims=True)
+    ids: list[str] = []
+    best = np.full((0, len(queries)), np.inf)  # per query (column), its k nearest so far: distances
+    where = np.empty((0, len(queries)), dtype=np.int64)  # and their positions in `ids`
+    with conn.cursor(name="rag_recall_exact", binary=True) as cur:  # server-side: a batch at a time in memory
+        cur.adapters.register_loader(conn.adapters.types["vector"].oid, _VectorBytes)
+        cur.execute("SELECT chunk_id, embedding FROM rag_chunk_vectors WHERE space = %s", (space,))
+        while rows := cur.fetchmany(EXACT_BATCH):
+            matrix = _matrix([r[1] for r in rows])
+            with np.errstate(divide="ignore", invalid="ignore"):  # a zero vector has no direction: NaN, last
+                distance = 1.0 - (matrix @ wanted.T) / np.linalg.norm(matrix, axis=1, keepdims=True)
+            positions = np.arange(len(ids), len(ids) + len(rows))
+            ids.extend(r[0] for r in rows)
+            best = np.vstack([best, np.nan_to_num(distance, nan=np.inf)])
+            where = np.vstack([where, np.repeat(positions[:, None], len(queries), axis=1)])
+            if len(best) > k:
+                keep = np.argpartition(best, k - 1, axis=0)[:k]
+                best, where = np.take_along_axis(best, keep, 0), np.take_along_axis(where, keep, 0)
+    where = np.take_along_axis(where, np.argsort(best, axis=0, kind="stable"), 0)
+    return [[ids[i] for i in where[:, j]] for j in range(len(queries))]
 
 
 class CheckStore:
@@ -98,21 +130,21 @@ class CheckStore:
         }
 
     def measure_recall(self, space: str, dimensions: int, sample: int, k: int, ef_search: int) -> dict[str, Any]:
-        """recall@k of the HNSW index against exact search, using `sample` stored vectors as queries."""
+        """recall@k of the HNSW index against exact search, using `sample` stored vectors as queries,
+        in one snapshot. The exact neighbours come from one read of the space's vectors, ranked in
+        the process: the database ranked every vector once per query (100k chunks: 4.3 s a check)."""
         vec = vector_sql_type(self.settings.search.vector_type, dimensions)
         knn = sql.SQL(
             "SELECT chunk_id FROM rag_chunk_vectors WHERE space = {s} ORDER BY embedding::{t} <=> %s::{t} LIMIT {k}"
         ).format(s=sql.Literal(space), t=vec, k=sql.Literal(k))
         with self.db.connection() as conn, conn.transaction():
-            queries = conn.execute(
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # the walks and the read agree
+            queries = [as_array(r[0]) for r in conn.execute(
                 "SELECT embedding FROM rag_chunk_vectors WHERE space = %s ORDER BY md5(chunk_id) LIMIT %s",
-                (space, sample),
-            ).fetchall()
+                (space, sample)).fetchall()]
             conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef_search)))
-            approx = [[r[0] for r in conn.execute(knn, (q,)).fetchall()] for (q,) in queries]
-            conn.execute("SET LOCAL enable_indexscan = off")
-            conn.execute("SET LOCAL enable_bitmapscan = off")
-            exact = [[r[0] for r in conn.execute(knn, (q,)).fetchall()] for (q,) in queries]
+            approx = [[r[0] for r in conn.execute(knn, (q,)).fetchall()] for q in queries]
+            exact = _exact_neighbours(conn, space, queries, k)
         found = sum(len(set(a) & set(e)) for a, e in zip(approx, exact))
         wanted = sum(len(e) for e in exact)
         recall = found / wanted if wanted else 1.0

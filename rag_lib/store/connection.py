@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
@@ -27,6 +28,11 @@ LIBRARY_DB = "rag"
 def like_escape(text: str) -> str:
     """`text` with LIKE's wildcards and escape character escaped, to match it literally."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def as_array(value) -> np.ndarray:
+    """A vector column's value as a float32 array (pgvector's adapter returns a `Vector` or an array)."""
+    return np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
 
 
 def copy_rows(cur: psycopg.Cursor, target: str, types: Sequence[str], rows: Iterable[tuple]) -> None:

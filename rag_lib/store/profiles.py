@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_lib.store.connection import as_array
+
 # Node kinds that say what a company is or does (not how one trades it).
 PROFILE_KINDS = ("sector", "industry", "theme", "catalyst", "metric", "customer", "event", "product", "segment",
                  "research")
@@ -88,7 +90,7 @@ class ProfileStore:
                 (collection, space, list(skip_sections), n)).fetchall()
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for (v,) in rows])
+        return np.stack([as_array(v) for (v,) in rows])
 
     def write_ticker_profiles(self, collection: str, space: str, dimensions: int,
                               rows: Sequence[tuple[str, str, str, list[str], np.ndarray]],
@@ -131,7 +133,6 @@ class ProfileStore:
                 " AND (%s::text IS NULL OR collection = %s) ORDER BY ticker", (space, collection, collection)).fetchall()
         if not rows:
             return [], np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.float32)
-        matrix = np.stack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32)
-                           for _, v, _ in rows])
+        matrix = np.stack([as_array(v) for _, v, _ in rows])
         matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
         return [t for t, _, _ in rows], matrix, np.array([h for _, _, h in rows], dtype=np.float32)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from rag_lib.errors import AmbiguousReferenceError, NotFoundError
+from rag_lib.store.connection import as_array
 
 
 class SimilarStore:
@@ -33,8 +34,7 @@ class SimilarStore:
 
                     raise AmbiguousReferenceError(ambiguous_id_message(collection, ref, sorted({r[0] for r in rows})))
                 if rows:
-                    vectors = np.stack([np.asarray(r[2].to_numpy() if hasattr(r[2], "to_numpy") else r[2],
-                                                   dtype=np.float32) for r in rows])
+                    vectors = np.stack([as_array(r[2]) for r in rows])
                     return {"kind": kind, "path": rows[0][0], "doc_id": rows[0][1]}, vectors
         raise NotFoundError(f"nothing named '{ref}' (unit id, chunk id, path or document id) in collection '{collection}'")
 
@@ -63,5 +63,5 @@ class SimilarStore:
         for r in rows:
             row = dict(zip(cols, r))
             vec = row.pop("embedding")
-            out.append((row, np.asarray(vec.to_numpy() if hasattr(vec, "to_numpy") else vec, dtype=np.float32)))
+            out.append((row, as_array(vec)))
         return out

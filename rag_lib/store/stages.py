@@ -11,7 +11,7 @@ import numpy as np
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from rag_lib.store.connection import copy_rows
+from rag_lib.store.connection import as_array, copy_rows
 from rag_lib.store.documents import _dicts
 from rag_lib.store.vectors import index_name
 
@@ -100,8 +100,7 @@ class StageStore:
                 ([c for c, _ in files], [p for _, p in files]),
             ).fetchall()
         for c, p, cid, v in rows:
-            out.setdefault((c, p), {})[cid] = np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v,
-                                                          dtype=np.float32)
+            out.setdefault((c, p), {})[cid] = as_array(v)
         return out
 
     def stage_index(self, stage: str) -> dict[tuple[str, str], tuple[str | None, str | None, str | None]]:

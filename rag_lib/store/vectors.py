@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from rag_lib.errors import DimensionMismatchError
 from rag_lib.models import SearchFilters, SearchHit
-from rag_lib.store.connection import copy_rows, like_escape
+from rag_lib.store.connection import as_array, copy_rows, like_escape
 
 
 def index_name(space: str) -> str:
@@ -421,7 +421,7 @@ class VectorStore:
                    RETURNING content_hash, embedding""",
                 (list(set(hashes)), model, dimensions),
             ).fetchall()
-        return {h: np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, dtype=np.float32) for h, v in rows}
+        return {h: as_array(v) for h, v in rows}
 
     def cache_put(self, items: dict[str, np.ndarray], model: str, dimensions: int) -> None:
         if not items:
