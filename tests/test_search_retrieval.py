@@ -3,6 +3,7 @@ routing, grouping, similar documents, context assembly, rerank and expansion sta
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 
@@ -125,6 +126,11 @@ def test_hybrid_fuses_semantic_and_lexical(corpus_kb):
     assert hyb.hits[0].excerpt and len(hyb.hits[0].excerpt) <= 240
     with pytest.raises(ValidationError, match="unknown search mode"):
         corpus_kb.search(q, mode="fuzzy")
+    # a reversed date range matches nothing: said, not answered with an empty list
+    with pytest.raises(ValidationError, match="date_from 2026-01-01 is after date_to 2025-01-01"):
+        corpus_kb.search(q, mode="hybrid", date_from=dt.date(2026, 1, 1), date_to=dt.date(2025, 1, 1))
+    same_day = corpus_kb.search(q, mode="hybrid", date_from=dt.date(2025, 1, 18), date_to=dt.date(2025, 1, 18))
+    assert same_day.hits and all(h.doc_date == dt.date(2025, 1, 18) for h in same_day.hits)
 
 
 def test_results_grouped_by_unit(corpus_kb):

@@ -276,6 +276,10 @@ def test_limits_413_and_422(client: TestClient):
     assert long_query.status_code == 422 and "2000" in long_query.json()["error"]["message"]
     top = client.post("/api/rag/search", json={"query": "q", "top_k": 500})
     assert top.status_code == 422 and top.json()["error"]["code"] == "invalid_input"
+    reversed_range = client.post("/api/rag/search", json={"query": "q", "filters": {
+        "date_from": "2026-01-01", "date_to": "2025-01-01"}})
+    assert reversed_range.status_code == 422 and reversed_range.json()["error"]["code"] == "invalid_input"
+    assert "date_from 2026-01-01 is after date_to 2025-01-01" in reversed_range.json()["error"]["message"]
     broken = client.post("/api/rag/search", content=b"{not json", headers={"Content-Type": "application/json"})
     assert broken.status_code == 422
 

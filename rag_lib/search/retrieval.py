@@ -189,13 +189,17 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 2)
 
 
-def _validate(query: str, mode: str, top_k: int) -> None:
+def _validate(query: str, mode: str, top_k: int, filters: SearchFilters) -> None:
     if not query or not query.strip():
         raise ValidationError("query is empty; pass some words to search for")
     if mode not in MODES:
         raise ValidationError(f"unknown search mode '{mode}'; use one of {', '.join(MODES)}")
     if not 1 <= top_k <= 1000:
         raise ValidationError(f"top_k must be between 1 and 1000, got {top_k}")
+    if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
+        # an empty answer would read as "nothing was written then"
+        raise ValidationError(f"date_from {filters.date_from} is after date_to "
+                              f"{filters.date_to}, so no document can match; swap them or drop one")
 
 
 def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilters]:
@@ -335,9 +339,9 @@ def search(
     """Search the active embedding space (semantic), the full-text index (lexical) or both fused
     with reciprocal rank fusion (hybrid). With `group`, one result per unit (its best chunk).
     `caches`: what to reuse from earlier searches on this database (none: look everything up)."""
-    _validate(query, mode, top_k)
-    caches = caches or SearchCaches()
     filters = filters or SearchFilters()
+    _validate(query, mode, top_k, filters)
+    caches = caches or SearchCaches()
     opts = options or SearchOptions.from_settings(store.settings)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
