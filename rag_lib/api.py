@@ -381,6 +381,8 @@ class KnowledgeBase:
             )
         if self.metrics is not None:
             self.metrics.record(search_metric(result, filters.collection, reranked))
+        if not result.hits:
+            result.note = self.no_results_note(filters, min_similarity)
         return result
 
     def rerank_enabled(self, rerank: bool | None = None) -> bool:
@@ -691,13 +693,17 @@ class KnowledgeBase:
         """Why a search of `collection` finds nothing when it holds no documents (a name mistyped, or
         the documents ingested into another collection), naming the collections that hold some; None
         when it holds documents."""
-        name = self._collection(collection)
-        counts = self.store.status_counts(name)
-        if counts["documents"]:
-            return None
-        held = ", ".join(f"{c['collection']} ({c['documents']} document{'s' if c['documents'] != 1 else ''})"
-                         for c in counts["collections"] if c["documents"])
-        return f"collection '{name}' holds no documents" + (f"; these do: {held}" if held else "")
+        from rag_lib.search import notes
+
+        return notes.empty_collection_note(self.store.empty_search_facts(SearchFilters(collection=self._collection(collection))))
+
+    def no_results_note(self, filters: SearchFilters, min_similarity: float = 0.0) -> str | None:
+        """Why a search of `filters` found nothing (`SearchResult.note`): an empty collection, a filter
+        matching none of its documents (with what it holds: types, close tickers, dates, paths), filters
+        that match only apart, or the similarity threshold; None when nothing explains it."""
+        from rag_lib.search import notes
+
+        return notes.no_results_note(self.store.empty_search_facts(filters), filters, min_similarity)
 
     def list_documents(self, collection: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict]:
         return self.store.list_documents(collection, limit, offset)

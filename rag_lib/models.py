@@ -219,6 +219,7 @@ class SearchResult:
     plan: dict[str, Any] | None = None  # query classification: kind, tickers, doc_types
     reranked: bool = False  # whether a real second stage reordered the head
     expanded: list[str] = field(default_factory=list)  # the expansions searched besides the query
+    note: str | None = None  # without hits: why (an empty collection, a filter matching no document…)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -230,6 +231,8 @@ class SearchResult:
         }
         if self.plan is not None:
             out["plan"] = self.plan
+        if self.note is not None:
+            out["note"] = self.note
         return out
 
 

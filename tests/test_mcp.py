@@ -122,6 +122,8 @@ async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     # an agent that names a collection holding nothing is told which ones hold documents
     wrong = payload(await client.call_tool("rag_search", {"query": "NVDA thesis", "collection": "research"}))
     assert wrong["results"] == [] and wrong["note"].startswith("collection 'research' holds no documents; these do: ")
+    typo = payload(await client.call_tool("rag_search", {"query": "NVDA thesis", "doc_type": "stock-analyses"}))
+    assert typo["results"] == [] and "(did you mean stock-analysis" in typo["note"]
     peers = payload(await client.call_tool("rag_search", {"query": "earnings-analysis thesis catalysts",
                                                           "ticker": ["AMD", "AVGO"], "top_k": 2}))
     assert peers["results"] and all(h["ticker"] in ("AMD", "AVGO") for h in peers["results"])

@@ -252,3 +252,29 @@ def test_search_caches_belong_to_the_knowledge_base_and_clear_on_its_writes(kb, 
     assert kb.classify_query("is PFE a buy").tickers == ["PFE"]
     kb.reset()
     assert kb.classify_query("is PFE a buy").tickers == []
+
+
+def test_a_search_that_finds_nothing_says_which_filter_matched_no_document(corpus_kb):
+    """An empty answer from a mistyped filter reads as "nothing about that": `SearchResult.note` says
+    which filter matches none of the collection's documents and what the collection holds."""
+    def note(**filters):
+        result = corpus_kb.search("earnings", mode="hybrid", **filters)
+        assert result.hits == [] and result.to_dict()["note"] == result.note
+        return result.note
+
+    typed = note(doc_type="stock-analyses")
+    assert typed.startswith("in collection 'default': no document of type stock-analyses (did you mean stock-analysis")
+    assert "its types: earnings-analysis (3)" in typed and "stock-analysis (11)" in typed
+    assert note(ticker="NVDX") == "in collection 'default': no document with ticker NVDX (did you mean NVDA?)"
+    assert note(ticker="ZZZZ") == "in collection 'default': no document with ticker ZZZZ"
+    assert note(date_from=dt.date(2031, 1, 1)) == ("in collection 'default': no document dated on or after "
+                                                   "2031-01-01 (its documents are dated 2024-03-01 to 2026-02-21)")
+    assert "did you mean tradegent/knowledge/" in note(path="tradegent/knowlege/")
+    assert note(section_contains="zzqq") == "in collection 'default': no section path contains 'zzqq'"
+    both = note(ticker="NVDX", date_to=dt.date(2001, 1, 1))  # every filter that matches nothing is named
+    assert "ticker NVDX" in both and "dated on or before 2001-01-01" in both
+    assert note(ticker="NVDA", doc_type="scanner-config") == (
+        "in collection 'default', each filter matches documents, but no document matches all of them")
+    assert note(min_similarity=0.99) == "no result is as similar to the question as min_similarity 0.99 asks"
+    assert note(collection="nope").startswith("collection 'nope' holds no documents; these do: default (")
+    assert corpus_kb.search("earnings", mode="hybrid", ticker="NVDA").note is None  # found: nothing to explain

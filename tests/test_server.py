@@ -105,6 +105,8 @@ def test_search_returns_scored_units_with_filters(client: TestClient):
     # nothing found because the collection holds nothing: the response says which collections do
     empty = client.post("/api/rag/search", json={"query": "momentum", "collection": "nope"}).json()
     assert empty["results"] == [] and empty["note"].startswith("collection 'nope' holds no documents; these do: ")
+    typo = client.post("/api/rag/search", json={"query": "momentum", "filters": {"ticker": "NVDX"}}).json()
+    assert typo["results"] == [] and "no document with ticker NVDX (did you mean NVDA?)" in typo["note"]
     assert "note" not in body or body["note"] is None
 
 

@@ -130,8 +130,7 @@ def search(
         print_json(result.to_dict())
         return
     if not result.hits:
-        note = kb().empty_collection_note(collection)
-        console.print("no results" + (f": {note}" if note else ""), soft_wrap=True)
+        console.print("no results" + (f": {result.note}" if result.note else ""), soft_wrap=True)
         return
     table = Table(title=f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)")
     table.add_column("#", justify="right")

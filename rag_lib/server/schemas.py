@@ -220,8 +220,9 @@ class SearchResponse(BaseModel):
     reranked: bool = Field(False, description="Whether a second-stage reranker reordered the results.")
     rerank_note: str | None = Field(None, description="When reranking was asked for but is not configured: "
                                     "which setting turns it on.")
-    note: str | None = Field(None, description="When nothing was found because the collection holds no documents: "
-                             "which collections do.")
+    note: str | None = Field(None, description="When nothing was found, why: the collection holds no documents "
+                             "(and which do), a filter matches none of its documents (with its types, close "
+                             "tickers, dated range or paths), the filters match only apart, or min_similarity.")
     plan: SearchPlan | None = Field(None, description="How the query was classified and routed "  # type: ignore[valid-type]
                                     "(null when the library made no plan).")
     request_id: str | None = None

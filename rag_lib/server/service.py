@@ -120,8 +120,8 @@ def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: d
            "timings_ms": result.timings_ms, "reranked": result.reranked}
     if rerank and not result.reranked:
         out["rerank_note"] = RERANK_NOTE
-    if not results and (note := kb.empty_collection_note(collection)):
-        out["note"] = note
+    if result.note:
+        out["note"] = result.note
     if result.plan is not None:
         out["plan"] = result.plan
     return out

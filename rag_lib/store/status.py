@@ -1,10 +1,20 @@
-"""SQL for status reports and recorded failures."""
+"""SQL for status reports, recorded failures, and what explains a search that found nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from psycopg import sql
+
+from rag_lib.models import SearchFilters
 from rag_lib.store.documents import _dicts
+from rag_lib.store.vectors import _filter_sql
+
+# The filters an empty search's explanation tests one at a time (the dates as one range)
+FILTER_FIELDS = {"doc_type": ("doc_type",), "ticker": ("ticker",), "dates": ("date_from", "date_to"),
+                 "path": ("path",), "section": ("section",), "section_contains": ("section_contains",),
+                 "tags": ("tags",)}
 
 
 class StatusStore:
@@ -57,3 +67,41 @@ class StatusStore:
                 "INSERT INTO rag_failures (source, run_id, partition, message) VALUES (%s,%s,%s,%s)",
                 (source, run_id, partition, message),
             )
+
+    def empty_search_facts(self, filters: SearchFilters) -> dict[str, Any]:
+        """What explains a search of `filters` that found nothing: the documents of its collection
+        and of every collection; which of its filters (FILTER_FIELDS) alone match no chunk of the
+        collection; and the collection's document types (with counts), tickers, dated range and,
+        for a path filter, the path prefixes as deep as it. Read only when a search is empty."""
+        collection = filters.collection
+        alone = {name: dataclasses.replace(SearchFilters(collection=collection),
+                                           **{f: getattr(filters, f) for f in fields})
+                 for name, fields in FILTER_FIELDS.items() if any(getattr(filters, f) for f in fields)}
+        depth = len([p for p in (filters.path or "").split("/") if p])
+        with self.db.connection() as conn:
+            collections = _dicts(conn.execute(
+                "SELECT collection, count(*) AS documents FROM rag_documents GROUP BY 1 ORDER BY 1"))
+            matched: dict[str, bool] = {}
+            if alone:
+                parts, params = [], []
+                for flt in alone.values():
+                    where, args = _filter_sql(flt)
+                    parts.append(sql.SQL("EXISTS (SELECT 1 FROM rag_chunks c WHERE {})").format(where))
+                    params.extend(args)
+                row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
+                matched = dict(zip(alone, row))
+            types = dict(conn.execute(
+                "SELECT doc_type, count(*) FROM rag_documents WHERE collection = %s GROUP BY 1 ORDER BY 1",
+                (collection,)).fetchall())
+            tickers = [r[0] for r in conn.execute(
+                "SELECT DISTINCT ticker FROM rag_documents WHERE collection = %s AND ticker IS NOT NULL ORDER BY 1",
+                (collection,))]
+            dated = conn.execute("SELECT min(doc_date), max(doc_date) FROM rag_documents WHERE collection = %s",
+                                 (collection,)).fetchone()
+            prefixes = [r[0] for r in conn.execute(
+                "SELECT DISTINCT array_to_string((string_to_array(path, '/'))[1:%s], '/') FROM rag_documents"
+                " WHERE collection = %s ORDER BY 1", (depth, collection))] if depth else []
+        documents = next((c["documents"] for c in collections if c["collection"] == collection), 0)
+        return {"collection": collection, "documents": documents, "collections": collections,
+                "unmatched": [name for name, found in matched.items() if not found], "filters": list(alone),
+                "doc_types": types, "tickers": tickers, "dated": (dated[0], dated[1]), "path_prefixes": prefixes}
