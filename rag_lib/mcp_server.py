@@ -101,6 +101,21 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class StrictMCPServer(MCPServer):
+    """An argument a tool does not take is an error naming the ones it does: the SDK ignores it, so an
+    agent passing `filters` to `rag_search` (which takes `ticker`, `date_from`…) got unfiltered
+    results as if they were filtered."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
+        schema = self._tool_input_schema(name)
+        if schema is not None:
+            known = list(schema.get("properties", {}))
+            if unknown := sorted(set(arguments or {}) - set(known)):
+                raise ToolError(f"{name} takes no argument {', '.join(map(repr, unknown))}; "
+                                f"its arguments: {', '.join(known)}")
+        return await super().call_tool(name, arguments, context)
+
+
 def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False) -> MCPServer:
     """Build the MCP server. `kb_factory()` returns the (shared, long-lived) knowledge base; it is
     called on the first tool call so the server answers `initialize` at once."""
@@ -121,7 +136,7 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         if ctx.headers is not None:  # over HTTP: a read-only key may not write
             _call(keyring.authorize, key_from_headers(ctx.headers), Scope.WRITE)
 
-    server = MCPServer("rag-kb", instructions=INSTRUCTIONS, version="1.0.0", log_level="WARNING")
+    server = StrictMCPServer("rag-kb", instructions=INSTRUCTIONS, version="1.0.0", log_level="WARNING")
     readonly_hint = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     @server.tool(annotations=readonly_hint)

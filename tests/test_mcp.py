@@ -201,6 +201,9 @@ async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     assert error_text(await client.call_tool("rag_search", {"query": ""}))
     assert error_text(await client.call_tool("rag_search", {"query": "x", "mode": "telepathic"}))
     assert error_text(await client.call_tool("rag_search", {"query": "x", "top_k": 500}))
+    # an argument the tool does not take is refused, not ignored (results would look filtered)
+    unknown = error_text(await client.call_tool("rag_search", {"query": "x", "filters": {"ticker": "NVDA"}}))
+    assert "rag_search takes no argument 'filters'" in unknown and "ticker, section, date_from" in unknown
     assert error_text(await client.call_tool("rag_search", {"query": "x" * 5000}))  # the HTTP limit applies
     assert error_text(await client.call_tool("rag_list", {"collection": "x", "limit": 0}))
     assert error_text(await client.call_tool("rag_embed_text", {"text": "x", "doc_id": "../etc"}))
