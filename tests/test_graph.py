@@ -246,7 +246,11 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
     code, out, _ = rag("graph", "NVDA", "--to", "AMD", "--json")
     assert code == 0 and json.loads(out)["found"]
     code, out, err = rag("graph", "nothing-like-this")
-    assert code == 1 and "no graph node 'nothing-like-this'" in err
+    assert code == 1 and "no graph node 'nothing-like-this'" in err and "did you mean" not in err
+    code, out, err = rag("graph", "NVDX")  # a typo: the close ticker is offered
+    assert code == 1 and "no graph node 'NVDX' in collection 'default' (did you mean NVDA?)" in err
+    code, out, err = rag("graph", "aversion")  # part of a name: the nodes whose label holds it
+    assert code == 1 and "(did you mean loss-aversion" in err
     code, out, _ = rag("graph", "export", "--format", "graphml", "--output", str(tmp_path / "g.graphml"))
     assert code == 0
     import xml.etree.ElementTree as ET

@@ -3,6 +3,7 @@ path between two nodes, and a ticker's context (biases, strategies, catalysts, p
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,17 +40,20 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
     candidates = [ref, ticker_key(ref) if len(ref) <= 10 else ref]
     node = store.graph_find_node(collection, candidates, alias=alias_key(ref))
     if node is None:
-        candidates = [normalise_name(ref), doc_key(ref)]
-        with store.db.connection() as conn:
-            row = conn.execute("SELECT path FROM rag_documents WHERE collection = %s AND doc_id = %s ORDER BY path"
-                               " LIMIT 1", (collection, ref)).fetchone()
-        if row:
-            candidates.append(doc_key(row[0]))
+        candidates = [normalise_name(ref), doc_key(ref)] + [doc_key(p) for p in store.documents_with_id(collection, ref)[:1]]
         node = store.graph_find_node(collection, candidates)
     if node is None:
-        raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'; try a ticker, a document path, "
-                            "or see `rag graph export`")
+        raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'{_suggestions(store, collection, ref)};"
+                            " try a ticker, a document path, or see `rag graph export`")
     return node
+
+
+def _suggestions(store, collection: str, ref: str) -> str:
+    """' (did you mean …?)' from the collection's tickers close to `ref` and node labels containing it."""
+    close = difflib.get_close_matches(ref.upper(), sorted(store.known_tickers(collection)), n=2, cutoff=0.6) \
+        if ref.isalnum() and len(ref) <= 6 else []
+    close += [label for label in store.graph_labels_like(collection, ref) if label not in close]
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
 
 
 def _check_depth(depth: int) -> None:

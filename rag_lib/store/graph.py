@@ -11,6 +11,7 @@ import psycopg
 
 from rag_lib.errors import LimitExceededError, QueryTimeoutError
 from rag_lib.models import Document, DocumentGraph, GraphNode
+from rag_lib.store.connection import like_escape
 
 MAX_FANOUT = 100  # edges followed out of one node per step: hubs (a ticker in 1000 docs) stay cheap
 MAX_ROWS = 1000  # edges one walk may return (an agent or a screen reads no more)
@@ -175,6 +176,15 @@ class GraphStore:
             ).fetchall()
         return {k: {"key": k, "kind": kind, "label": label, "aliases": list(aliases)}
                 for k, kind, label, aliases in rows}
+
+    def graph_labels_like(self, collection: str, text: str, limit: int = 3) -> list[str]:
+        """Up to `limit` node labels containing `text` (any case), shortest first: suggestions when
+        nothing is named `text`."""
+        with self.db.connection() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT label FROM rag_graph_nodes WHERE collection = %s AND label ILIKE %s"
+                " GROUP BY label ORDER BY length(label), label LIMIT %s",
+                (collection, "%" + like_escape(text) + "%", limit))]
 
     def graph_find_node(self, collection: str, candidates: Sequence[str],
                         alias: str | None = None) -> dict[str, Any] | None:
