@@ -87,18 +87,6 @@ def graph_path(store, collection: str, a: str, b: str, max_depth: int = 4) -> di
     return {"from": start, "to": end, "found": bool(edges) or start["key"] == end["key"], "edges": edges}
 
 
-def _doc_types(store, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
-    if not paths:
-        return {}
-    with store.db.connection() as conn:
-        rows = conn.execute(
-            "SELECT path, doc_type, title, ticker, doc_date, doc_id FROM rag_documents WHERE collection = %s"
-            " AND path = ANY(%s)", (collection, list(paths)),
-        ).fetchall()
-    return {p: {"path": p, "doc_type": t, "title": title, "ticker": tk, "doc_id": doc_id,
-                "doc_date": d.isoformat() if d else None} for p, t, title, tk, d, doc_id in rows}
-
-
 def ticker_context(store, collection: str, ticker: str, depth: int = 2) -> dict[str, Any]:
     """What the graph knows around a ticker: related biases, strategies, catalysts, sectors, signals,
     trades, outcomes, learnings, documents, and peer tickers (with the node they share)."""
@@ -109,7 +97,7 @@ def ticker_context(store, collection: str, ticker: str, depth: int = 2) -> dict[
     edges = store.graph_walk(collection, key, depth, None, STRUCTURAL)
     keys = {k for e in edges for k in (e["src"], e["dst"])} - {key}
     nodes = store.graph_nodes(collection, list(keys))
-    docs = _doc_types(store, collection, [k[4:] for k in keys if k.startswith("doc:")])
+    docs = store.document_summaries(collection, [k[4:] for k in keys if k.startswith("doc:")])
     out: dict[str, Any] = {"ticker": ticker.upper(), **{h: [] for h in CONTEXT_KINDS}, "documents": [], "peers": []}
     by_kind: dict[str, str] = {kind: h for h, kinds in CONTEXT_KINDS.items() for kind in kinds}
     for k in sorted(keys):

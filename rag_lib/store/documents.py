@@ -127,6 +127,16 @@ class DocumentStore:
         self.held_vectors.recheck()
         return cur.rowcount
 
+    def document_summaries(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Type, title, ticker, date (ISO) and id of the documents at `paths`, by path."""
+        if not paths:
+            return {}
+        with self.db.connection() as conn:
+            rows = _dicts(conn.execute(
+                "SELECT path, doc_type, title, ticker, doc_date, doc_id FROM rag_documents WHERE collection = %s"
+                " AND path = ANY(%s)", (collection, list(paths))))
+        return {r["path"]: {**r, "doc_date": r["doc_date"].isoformat() if r["doc_date"] else None} for r in rows}
+
     def tags_of(self, collection: str, paths: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Client tags by document path (documents without tags are left out)."""
         with self.db.connection() as conn:
