@@ -15,7 +15,7 @@ from rag_lib.documents import file_of
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
-from rag_lib.errors import ConfigError, NotFoundError, ValidationError
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError, did_you_mean
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
@@ -249,7 +249,9 @@ class KnowledgeBase:
         """Delete a document by path or id; returns the deleted paths."""
         deleted = self.store.delete_document(self._collection(collection), ref)
         if not deleted:
-            raise NotFoundError(f"no document or skipped file '{ref}' in collection '{self._collection(collection)}'")
+            name = self._collection(collection)
+            raise NotFoundError(f"no document or skipped file '{ref}' in collection '{name}'"
+                                f"{did_you_mean(self.store.paths_like(name, ref))}")
         self.search_caches.clear()
         self.rebuild_profiles(collection)  # a profile built from the deleted document changes or goes
         return deleted

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def did_you_mean(options: list[str]) -> str:
+    """' (did you mean A or B?)' for a message about something not found; '' without options."""
+    options = list(dict.fromkeys(options))
+    return f" (did you mean {' or '.join(options)}?)" if options else ""
+
+
 class RagError(Exception):
     """Base class; `str(err)` is the one line shown to users (what, where, what to do)."""
 

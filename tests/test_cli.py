@@ -174,3 +174,15 @@ def test_validate_reports_a_file_that_crashes_the_parser_and_goes_on(rag, corpus
     files = {f["path"]: f for f in json.loads(out)["files"]}
     assert files["aaa-deep.yaml"]["problem"]
     assert not files[LEARNING].get("problem") and files[LEARNING]["chunks"] > 0
+
+
+def test_a_mistyped_document_path_is_answered_with_the_closest_ones(rag, corpus_copy):
+    assert rag("ingest", str(corpus_copy(LEARNING)))[0] == 0
+    path = LEARNING  # stored relative to the root ingested
+    for typed in (path.replace("learnings", "learnigns"), path.rsplit("/", 1)[-1], path.replace(".yaml", "x.yaml")):
+        code, _, err = rag("show", typed)
+        assert code == 1 and f"(did you mean {path}?)" in err, err
+    code, _, err = rag("delete", path.replace("learnings", "learnigns"))
+    assert code == 1 and f"(did you mean {path}?)" in err
+    code, _, err = rag("show", "nothing-like-it.md")
+    assert code == 1 and "did you mean" not in err

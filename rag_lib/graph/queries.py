@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.errors import NotFoundError, ValidationError, did_you_mean
 from rag_lib.graph.extract import STRUCTURAL, alias_key, doc_key, normalise_name, ticker_key
 
 MAX_DEPTH = 3
@@ -40,7 +40,8 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
     candidates = [ref, ticker_key(ref) if len(ref) <= 10 else ref]
     node = store.graph_find_node(collection, candidates, alias=alias_key(ref))
     if node is None:
-        candidates = [normalise_name(ref), doc_key(ref)] + [doc_key(p) for p in store.documents_with_id(collection, ref)[:1]]
+        candidates = [normalise_name(ref), doc_key(ref)]
+        candidates += [doc_key(p) for p in store.documents_with_id(collection, ref)[:1]]
         node = store.graph_find_node(collection, candidates)
     if node is None:
         raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'{_suggestions(store, collection, ref)};"
@@ -52,8 +53,7 @@ def _suggestions(store, collection: str, ref: str) -> str:
     """' (did you mean …?)' from the collection's tickers close to `ref` and node labels containing it."""
     close = difflib.get_close_matches(ref.upper(), sorted(store.known_tickers(collection)), n=2, cutoff=0.6) \
         if ref.isalnum() and len(ref) <= 6 else []
-    close += [label for label in store.graph_labels_like(collection, ref) if label not in close]
-    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+    return did_you_mean((close + store.graph_labels_like(collection, ref))[:3])
 
 
 def _check_depth(depth: int) -> None:

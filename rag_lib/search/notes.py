@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from rag_lib.errors import did_you_mean
 from rag_lib.models import SearchFilters
 
 
@@ -19,8 +20,8 @@ def _values(value: str | list[str]) -> list[str]:
 
 
 def _did_you_mean(asked: list[str], known: list[str], upper: bool = False) -> str:
-    close = [m for a in asked for m in difflib.get_close_matches(a.upper() if upper else a, known, n=2, cutoff=0.6)]
-    return f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else ""
+    return did_you_mean([m for a in asked for m in difflib.get_close_matches(a.upper() if upper else a, known,
+                                                                             n=2, cutoff=0.6)])
 
 
 def empty_collection_note(facts: dict[str, Any]) -> str | None:

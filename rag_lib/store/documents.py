@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -10,10 +11,13 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from rag_lib.errors import AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError
+from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
+                            did_you_mean)
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
 from rag_lib.store.lexical import change_lexeme_frequencies, lexeme_counts
+
+PATHS_COMPARED = 20_000  # document paths a mistyped path is compared with by spelling (`paths_like`)
 
 
 def _lock_key(collection: str, path: str) -> str:
@@ -206,6 +210,21 @@ class DocumentStore:
                 return paths
         return []
 
+    def paths_like(self, collection: str, ref: str, limit: int = 3) -> list[str]:
+        """Document paths close to `ref`, for a "did you mean": those holding its file name (any case),
+        shortest first, else the closest by spelling among the collection's first PATHS_COMPARED."""
+        name = ref.rstrip("/").rsplit("/", 1)[-1]
+        with self.db.connection() as conn:
+            holding = [r[0] for r in conn.execute(
+                "SELECT path FROM rag_documents WHERE collection = %s AND path ILIKE %s"
+                " ORDER BY length(path), path LIMIT %s", (collection, "%" + like_escape(name) + "%", limit))] \
+                if name else []
+            if holding:
+                return holding
+            paths = [r[0] for r in conn.execute("SELECT path FROM rag_documents WHERE collection = %s LIMIT %s",
+                                                (collection, PATHS_COMPARED))]
+        return difflib.get_close_matches(ref, paths, n=limit, cutoff=0.8)
+
     def documents_with_id(self, collection: str, doc_id: str) -> list[str]:
         """Paths of the documents of a collection that carry `doc_id`."""
         with self.db.connection() as conn:
@@ -246,7 +265,8 @@ class DocumentStore:
             found = _dicts(conn.execute("SELECT * FROM rag_documents WHERE collection = %s AND path = %s",
                                         (collection, paths[0]))) if paths else []
             if not found:
-                raise NotFoundError(f"no document '{ref}' in collection '{collection}'; see `rag list`")
+                raise NotFoundError(f"no document '{ref}' in collection '{collection}'"
+                                    f"{did_you_mean(self.paths_like(collection, ref))}; see `rag list`")
             doc = found[0]
             doc["sections"] = _dicts(conn.execute(
                 "SELECT name, title, ordinal, token_count, is_empty FROM rag_sections"
