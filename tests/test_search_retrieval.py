@@ -278,3 +278,12 @@ def test_a_search_that_finds_nothing_says_which_filter_matched_no_document(corpu
     assert note(min_similarity=0.99) == "no result is as similar to the question as min_similarity 0.99 asks"
     assert note(collection="nope").startswith("collection 'nope' holds no documents; these do: default (")
     assert corpus_kb.search("earnings", mode="hybrid", ticker="NVDA").note is None  # found: nothing to explain
+
+
+def test_similar_to_a_mistyped_path_offers_the_stored_one(corpus_kb):
+    typed = "tradegent/knowlege/trades/2025/01/NVDA_20250115T1000.yaml"
+    with pytest.raises(NotFoundError, match=r"did you mean tradegent/knowledge/trades/2025/01/NVDA_20250115T1000\.yaml\?"):
+        corpus_kb.get_similar(typed)
+    with pytest.raises(NotFoundError) as nothing:
+        corpus_kb.get_similar("zzqq-nothing")
+    assert "did you mean" not in str(nothing.value)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_lib.errors import AmbiguousReferenceError, NotFoundError
+from rag_lib.errors import AmbiguousReferenceError, NotFoundError, did_you_mean
 from rag_lib.store.connection import as_array
 
 
@@ -36,7 +36,8 @@ class SimilarStore:
                 if rows:
                     vectors = np.stack([as_array(r[2]) for r in rows])
                     return {"kind": kind, "path": rows[0][0], "doc_id": rows[0][1]}, vectors
-        raise NotFoundError(f"nothing named '{ref}' (unit id, chunk id, path or document id) in collection '{collection}'")
+        raise NotFoundError(f"nothing named '{ref}' (unit id, chunk id, path or document id) in collection "
+                            f"'{collection}'{did_you_mean(self.paths_like(collection, ref.split('#')[0]))}")
 
     def chunk_positions(self, chunk_ids: list[str]) -> dict[str, tuple[int, int]]:
         """chunk id → (ordinal in its document, char start): reading order for context assembly."""
