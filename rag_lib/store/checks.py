@@ -71,27 +71,37 @@ class CheckStore:
 
     def serving_orphans(self, space: str) -> dict[str, Any]:
         """Chunks without a vector in `space`, vectors without a chunk, chunks whose document
-        hash is gone, documents with no chunks although they count some; and duplicate chunks."""
+        hash is gone, documents with no chunks although they count some; and duplicate chunks.
+        Each table is read once and nothing is sorted in the database (ids are sorted here): at
+        100k chunks, sorted in SQL, the stale-hash join walked the chunk index (0.3 s of the check's
+        1 s) and the duplicates' sort spilled to disk."""
         queries = {
-            "chunks_without_vector": """SELECT c.chunk_id AS id FROM rag_chunks c WHERE NOT EXISTS
+            "chunks_without_vector": """SELECT c.chunk_id FROM rag_chunks c WHERE NOT EXISTS
                 (SELECT 1 FROM rag_chunk_vectors v WHERE v.chunk_id = c.chunk_id AND v.space = %(s)s)""",
-            "vectors_without_chunk": """SELECT v.chunk_id AS id FROM rag_chunk_vectors v WHERE NOT EXISTS
+            "vectors_without_chunk": """SELECT v.chunk_id FROM rag_chunk_vectors v WHERE NOT EXISTS
                 (SELECT 1 FROM rag_chunks c WHERE c.chunk_id = v.chunk_id)""",
-            "chunks_with_stale_hash": """SELECT c.chunk_id AS id FROM rag_chunks c JOIN rag_documents d
-                USING (collection, path) WHERE c.doc_hash <> d.content_hash""",
-            "chunks_without_document": """SELECT c.chunk_id AS id FROM rag_chunks c WHERE NOT EXISTS
-                (SELECT 1 FROM rag_documents d WHERE d.collection = c.collection AND d.path = c.path)""",
-            "duplicate_chunks": """SELECT min(chunk_id) || ' x' || count(*) AS id FROM rag_chunks
+            # one pass for both: a chunk whose document row is gone, or holds another version
+            "chunks_off_document": """SELECT c.chunk_id, d.path IS NULL FROM rag_chunks c
+                LEFT JOIN rag_documents d USING (collection, path)
+                WHERE d.path IS NULL OR c.doc_hash <> d.content_hash""",
+            "duplicate_chunks": """SELECT min(chunk_id) || ' x' || count(*) FROM rag_chunks
                 GROUP BY collection, path, section, content_hash HAVING count(*) > 1""",
         }
-        out: dict[str, Any] = {}
-        with self.db.connection() as conn:
+        found: dict[str, list[str]] = {}
+        with self.db.connection() as conn, conn.transaction():
+            conn.execute("SET LOCAL work_mem = '64MB'")  # the duplicates' grouping in memory, not on disk
             for name, query in queries.items():
-                ids = [r[0] for r in conn.execute(f"{query} ORDER BY 1", {"s": space}).fetchall()]
-                out[name] = {"count": len(ids), "ids": ids[:ID_LIMIT]}
-            out["chunks"] = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
-            out["vectors"] = conn.execute(
-                "SELECT count(*) FROM rag_chunk_vectors WHERE space = %s", (space,)).fetchone()[0]
+                rows = conn.execute(query, {"s": space}).fetchall()
+                if name == "chunks_off_document":
+                    found["chunks_with_stale_hash"] = [r[0] for r in rows if not r[1]]
+                    found["chunks_without_document"] = [r[0] for r in rows if r[1]]
+                else:
+                    found[name] = [r[0] for r in rows]
+            chunks, vectors = conn.execute(
+                "SELECT (SELECT count(*) FROM rag_chunks),"
+                " (SELECT count(*) FROM rag_chunk_vectors WHERE space = %s)", (space,)).fetchone()
+        out: dict[str, Any] = {name: {"count": len(ids), "ids": sorted(ids)[:ID_LIMIT]} for name, ids in found.items()}
+        out["chunks"], out["vectors"] = chunks, vectors
         return out
 
     def document_sources(self) -> list[dict[str, Any]]:
