@@ -58,6 +58,9 @@ def test_a_search_of_an_empty_collection_names_the_collections_that_hold_documen
     code, out, _ = rag("status", "--collection", "default")
     assert code == 0 and "collection 'default' holds no documents; these do: research (1 document)" in out
     assert "holds no documents" not in rag("status")[1]  # every collection's figures
+    code, out, _ = rag("list", "--collection", "default")
+    assert code == 0 and "no documents: collection 'default' holds no documents; these do: research" in out
+    assert "loss-aversion" in rag("list", "--collection", "research", "--json")[1]
 
 
 def test_ingest_and_validate_say_which_metadata_a_document_lost(rag, tmp_path):

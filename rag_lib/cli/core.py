@@ -219,6 +219,9 @@ def list_documents(
     if as_json:
         print_json(rows)
         return
+    if not rows and collection and offset == 0 and (note := kb().empty_collection_note(collection)):
+        console.print(f"no documents: {escape(note)}", soft_wrap=True)
+        return
     table = Table(title=f"{len(rows)} documents")
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
         table.add_column(col, overflow="fold")
