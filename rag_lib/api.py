@@ -697,7 +697,8 @@ class KnowledgeBase:
         when it holds documents."""
         from rag_lib.search import notes
 
-        return notes.empty_collection_note(self.store.empty_search_facts(SearchFilters(collection=self._collection(collection))))
+        facts = self.store.empty_search_facts(SearchFilters(collection=self._collection(collection)))
+        return notes.empty_collection_note(facts)
 
     def no_results_note(self, filters: SearchFilters, min_similarity: float = 0.0) -> str | None:
         """Why a search of `filters` found nothing (`SearchResult.note`): an empty collection, a filter

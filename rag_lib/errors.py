@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
+
+
+def close_matches(asked: list[str], known: list[str]) -> list[str]:
+    """The (at most two per asked value) `known` values spelled closest to each of `asked`."""
+    return [m for a in asked for m in difflib.get_close_matches(a, known, n=2, cutoff=0.6)]
+
 
 def did_you_mean(options: list[str]) -> str:
     """' (did you mean A or B?)' for a message about something not found; '' without options."""

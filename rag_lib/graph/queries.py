@@ -3,11 +3,10 @@ path between two nodes, and a ticker's context (biases, strategies, catalysts, p
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from rag_lib.errors import NotFoundError, ValidationError, did_you_mean
+from rag_lib.errors import NotFoundError, ValidationError, close_matches, did_you_mean
 from rag_lib.graph.extract import STRUCTURAL, alias_key, doc_key, normalise_name, ticker_key
 
 MAX_DEPTH = 3
@@ -51,8 +50,8 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
 
 def _suggestions(store, collection: str, ref: str) -> str:
     """' (did you mean …?)' from the collection's tickers close to `ref` and node labels containing it."""
-    close = difflib.get_close_matches(ref.upper(), sorted(store.known_tickers(collection)), n=2, cutoff=0.6) \
-        if ref.isalnum() and len(ref) <= 6 else []
+    close = close_matches([ref.upper()], sorted(store.known_tickers(collection))) if ref.isalnum() and len(ref) <= 6 \
+        else []
     return did_you_mean((close + store.graph_labels_like(collection, ref))[:3])
 
 

@@ -4,10 +4,9 @@ or the filters match apart but not together, or the similarity threshold is abov
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-from rag_lib.errors import did_you_mean
+from rag_lib.errors import close_matches, did_you_mean
 from rag_lib.models import SearchFilters
 
 
@@ -17,11 +16,6 @@ def _plural(n: int, word: str) -> str:
 
 def _values(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
-
-
-def _did_you_mean(asked: list[str], known: list[str], upper: bool = False) -> str:
-    return did_you_mean([m for a in asked for m in difflib.get_close_matches(a.upper() if upper else a, known,
-                                                                             n=2, cutoff=0.6)])
 
 
 def empty_collection_note(facts: dict[str, Any]) -> str | None:
@@ -40,11 +34,11 @@ def _unmatched(name: str, filters: SearchFilters, facts: dict[str, Any]) -> str:
         asked = _values(filters.doc_type)
         types = facts["doc_types"]
         listing = ", ".join(f"{t} ({n})" for t, n in types.items())
-        return (f"no document of type {', '.join(asked)}{_did_you_mean(asked, list(types))}"
+        return (f"no document of type {', '.join(asked)}{did_you_mean(close_matches(asked, list(types)))}"
                 + (f"; its types: {listing}" if listing else ""))
     if name == "ticker":
         asked = [t.upper() for t in _values(filters.ticker)]
-        return f"no document with ticker {', '.join(asked)}{_did_you_mean(asked, facts['tickers'], upper=True)}"
+        return f"no document with ticker {', '.join(asked)}{did_you_mean(close_matches(asked, facts['tickers']))}"
     if name == "dates":
         span = " to ".join(str(d) for d in (filters.date_from, filters.date_to) if d)
         which = "on or after" if filters.date_to is None else "on or before" if filters.date_from is None else "from"
@@ -54,7 +48,7 @@ def _unmatched(name: str, filters: SearchFilters, facts: dict[str, Any]) -> str:
     if name == "path":
         slash = "/" if filters.path.endswith("/") else ""
         return (f"no document path starts with '{filters.path}'"
-                + _did_you_mean([filters.path.rstrip("/")], [p + slash for p in facts["path_prefixes"]]))
+                + did_you_mean(close_matches([filters.path.rstrip("/")], [p + slash for p in facts["path_prefixes"]])))
     if name == "section":
         return f"no section is named '{filters.section}'"
     if name == "section_contains":

@@ -71,8 +71,9 @@ class StatusStore:
     def empty_search_facts(self, filters: SearchFilters) -> dict[str, Any]:
         """What explains a search of `filters` that found nothing: the documents of its collection
         and of every collection; which of its filters (FILTER_FIELDS) alone match no chunk of the
-        collection; and the collection's document types (with counts), tickers, dated range and,
-        for a path filter, the path prefixes as deep as it. Read only when a search is empty."""
+        collection; and, for those, what the collection holds instead: its document types (with
+        counts), tickers, dated range, or path prefixes as deep as the path filter. Read only when a
+        search is empty, and only what its note names."""
         collection = filters.collection
         alone = {name: dataclasses.replace(SearchFilters(collection=collection),
                                            **{f: getattr(filters, f) for f in fields})
@@ -81,8 +82,9 @@ class StatusStore:
         with self.db.connection() as conn:
             collections = _dicts(conn.execute(
                 "SELECT collection, count(*) AS documents FROM rag_documents GROUP BY 1 ORDER BY 1"))
+            documents = next((c["documents"] for c in collections if c["collection"] == collection), 0)
             matched: dict[str, bool] = {}
-            if alone:
+            if alone and documents:  # an empty collection's note names no filter
                 parts, params = [], []
                 for flt in alone.values():
                     where, args = _filter_sql(flt)
@@ -90,18 +92,18 @@ class StatusStore:
                     params.extend(args)
                 row = conn.execute(sql.SQL("SELECT ") + sql.SQL(", ").join(parts), params).fetchone()
                 matched = dict(zip(alone, row))
+            unmatched = [name for name, found in matched.items() if not found]
             types = dict(conn.execute(
                 "SELECT doc_type, count(*) FROM rag_documents WHERE collection = %s GROUP BY 1 ORDER BY 1",
-                (collection,)).fetchall())
+                (collection,)).fetchall()) if "doc_type" in unmatched else {}
             tickers = [r[0] for r in conn.execute(
                 "SELECT DISTINCT ticker FROM rag_documents WHERE collection = %s AND ticker IS NOT NULL ORDER BY 1",
-                (collection,))]
+                (collection,))] if "ticker" in unmatched else []
             dated = conn.execute("SELECT min(doc_date), max(doc_date) FROM rag_documents WHERE collection = %s",
-                                 (collection,)).fetchone()
+                                 (collection,)).fetchone() if "dates" in unmatched else (None, None)
             prefixes = [r[0] for r in conn.execute(
                 "SELECT DISTINCT array_to_string((string_to_array(path, '/'))[1:%s], '/') FROM rag_documents"
-                " WHERE collection = %s ORDER BY 1", (depth, collection))] if depth else []
-        documents = next((c["documents"] for c in collections if c["collection"] == collection), 0)
+                " WHERE collection = %s ORDER BY 1", (depth, collection))] if "path" in unmatched and depth else []
         return {"collection": collection, "documents": documents, "collections": collections,
-                "unmatched": [name for name, found in matched.items() if not found], "filters": list(alone),
+                "unmatched": unmatched, "filters": list(alone),
                 "doc_types": types, "tickers": tickers, "dated": (dated[0], dated[1]), "path_prefixes": prefixes}
