@@ -284,6 +284,9 @@ def test_limits_413_and_422(client: TestClient):
     assert "date_from 2026-01-01 is after date_to 2025-01-01" in reversed_range.json()["error"]["message"]
     broken = client.post("/api/rag/search", content=b"{not json", headers={"Content-Type": "application/json"})
     assert broken.status_code == 422
+    # the message says the body is not JSON and where, not "1: JSON decode error"
+    assert broken.json()["error"]["message"].startswith("request body is not valid JSON (")
+    assert "at character 1)" in broken.json()["error"]["message"]
 
 
 def test_logs_are_json_with_request_id_and_no_secrets(client: TestClient):

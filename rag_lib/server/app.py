@@ -227,6 +227,12 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
                    for e in exc.errors()]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            # pydantic puts the character offset where a field name would be ("0: JSON decode error")
+            reason = (exc.errors()[0].get("ctx") or {}).get("error", "JSON decode error")
+            offset = first["loc"][-1] if first["loc"] else "?"
+            return error_response(422, "invalid_input", f"request body is not valid JSON ({reason} at character "
+                                  f"{offset}); send a JSON object with Content-Type: application/json", details)
         where = ".".join(p for p in first["loc"] if p != "body") or "request"
         return error_response(422, "invalid_input", f"{where}: {first['msg']}", details)
 
