@@ -309,8 +309,8 @@ def load_source(
     except MemoryError:
         log.exception("loading %s ran out of memory", path)
         items = [Skipped(collection, rel, "too_large", "ran out of memory while parsing this file")]
-    except OSError as exc:
-        log.exception("reading %s failed", path)
+    except OSError as exc:  # gone, a dangling link, no permission: the skip says it in one line
+        log.warning("cannot read %s: %s", path, exc)
         return ([Skipped(collection, rel, "unreadable", f"cannot read the file: {exc.strerror or exc}")],
                 refused_digest("unreadable", None))
     except Exception as exc:  # noqa: BLE001 (a parser's unexpected error must fail this file only)

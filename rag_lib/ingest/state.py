@@ -56,6 +56,23 @@ class StageOutcome:
         return self.status == "failed"
 
 
+def _digest_or_none(t: FileTarget, settings: Settings) -> str | None:
+    """The file's digest, or None when it cannot be opened (gone, a dangling link): loading it then
+    records why it is skipped."""
+    try:
+        return file_hash(t.path, t.root, settings)
+    except OSError:
+        return None
+
+
+def _entry_size(path) -> int:
+    """The file's size, or the directory entry's own (a link whose target is gone or refused)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return os.lstat(path).st_size
+
+
 def _doc_meta(doc: Document) -> dict[str, Any]:
     meta = {f.name: getattr(doc, f.name) for f in dataclasses.fields(doc) if f.name not in ("body", "key_lines")}
     meta["doc_date"] = doc.doc_date.isoformat() if doc.doc_date else None
@@ -212,7 +229,9 @@ class StageRunner:
         return outcome
 
     def _failed(self, t: FileTarget, stage: str, exc: BaseException, saves: list) -> StageOutcome:
-        log.error("%s failed for %s: %s", stage, t.key, error_text(exc), exc_info=exc)
+        # a traceback only for the unexpected: our own errors and the file system's say all in one line
+        log.error("%s failed for %s: %s", stage, t.key, error_text(exc),
+                  exc_info=None if isinstance(exc, (RagError, OSError)) else exc)
         message = error_text(exc)
         saves.append((t.collection, t.rel, stage, self._payload(stage, "failed", None, error=message), None))
         reason = exc.code if isinstance(exc, RagError) else f"{stage}_failed"
@@ -320,7 +339,7 @@ class StageRunner:
                     raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
                 mine = rows.get((c, p, RAW))
                 digest = loaded.file_hash if loaded else None
-                if mine is not None and self._is_current(RAW, mine, digest or file_hash(t.path, t.root, self.settings)):
+                if mine is not None and self._is_current(RAW, mine, digest or _digest_or_none(t, self.settings)):
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
@@ -333,7 +352,7 @@ class StageRunner:
                 status = "ok" if docs else "skipped"
                 reason = skips[0].reason if skips and not docs else None
                 meta: dict[str, Any] = {"documents": len(docs), "skipped_records": len(skips),
-                                        "size_bytes": t.path.stat().st_size,
+                                        "size_bytes": _entry_size(t.path),
                                         "content_hash": loaded.file_hash[:16]}
                 if docs:
                     d = docs[0]

@@ -137,6 +137,13 @@ def test_library_ingest_skips_special_files_and_links_out_of_the_root(kb, tmp_pa
     assert (single.status, single.reason) == ("skipped", "outside_root")
     assert not outside_text_found(kb)
 
+    # dangling links named on their own: one skip each, no failure (was a FileNotFoundError)
+    os.symlink("/nonexistent/gone.md", root / "notes" / "gone_out.md")
+    os.symlink("missing.md", root / "notes" / "gone_in.md")
+    report = kb.ingest([root / "notes" / "gone_out.md", root / "notes" / "gone_in.md"])
+    assert {o.path: (o.status, o.reason) for o in report.outcomes} == {
+        "gone_out.md": ("skipped", "outside_root"), "gone_in.md": ("skipped", "unreadable")}
+
 
 @pytest.mark.timeout(120)
 def test_a_file_that_becomes_a_link_or_pipe_is_skipped_and_keeps_its_live_version(kb, tmp_path: Path):
