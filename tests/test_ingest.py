@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from rag_lib.errors import NotFoundError
+from rag_lib.errors import NotFoundError, ValidationError
 from rag_lib.models import SourceFile
 
 PFE = "tradegent/knowledge/analysis/stock/PFE_20250118T1400.yaml"
@@ -116,6 +116,31 @@ def test_prune_removes_documents_whose_files_are_gone(kb, corpus_copy):
     assert report.pruned == [TRADE]
     assert [d["path"] for d in kb.list_documents()] == [LEARNING]
     assert rows(kb, "SELECT count(*) FROM rag_chunks WHERE path = %s", TRADE)[0][0] == 0
+
+
+def test_prune_deletes_only_within_what_was_named(kb, corpus_copy, tmp_path):
+    root = corpus_copy(TRADE, LEARNING)
+    kb.ingest([root])
+    # one file named with --prune: the folder's other documents stay (before, every one was deleted)
+    report = kb.ingest([root / LEARNING], root=root, prune=True)
+    assert report.pruned == [] and len(kb.list_documents()) == 2
+    # a subfolder prunes under itself only
+    (root / TRADE).unlink()
+    assert kb.ingest([root / "tradegent/knowledge/learnings"], root=root, prune=True).pruned == []
+    assert len(kb.list_documents()) == 2
+    assert kb.ingest([root / "tradegent/knowledge/trades"], root=root, prune=True).pruned == [TRADE]
+    # another folder's documents in the same collection are not this folder's to prune ...
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "desk.md").write_text("# Desk\n\n## Rates\n\nThe desk watches rates.\n")
+    kb.ingest([other])
+    assert kb.ingest([root], prune=True).pruned == []
+    assert {d["path"] for d in kb.list_documents()} == {LEARNING, "desk.md"}
+    # ... until its file is gone
+    (other / "desk.md").unlink()
+    assert kb.ingest([root], prune=True).pruned == ["desk.md"]
+    with pytest.raises(ValidationError, match="--root .*not an existing directory"):
+        kb.ingest([root / LEARNING], root=root / LEARNING)
 
 
 def test_collections_are_isolated(kb, corpus_copy, tmp_path):

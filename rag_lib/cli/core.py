@@ -71,7 +71,7 @@ def ingest(
     dirs: Optional[list[Path]] = typer.Option(None, "--dir", help="A folder to embed (seed 000's `rag embed --dir "
                                               "DIR`; same as giving it as an argument). Repeatable."),
     collection: Optional[str] = CollectionOpt,
-    prune: bool = typer.Option(False, "--prune", help="Delete documents whose files are gone."),
+    prune: bool = typer.Option(False, "--prune", help="Delete documents whose files are gone (under the folders or of the files named)."),
     force: bool = typer.Option(False, "--force", help="Re-chunk and re-publish unchanged files too."),
     root: Optional[Path] = typer.Option(None, "--root", help="Corpus root for file arguments (unit ids are relative to it)."),
     as_json: bool = JsonOpt,

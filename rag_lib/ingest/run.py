@@ -27,23 +27,63 @@ log = get_logger(__name__)
 ProgressFn = Callable[[str, int, int], None]  # (file just done, files done, files in all)
 
 
+def _placed(raw: Path, root: Path | None) -> tuple[Path, Path, bool]:
+    """(root, path, is a folder) of one path argument. A directory is its own root; a file's root is
+    `root` or its folder. A file is taken as spelled (its link, if it is one, is not followed here):
+    reading it confines it to its root, so a link out of the root is refused there, as for every file
+    of a folder."""
+    spelled = Path(os.path.abspath(raw))
+    if not os.path.lexists(spelled):
+        raise ValidationError(f"{raw}: no such file or directory")
+    if root is not None and not root.is_dir():
+        raise ValidationError(f"--root {root}: not an existing directory (the root is the folder paths are relative to)")
+    is_dir = spelled.is_dir()
+    # a folder is resolved whole; a file only up to its folder
+    path = spelled.resolve() if is_dir else spelled.parent.resolve() / spelled.name
+    base = root.resolve() if root else (path if is_dir else path.parent)
+    if root and not path.is_relative_to(base):
+        raise ValidationError(f"{raw} is not inside --root {root}")
+    return base, path, is_dir
+
+
 def collect_files(paths: Iterable[Path], root: Path | None = None) -> list[tuple[Path, Path]]:
-    """(root, file) pairs. A directory is its own root; a file's root is `root` or its folder. A
-    file is taken as spelled (its link, if it is one, is not followed here): reading it confines
-    it to its root, so a link out of the root is refused there, as for every file of a folder."""
+    """(root, file) pairs of the files under `paths` (see `_placed` for roots)."""
     pairs: list[tuple[Path, Path]] = []
     for raw in paths:
-        spelled = Path(os.path.abspath(raw))
-        if not os.path.lexists(spelled):
-            raise ValidationError(f"{raw}: no such file or directory")
-        is_dir = spelled.is_dir()
-        # a folder is resolved whole; a file only up to its folder
-        path = spelled.resolve() if is_dir else spelled.parent.resolve() / spelled.name
-        base = root.resolve() if root else (path if is_dir else path.parent)
-        if root and not path.is_relative_to(base):
-            raise ValidationError(f"{raw} is not inside --root {root}")
+        base, path, _ = _placed(raw, root)
         pairs.extend((base, f) for f in iter_corpus_files(path))
     return pairs
+
+
+@dataclass(frozen=True)
+class PruneScope:
+    """What one path argument of an ingest lets `prune` delete: documents under its folder (`rel`
+    under the root, "" for the whole root) or of its one file (and its JSONL records), and only
+    those read from that place on disk or whose file is gone: not another root's documents of the
+    same collection, nor the rest of a folder when one file of it is ingested."""
+
+    place: Path  # resolved folder or file
+    rel: str
+    folder: bool
+
+    @classmethod
+    def of(cls, raw: Path, root: Path | None) -> PruneScope:
+        base, path, folder = _placed(raw, root)
+        rel = path.relative_to(base).as_posix()
+        return cls(path.resolve(), "" if rel == "." else rel, folder)
+
+    def covers_file(self, rel: str) -> bool:
+        """A file's path (relative to its root) is within this argument."""
+        return (not self.rel or rel.startswith(self.rel + "/")) if self.folder else rel == self.rel
+
+    def covers(self, doc_path: str, source: str | None) -> bool:
+        """A stored document (its path and the file it was read from) is within this argument."""
+        inside = self.covers_file(doc_path) if self.folder else doc_path == self.rel or doc_path.startswith(self.rel + "#")
+        if not inside:
+            return False
+        if source is None or not os.path.exists(source):
+            return True  # its file is gone
+        return Path(source).is_relative_to(self.place) if self.folder else Path(source) == self.place
 
 
 def source_files(paths: Iterable[Path], collection: str, root: Path | None = None) -> list[SourceFile]:
@@ -93,6 +133,7 @@ def ingest(
     store = engine.store
     engine.publisher.ensure_space()
     report = IngestReport(collection=collection)
+    paths = list(paths)
     files, refused = _keyable(source_files(paths, collection, root))
     for skip in refused:  # recorded as the Dagster partition sync records them; no stage row can hold the path
         store.record_skip(skip)
@@ -127,13 +168,24 @@ def ingest(
     if report.chunks:
         engine.publisher.ensure_index()
     if prune:
-        report.pruned = store.delete_collection_documents_except(collection, seen)
-        on_disk = {s.rel for s in files}
-        for (c, rel) in store.stage_index(RAW):
-            if c == collection and rel not in on_disk:
-                store.forget_file(c, rel, [])  # its stage rows: a file put back later starts afresh
+        report.pruned = _prune(store, collection, seen, [PruneScope.of(p, root) for p in paths], {s.rel for s in files})
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str]) -> list[str]:
+    """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
+    the stage rows of such files (a file put back later starts afresh); returns the paths deleted."""
+    sources = store.document_sources(collection)
+    gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes))
+    for path in gone:
+        store.delete_document(collection, path)
+    kept = set(sources) - set(gone)
+    kept_files = kept | {p.split("#", 1)[0] for p in kept if "#" in p}
+    for (c, rel) in store.stage_index(RAW):
+        if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in scopes):
+            store.forget_file(c, rel, [])
+    return gone
 
 
 def round_sizes(files: int) -> list[int]:

@@ -277,15 +277,11 @@ class DocumentStore:
                 (collection, doc["path"])))
         return doc
 
-    def delete_collection_documents_except(self, collection: str, keep: set[str]) -> list[str]:
-        """Prune: delete every document in `collection` whose path is not in `keep`."""
+    def document_sources(self, collection: str) -> dict[str, str | None]:
+        """path → the file each document of `collection` was read from (what a prune decides on)."""
         with self.db.connection() as conn:
-            paths = [r[0] for r in conn.execute(
-                "SELECT path FROM rag_documents WHERE collection = %s", (collection,)).fetchall()]
-        gone = sorted(p for p in paths if p not in keep)
-        for path in gone:
-            self.delete_document(collection, path)
-        return gone
+            return dict(conn.execute("SELECT path, source_path FROM rag_documents WHERE collection = %s",
+                                     (collection,)).fetchall())
 
 
 def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
