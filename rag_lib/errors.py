@@ -57,6 +57,13 @@ class ValidationError(RagError):
     code = "invalid_input"
 
 
+class DocumentConflictError(RagError):
+    """A document path (or id) that already belongs to another file: another corpus root of the
+    same collection, or an upload."""
+
+    code = "document_conflict"
+
+
 class AmbiguousReferenceError(RagError):
     """A document id that several documents of a collection carry: a lookup or delete by that id
     would pick one at random (or delete them all); the caller must name the document by its path."""

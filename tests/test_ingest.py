@@ -143,6 +143,24 @@ def test_prune_deletes_only_within_what_was_named(kb, corpus_copy, tmp_path):
         kb.ingest([root / LEARNING], root=root / LEARNING)
 
 
+def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(kb, tmp_path):
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.md").write_text(f"# Notes\n\n## Metals\n\nThe desk watches {metal} supply.\n")
+    kb.ingest([first], collection="desk")
+    (outcome,) = kb.ingest([second], collection="desk").outcomes
+    assert (outcome.status, outcome.reason) == ("failed", "document_conflict")
+    assert str(first / "notes.md") in outcome.detail and "another collection" in outcome.detail
+    assert kb.show("notes.md", "desk")["source_path"] == str(first / "notes.md")  # the first stays
+    assert kb.ingest([first], collection="desk").outcomes[0].status == "unchanged"
+    # a file that moved (the old one is gone) takes the document over
+    (first / "notes.md").unlink()
+    assert kb.ingest([second], collection="desk").outcomes[0].status == "changed"
+    assert kb.show("notes.md", "desk")["source_path"] == str(second / "notes.md")
+    assert "copper" in kb.search("metals supply", collection="desk").hits[0].text
+
+
 def test_collections_are_isolated(kb, corpus_copy, tmp_path):
     root = corpus_copy(LEARNING)
     other = tmp_path / "other"

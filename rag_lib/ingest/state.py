@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rag_lib.config import Settings
-from rag_lib.errors import RagError, TooManyChunksError
+from rag_lib.errors import DocumentConflictError, RagError, TooManyChunksError
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
@@ -54,6 +54,19 @@ class StageOutcome:
     @property
     def failed(self) -> bool:
         return self.status == "failed"
+
+
+def _refuse_takeover(t: FileTarget, sources: dict[str, str | None]) -> None:
+    """Raise `DocumentConflictError` when a document of this file's path was read from another file
+    that still exists (two roots of one collection with the same relative path would otherwise
+    overwrite each other's document on every run); a file that moved (the old one is gone) takes over."""
+    mine = str(t.path.resolve())
+    for path, source in sources.items():
+        if (path == t.rel or path.startswith(t.rel + "#")) and source and source != mine and os.path.exists(source):
+            raise DocumentConflictError(
+                f"document '{path}' of collection '{t.collection}' was read from {source}, which still exists; "
+                f"{t.path} has the same path under its root {t.root}. Ingest one of them into another "
+                "collection (--collection), or delete that document (rag delete) or its file first")
 
 
 def _digest_or_none(t: FileTarget, settings: Settings) -> str | None:
@@ -327,8 +340,14 @@ class StageRunner:
                 self._heads.discard((c, p, stage))
 
     def raw_documents(self, targets: list[FileTarget]) -> list[StageOutcome]:
-        """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again."""
+        """Read and parse each file; an unchanged file (same bytes, same loader) is not parsed again.
+        A file whose path (under its root) names a document read from another file that still exists
+        (another root of the collection, an upload) fails with `DocumentConflictError`: it would
+        replace that document."""
         rows = self.rows((RAW,), [_ident(t) for t in targets])
+        claims: dict[str, dict[str, str | None]] = {}
+        for c in {t.collection for t in targets}:
+            claims[c] = self.store.document_sources_of(c, [t.rel for t in targets if t.collection == c])
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
@@ -343,6 +362,7 @@ class StageRunner:
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
+                _refuse_takeover(t, claims[c])
                 if loaded is None:
                     loaded = self.engine.preparer.load(SourceFile(t.collection, t.root, t.rel))
                     self._loaded[(c, p)] = loaded

@@ -36,12 +36,6 @@ class ParserBusyError(RagError):
     code = "parser_busy"
 
 
-class DocumentConflictError(RagError):
-    """An upload whose document path already belongs to another file or corpus root."""
-
-    code = "document_conflict"
-
-
 class UploadQuotaError(RagError):
     """An upload that would take a collection's upload folder past settings.server.upload_quota_*."""
 

@@ -20,12 +20,12 @@ import yaml
 from anyio import CapacityLimiter
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.errors import DocumentConflictError, NotFoundError, ValidationError
 from rag_lib.eval import judge_answer
 from rag_lib.log import get_logger
 from rag_lib.models import SearchHit
 from rag_lib.server import uploads
-from rag_lib.server.errors import DocumentConflictError, scrub_paths
+from rag_lib.server.errors import scrub_paths
 from rag_lib.server.security import safe_relative
 
 log = get_logger(__name__)

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rag_lib.errors import ValidationError
-from rag_lib.server.errors import DocumentConflictError, DocumentRejectedError, UploadQuotaError, scrub_outcomes
+from rag_lib.errors import DocumentConflictError, ValidationError
+from rag_lib.server.errors import DocumentRejectedError, UploadQuotaError, scrub_outcomes
 from rag_lib.server.isolation import Preflight, preflight
 from rag_lib.server.schemas import check_collection
 from rag_lib.server.security import confine, safe_relative

@@ -277,6 +277,14 @@ class DocumentStore:
                 (collection, doc["path"])))
         return doc
 
+    def document_sources_of(self, collection: str, files: Sequence[str]) -> dict[str, str | None]:
+        """path → the file it was read from, of the documents at these paths (a JSONL file's: its records)."""
+        records = [like_escape(f) + "#%" for f in files if f.endswith(".jsonl")]
+        with self.db.connection() as conn:
+            return dict(conn.execute(
+                "SELECT path, source_path FROM rag_documents WHERE collection = %s AND (path = ANY(%s) OR path LIKE ANY(%s))",
+                (collection, list(files), records)).fetchall())
+
     def document_sources(self, collection: str) -> dict[str, str | None]:
         """path → the file each document of `collection` was read from (what a prune decides on)."""
         with self.db.connection() as conn:
