@@ -125,7 +125,7 @@ class ChunkSettings(BaseModel):
 
 
 class SearchSettings(BaseModel):
-    top_k: int = 10
+    top_k: int = Field(10, ge=1, le=1000)  # results when a search gives no top_k (CLI, HTTP, MCP rag_search)
     # hnsw.ef_search; 0: scaled with the HNSW index's rows (`vectors.scaled_ef_search`): 200 up to
     # 100,000, then 100 more per tenfold (250 at 316k, 300 at 1M). recall@10 vs exact on 100k chunks:
     # 0.94 at 100, 0.975 at 200 (+1.7 ms); at 1M (halfvec, ef_construction 256, quiet machine): 0.943 at
@@ -441,7 +441,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config_file = Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
+        config_file = _config_file()
+        if "RAG_CONFIG" in os.environ and not config_file.is_file():  # named, so meant: not silently defaults
+            from rag_lib.errors import ConfigError
+
+            raise ConfigError(f"RAG_CONFIG={config_file}: no such settings file; correct the path or unset RAG_CONFIG")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, SeedEnvSource(settings_cls)]
         if config_file.is_file():
             sources.append(ConfigFileSource(settings_cls, config_file))
@@ -768,7 +772,25 @@ class ConfigFileSource(PydanticBaseSettingsSource):
         return values
 
 
+def _config_file() -> Path:
+    """The settings file: $RAG_CONFIG, else rag.yaml in the working directory."""
+    return Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings (cached; tests build their own `Settings`)."""
-    return Settings()
+    """The process-wide settings (cached; tests build their own `Settings`). A value of the wrong
+    type or out of range is a `ConfigError` naming the setting, its variable and the problem."""
+    from pydantic import ValidationError as PydanticValidationError
+
+    from rag_lib.errors import ConfigError
+
+    try:
+        return Settings()
+    except PydanticValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            dotted = ".".join(str(p) for p in err.get("loc", ()))
+            env = "RAG_" + "__".join(str(p) for p in err.get("loc", ())).upper()
+            problems.append(f"{dotted or 'settings'}: {err.get('msg', 'invalid')} (from {env} or {_config_file()})")
+        raise ConfigError("invalid setting " + "; ".join(problems)) from exc

@@ -143,7 +143,8 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
     def rag_search(
         query: Query,
         mode: ModeArg = None,
-        top_k: TopK = 10,
+        top_k: Annotated[int | None, Field(ge=1, le=100, description=(
+            "How many results to return (default: the server's search.top_k, 10)."))] = None,
         doc_type: DocType = None,
         ticker: Ticker = None,
         section: Section = None,

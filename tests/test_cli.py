@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 LEARNING = "tradegent/knowledge/learnings/biases/loss-aversion-pre-earnings.yaml"
+TRADE = "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml"
 MALFORMED = "tradegent/templates/post-trade-review.yaml"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,6 +46,18 @@ def test_ingest_search_show_delete_round_trip(rag, corpus_copy):
     assert code == 0 and "deleted" in out
     code, out, _ = rag("status", "--json")
     assert json.loads(out)["documents"] == 0
+
+
+def test_search_without_top_k_returns_search_top_k(rag, corpus_copy, monkeypatch):
+    rag("ingest", str(corpus_copy(LEARNING, TRADE)))
+    monkeypatch.setenv("RAG_SEARCH__TOP_K", "2")
+    code, out, _ = rag("search", "loss aversion before earnings", "--json")
+    assert code == 0 and len(json.loads(out)["results"]) == 2
+    code, out, _ = rag("search", "loss aversion before earnings", "--json", "-k", "3")
+    assert code == 0 and len(json.loads(out)["results"]) == 3
+    monkeypatch.setenv("RAG_SEARCH__TOP_K", "-5")
+    code, _, err = rag("status")
+    assert code != 0 and "search.top_k" in err
 
 
 def test_a_search_of_an_empty_collection_names_the_collections_that_hold_documents(rag, corpus_copy):

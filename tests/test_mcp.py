@@ -59,7 +59,7 @@ def server_env(db_url: str, tmp_path: Path, chat: ChatStub) -> dict[str, str]:
     seed_file = root / SEED_FILE
     seed_file.parent.mkdir(parents=True, exist_ok=True)
     seed_file.write_bytes((SHARED_CORPUS / NVDA).read_bytes())
-    env = child_env(db_url, tmp_path / ".rag", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]),
+    env = child_env(db_url, tmp_path / ".rag", RAG_SERVER__CORPUS_ROOTS=json.dumps([str(root)]), RAG_SEARCH__TOP_K="4",
                     RAG_SEARCH__EXPANSION_MODEL="stub-chat", RAG_SEARCH__EXPANSION_BASE_URL=chat.base_url,
                RAG_EVAL__JUDGE_MODEL="stub-judge", RAG_EVAL__JUDGE_BASE_URL=chat.base_url, OPENAI_API_KEY="stub-key")
     return env
@@ -119,6 +119,8 @@ async def exercise_seed_tools(client: Client, chat: ChatStub) -> None:
     assert held["results"] and all(h["similarity"] >= 0.4 for h in held["results"])
     assert chat.expansions == expansions  # an expander is configured, but rag_search did not ask for it
     assert past["results"][0]["unit_id"].startswith(past["results"][0]["path"] + "#")
+    # without top_k: the server's search.top_k (4 here), not a default of the tool's own
+    assert payload(await client.call_tool("rag_search", {"query": "NVDA thesis"}))["count"] == 4
     # an agent that names a collection holding nothing is told which ones hold documents
     wrong = payload(await client.call_tool("rag_search", {"query": "NVDA thesis", "collection": "research"}))
     assert wrong["results"] == [] and wrong["note"].startswith("collection 'research' holds no documents; these do: ")

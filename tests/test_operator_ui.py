@@ -83,11 +83,12 @@ def operator(pg_server: str, provider, tmp_path_factory):
     dagster_home = home / "dagster_home"  # where `rag materialize` / `rag dev` put it
     dagster_home.mkdir(parents=True)
     shutil.copyfile(DAGSTER_YAML, dagster_home / "dagster.yaml")
+    (base / "rag.yaml").write_text("{}\n")
     env = {
         **os.environ,
         "RAG_DATABASE_URL": lib_url,
         "RAG_HOME": str(home),
-        "RAG_CONFIG": str(base / "rag.yaml"),  # absent: nothing from a developer's rag.yaml
+        "RAG_CONFIG": str(base / "rag.yaml"),  # empty: nothing from a developer's rag.yaml
         "RAG_PIPELINE__SENSOR_INTERVAL_SECONDS": "5",
         "DAGSTER_HOME": str(dagster_home),
         "DAGSTER_PG_URL": sqlalchemy_url(pg_server, _new_database(pg_server, "ui_dagster")),

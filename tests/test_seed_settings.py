@@ -264,3 +264,18 @@ def test_unknown_nested_keys_in_the_settings_file_are_errors(monkeypatch, tmp_pa
         assert (f"did you mean {near}?" in message) if near else ("did you mean" not in message), message
     path.write_text("search:\n  top_k: 5\n  fusion: rrf\npipeline:\n  roots: [{path: /tmp, collection: x}]\n")
     assert Settings().search.top_k == 5  # known keys still load
+
+
+def test_a_bad_value_or_a_missing_settings_file_is_a_config_error_naming_it(monkeypatch, tmp_path):
+    """What a user sees in `rag`: the setting, where it came from and why, not "1 validation error"."""
+    path = tmp_path / "rag.yaml"
+    monkeypatch.setenv("RAG_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=f"RAG_CONFIG={path}: no such settings file"):
+        config.get_settings.__wrapped__()
+    path.write_text("search:\n  top_k: lots\n")
+    with pytest.raises(ConfigError, match=r"invalid setting search\.top_k: Input should be a valid integer.*RAG_SEARCH__TOP_K"):
+        config.get_settings.__wrapped__()
+    path.write_text("{}\n")
+    monkeypatch.setenv("RAG_LIMITS__MAX_DEPTH", "-1")
+    with pytest.raises(ConfigError, match=r"limits\.max_depth: Input should be greater than or equal to 1"):
+        config.get_settings.__wrapped__()

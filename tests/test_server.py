@@ -264,6 +264,13 @@ def test_hostile_filters_are_harmless(client: TestClient, corpus_db_url: str):
     assert rows_for(corpus_db_url, NVDA) == before
 
 
+def test_search_without_top_k_returns_the_configured_number(client: TestClient, api_settings: Settings):
+    assert client.post("/api/rag/search", json={"query": "NVDA thesis"}).json()["count"] == 10
+    api_settings.search.top_k = 3
+    assert client.post("/api/rag/search", json={"query": "NVDA thesis"}).json()["count"] == 3
+    assert client.post("/api/rag/search", json={"query": "NVDA thesis", "top_k": 5}).json()["count"] == 5
+
+
 def test_limits_413_and_422(client: TestClient):
     big = client.post("/api/rag/embed", json={"name": "big.md", "content": "x" * 70_000})
     assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"

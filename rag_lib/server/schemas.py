@@ -139,7 +139,8 @@ class SearchRequest(Request):
     filters: SearchFiltersIn = Field(default_factory=SearchFiltersIn,
                                      description="Metadata filters; seed-style top-level `ticker`, `doc_type`, "
                                      "`section`, `path`, `date_from`, `date_to` are accepted too.")
-    top_k: int = Field(10, ge=1, le=1000, description="How many results (capped by settings.server.max_top_k).")
+    top_k: int | None = Field(None, ge=1, le=1000, description="How many results (default: settings.search.top_k, "
+                              "10; capped by settings.server.max_top_k).")
     min_similarity: float = Field(0.0, ge=0.0, le=1.0, description="Drop results whose cosine similarity to the "
                                   "query (`similarity`) is below this, whichever retriever found them.")
     collection: CollectionName | None = None

@@ -107,10 +107,11 @@ def _clean(filters: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: dict[str, Any] | None = None,
-           top_k: int = 10, min_similarity: float = 0.0, collection: str | None = None,
+           top_k: int | None = None, min_similarity: float = 0.0, collection: str | None = None,
            rerank: bool | None = None) -> dict[str, Any]:
-    """Search and return `{query, mode, results, count, timings_ms}`."""
+    """Search and return `{query, mode, results, count, timings_ms}` (`top_k` None: settings.search.top_k)."""
     check_query(kb, query)
+    top_k = top_k or kb.settings.search.top_k
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
     options = {} if rerank is None else {"rerank": rerank}  # None: the library's configured default
     result = kb.search(query, mode=mode or DEFAULT_MODE, collection=collection, top_k=top_k,
