@@ -4,6 +4,7 @@ process-wide default instance (`rag_lib.ingest(...)`, `rag_lib.search(...)`, ...
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -362,7 +363,8 @@ class KnowledgeBase:
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
-            path=path, date_from=date_from, date_to=date_to, tags=tags or None, section_contains=section_contains,
+            path=path, date_from=as_date(date_from, "date_from"), date_to=as_date(date_to, "date_to"), tags=tags or None,
+            section_contains=section_contains,
         )
         store, provider = self.search_context()
         reranked = self.rerank_enabled(rerank) and self.has_reranker()
@@ -795,6 +797,19 @@ class KnowledgeBase:
         if name not in checks:
             raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")
         return checks[name]()
+
+
+def as_date(value: Any, name: str) -> Any:
+    """A date filter as a `datetime.date`: dates, datetimes and ISO strings ("2025-01-31"); anything
+    else is left for the search's validation to name."""
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value.strip())
+        except ValueError:
+            raise ValidationError(f"{name} {value!r} is not a date; write it as YYYY-MM-DD") from None
+    return value
 
 
 def _doc_types(doc_type: str | list[str] | None) -> str | list[str] | None:

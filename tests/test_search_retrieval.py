@@ -131,6 +131,16 @@ def test_hybrid_fuses_semantic_and_lexical(corpus_kb):
         corpus_kb.search(q, mode="hybrid", date_from=dt.date(2026, 1, 1), date_to=dt.date(2025, 1, 1))
     same_day = corpus_kb.search(q, mode="hybrid", date_from=dt.date(2025, 1, 18), date_to=dt.date(2025, 1, 18))
     assert same_day.hits and all(h.doc_date == dt.date(2025, 1, 18) for h in same_day.hits)
+    # an ISO string is a date too; a wrong value is named, not a database error
+    assert [h.chunk_id for h in corpus_kb.search(q, mode="hybrid", date_from="2025-01-18", date_to="2025-01-18").hits] \
+        == [h.chunk_id for h in same_day.hits]
+    for bad, message in ((dict(date_from="soon"), "date_from 'soon' is not a date"),
+                         (dict(date_to="2026-13-01"), "date_to '2026-13-01' is not a date"),
+                         (dict(ticker=123), "ticker must be a string or a list of strings"),
+                         (dict(min_similarity=5), "min_similarity must be a number between 0 and 1"),
+                         (dict(top_k="3"), "top_k must be a whole number")):
+        with pytest.raises(ValidationError, match=message):
+            corpus_kb.search(q, mode="hybrid", **bad)
 
 
 def test_results_grouped_by_unit(corpus_kb):

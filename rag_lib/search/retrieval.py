@@ -189,13 +189,25 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
         timings[stage] = round(timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 2)
 
 
-def _validate(query: str, mode: str, top_k: int, filters: SearchFilters) -> None:
-    if not query or not query.strip():
+def _validate(query: str, mode: str, top_k: int, filters: SearchFilters, min_similarity: float = 0.0) -> None:
+    """A `ValidationError` naming the argument for what the database would otherwise reject obscurely."""
+    if not isinstance(query, str) or not query.strip():
         raise ValidationError("query is empty; pass some words to search for")
     if mode not in MODES:
         raise ValidationError(f"unknown search mode '{mode}'; use one of {', '.join(MODES)}")
-    if not 1 <= top_k <= 1000:
-        raise ValidationError(f"top_k must be between 1 and 1000, got {top_k}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:
+        raise ValidationError(f"top_k must be a whole number between 1 and 1000, got {top_k!r}")
+    if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not 0 <= min_similarity <= 1:
+        raise ValidationError(f"min_similarity must be a number between 0 and 1 (a cosine), got {min_similarity!r}")
+    for name in ("doc_type", "ticker"):
+        value = getattr(filters, name)
+        if value is not None and not (isinstance(value, str) or (isinstance(value, (list, tuple))
+                                                                  and all(isinstance(v, str) for v in value))):
+            raise ValidationError(f"{name} must be a string or a list of strings, got {value!r}")
+    for name in ("date_from", "date_to"):
+        value = getattr(filters, name)
+        if value is not None and not isinstance(value, dt.date):
+            raise ValidationError(f"{name} must be a date (YYYY-MM-DD), got {value!r}")
     if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
         # an empty answer would read as "nothing was written then"
         raise ValidationError(f"date_from {filters.date_from} is after date_to "
@@ -340,7 +352,7 @@ def search(
     with reciprocal rank fusion (hybrid). With `group`, one result per unit (its best chunk).
     `caches`: what to reuse from earlier searches on this database (none: look everything up)."""
     filters = filters or SearchFilters()
-    _validate(query, mode, top_k, filters)
+    _validate(query, mode, top_k, filters, min_similarity)
     caches = caches or SearchCaches()
     opts = options or SearchOptions.from_settings(store.settings)
     timings: dict[str, float] = {}
