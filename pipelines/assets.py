@@ -244,8 +244,10 @@ def finish(context: AssetExecutionContext, rag: RagResource, stage: str, outcome
     statuses = Counter(o.status for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
     store = rag.kb().store
+    collections = {t.key: t.collection for t in partition_targets(rag, [o.key for o in failed])[0]} if failed else {}
     for o in failed:
-        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key)
+        store.record_failure(f"dagster:{stage}", o.error or "failed", run_id=context.run.run_id, partition=o.key,
+                             collection=collections.get(o.key))
     summary: dict[str, Any] = {f"run_{k}": v for k, v in statuses.items()}
     summary["run_partitions"] = len(outcomes)
     summary.update(totals)

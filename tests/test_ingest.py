@@ -153,6 +153,9 @@ def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(k
     assert (outcome.status, outcome.reason) == ("failed", "document_conflict")
     assert str(first / "notes.md") in outcome.detail and "another collection" in outcome.detail
     assert kb.show("notes.md", "desk")["source_path"] == str(first / "notes.md")  # the first stays
+    # the failure is the desk collection's: another collection's status does not list it
+    assert [f["collection"] for f in kb.status("desk")["failures"]] == ["desk"]
+    assert kb.status("other")["failures"] == [] and len(kb.status()["failures"]) == 1
     assert kb.ingest([first], collection="desk").outcomes[0].status == "unchanged"
     # a file that moved (the old one is gone) takes the document over
     (first / "notes.md").unlink()

@@ -265,6 +265,7 @@ def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: di
     if failed is not None:  # the file keeps its last good version (prune leaves it)
         stage = next(st for st in STAGES if stages.get(st) is failed)
         engine.store.record_failure(f"ingest:{STEP[stage]}", f"{t.rel}: {failed.error}", run_id=engine.embedder.run_id,
+                                    collection=t.collection,
                                     partition=t.rel)
         for path in documents or [t.rel]:
             report.outcomes.append(FileOutcome(path, "failed", reason=failed.reason or f"{STEP[stage]}_failed",

@@ -39,8 +39,9 @@ class StatusStore:
             skipped = _dicts(conn.execute(
                 f"SELECT path, reason, detail FROM rag_skipped WHERE {scope} ORDER BY path", params))
             failures = _dicts(conn.execute(
-                "SELECT source, run_id, partition, message, failed_at FROM rag_failures"
-                " ORDER BY failed_at DESC LIMIT 10"))
+                "SELECT source, run_id, partition, message, failed_at, collection FROM rag_failures"
+                " WHERE %(c)s::text IS NULL OR collection = %(c)s OR collection IS NULL"
+                " ORDER BY failed_at DESC LIMIT 10", params))
             cache = conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
         return {
             "documents": docs[0],
@@ -61,11 +62,13 @@ class StatusStore:
         with self.db.connection() as conn:
             return conn.execute("SELECT 1").fetchone()[0] == 1
 
-    def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None) -> None:
+    def record_failure(self, source: str, message: str, run_id: str | None = None, partition: str | None = None,
+                       collection: str | None = None) -> None:
+        """A failure for `rag status` (of `collection` when it is one file's; None: a whole run's)."""
         with self.db.connection() as conn:
             conn.execute(
-                "INSERT INTO rag_failures (source, run_id, partition, message) VALUES (%s,%s,%s,%s)",
-                (source, run_id, partition, message),
+                "INSERT INTO rag_failures (source, run_id, partition, message, collection) VALUES (%s,%s,%s,%s,%s)",
+                (source, run_id, partition, message, collection),
             )
 
     def empty_search_facts(self, filters: SearchFilters) -> dict[str, Any]:
