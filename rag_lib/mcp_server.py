@@ -52,7 +52,9 @@ Ticker = Annotated[Annotated[str, Field(min_length=1, max_length=16)] | list[Ann
 DocType = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
                     Field(max_length=50, description="Document type filter, e.g. earnings-analysis, stock-analysis, "
                           "research, ticker-profile, trade-journal, strategy, learning, post-trade-review.")]
-Collection = Annotated[s.CollectionName | None, Field(description="Collection name (default: the configured one).")]
+Collection = Annotated[s.CollectionName | None, Field(description="Collection name (default: the configured one, "
+                                                                  "usually 'default').")]
+EveryCollection = Annotated[s.CollectionName | None, Field(description="Only this collection (default: every collection).")]
 Section = Annotated[str | None, Field(min_length=1, max_length=200, description="Only this top-level section (YAML key / H2).")]
 
 
@@ -250,7 +252,7 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
 
     @server.tool(annotations=readonly_hint)
     def rag_status(
-        collection: Collection = None,
+        collection: EveryCollection = None,
         limit: Annotated[int, Field(ge=1, le=1000, description="Skipped inputs per page.")] = 100,
         offset: Annotated[int, Field(ge=0, le=10_000_000, description="Start of the skipped page.")] = 0,
     ) -> dict[str, Any]:
@@ -260,7 +262,7 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
 
     @server.tool(annotations=readonly_hint)
     def rag_list(
-        collection: Collection = None,
+        collection: EveryCollection = None,
         limit: Annotated[int, Field(ge=1, le=1000, description="Page size.")] = 100,
         offset: Annotated[int, Field(ge=0, le=10_000_000, description="Start of the page; use next_offset from the last page.")] = 0,
     ) -> dict[str, Any]:

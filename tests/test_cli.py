@@ -119,8 +119,8 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, _, err = rag("search", "x", "--from", "last tuesday")
     assert code == 2 and "--from must be a date" in err
 
-    code, _, err = rag("search", "x", "--mode", "psychic")
-    assert code == 1 and "unknown search mode" in err
+    code, _, err = rag("search", "x", "--mode", "psychic")  # a usage error, like a bad --from
+    assert code == 2 and "--mode must be one of semantic, lexical, hybrid, got 'psychic'" in err
 
     code, _, err = rag("ingest", "/definitely/not/here")
     assert code == 1 and "no such file or directory" in err
@@ -133,6 +133,28 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     assert code == 2 and "No such option: --date-from" in err and "unexpected" not in err
     code, _, err = rag("search", "x", "--top-k", "0")
     assert code == 2 and "--top-k" in err and "unexpected" not in err
+    code, _, err = rag("graph", "export", "--format", "xml")
+    assert code == 2 and "--format must be one of cypher, graphml" in err
+    code, _, err = rag("list", "--offset", "99999999999999999999")
+    assert code == 2 and "--offset" in err and "unexpected" not in err
+
+
+def test_cli_errors_name_the_file_the_collection_and_the_predicate(rag, corpus_copy, tmp_path):
+    rag("ingest", str(corpus_copy(LEARNING, TRADE)))
+    code, _, err = rag("graph", "export", "--format", "graphml", "-o", str(tmp_path / "no" / "such" / "g.graphml"))
+    assert code == 1 and "cannot write" in err and "No such file or directory" in err and "unexpected" not in err
+    code, _, err = rag("graph", "NVDA", "--predicate", "exhibited_bais")
+    assert code == 1 and "predicate 'exhibited_bais' (did you mean exhibited_bias?)" in err
+    queries, qrels, empty = tmp_path / "q.jsonl", tmp_path / "qrels.tsv", tmp_path / "empty.tsv"
+    queries.write_text(json.dumps({"_id": "q1", "text": "loss aversion before earnings"}) + "\n")
+    qrels.write_text(f"query-id\tcorpus-id\tscore\nq1\t{LEARNING}#lesson\t1\n")
+    empty.write_text("")
+    code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "-c", "nosuch")
+    assert code == 1 and "collection 'nosuch' holds no documents; these do: default" in err
+    code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(empty))
+    assert code == 1 and "no judgments in it" in err
+    code, out, _ = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--json")
+    assert code == 0 and json.loads(out)["queries"] == 1
 
 
 def test_validate_is_a_dry_run_that_fails_on_problems(rag, corpus_copy):

@@ -504,8 +504,13 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     body = r.json()
     assert body["status"] == "indexed" and body["chunks_created"] >= 2 and body["tokens_processed"] > 10
     assert body["source_id"] and body["duration_ms"] > 0 and body["content_hash"]
+    # the shared corpus's README.md (another root, same path) is a document of this collection already
+    taken = client.post("/rag/index", json={"source_type": "markdown", "source_path": "README.md"})
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "document_conflict"
+    assert "still exists" in taken.json()["error"]["message"] and "<path>" in taken.json()["error"]["message"]  # no server paths
+    (roots["corpus"] / "README.md").rename(roots["corpus"] / "OVERVIEW.md")
     again = client.post("/rag/index", json={
-        "source_type": "markdown", "source_path": "README.md", "metadata": {"category": "overview"}})
+        "source_type": "markdown", "source_path": "OVERVIEW.md", "metadata": {"category": "overview"}})
     assert again.status_code == 200 and again.json()["status"] == "indexed"
 
     r = client.post("/rag/retrieve", json={
@@ -532,12 +537,12 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     assert documentation[0]["metadata"]["category"] == "documentation"
     overview = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
                                                   "filters": {"category": ["overview"]}}).json()["results"]
-    assert overview and {h["source_path"] for h in overview} == {"README.md"}
+    assert overview and {h["source_path"] for h in overview} == {"OVERVIEW.md"}
     # tags are kept with the document: a forced re-index without metadata keeps them
-    assert client.post("/rag/index", json={"source_path": "README.md", "force": True}).json()["status"] == "indexed"
+    assert client.post("/rag/index", json={"source_path": "OVERVIEW.md", "force": True}).json()["status"] == "indexed"
     tagged = client.post("/rag/retrieve", json={"query": "trading research platform", "top_k": 5,
                                                 "filters": {"tags": {"category": "overview"}}}).json()["results"]
-    assert {h["source_path"] for h in tagged} == {"README.md"}
+    assert {h["source_path"] for h in tagged} == {"OVERVIEW.md"}
     nothing = client.post("/rag/retrieve", json={"query": "backtesting", "filters": {"category": "nope"}})
     assert nothing.status_code == 200 and nothing.json()["results"] == []
     unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"colour": "documentation"}})

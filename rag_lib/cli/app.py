@@ -60,6 +60,11 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection, 'default').")
+EveryCollectionOpt = typer.Option(None, "--collection", "-c", help="Only this collection (default: every collection).")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document.")
+
+
 def fail(message: str, code: int = 1) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)

@@ -11,11 +11,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json
 from rag_lib.models import IngestReport
 
-CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection).")
-JsonOpt = typer.Option(False, "--json", help="Print one JSON document.")
 
 
 def _date(value: Optional[str], name: str) -> Optional[dt.date]:
@@ -122,6 +120,10 @@ def search(
     as_json: bool = JsonOpt,
 ) -> None:
     """Search the knowledge base (one result per section unless --chunks)."""
+    from rag_lib.search import MODES
+
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'", 2)
     result = kb().search(
         query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section_contains=section,
         date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
@@ -162,7 +164,7 @@ def _plan_hints(plan: dict) -> str:
 
 
 @app.command()
-def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -> None:
+def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonOpt) -> None:
     """Documents, chunks, vectors, skipped inputs and recent failures."""
     data = kb().status(collection)
     if as_json:
@@ -210,9 +212,9 @@ def status(collection: Optional[str] = CollectionOpt, as_json: bool = JsonOpt) -
 
 @app.command("list")
 def list_documents(
-    collection: Optional[str] = CollectionOpt,
-    limit: int = typer.Option(1000, "--limit", min=1),
-    offset: int = typer.Option(0, "--offset", min=0),
+    collection: Optional[str] = EveryCollectionOpt,
+    limit: int = typer.Option(1000, "--limit", min=1, max=100_000),
+    offset: int = typer.Option(0, "--offset", min=0, max=10_000_000),
     as_json: bool = JsonOpt,
 ) -> None:
     """Documents in the knowledge base."""

@@ -9,14 +9,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, app, console, fail, kb, print_json
 
 
 @app.command("eval")
 def eval_command(
     queries: Path = typer.Option(..., "--queries", help="BEIR queries.jsonl"),
     qrels: Path = typer.Option(..., "--qrels", help="BEIR qrels .tsv (query-id, corpus-id, score)"),
-    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection)."),
+    collection: Optional[str] = CollectionOpt,
     unit: str = typer.Option("section", "--unit", help="section (<path>#<section>) | document (document id)"),
     mode: str = typer.Option("hybrid", "--mode", "-m", help="semantic | lexical | hybrid"),
     judge: bool = typer.Option(False, "--judge", help="Also the RAGAS metrics, judged by eval.judge_model."),
@@ -37,7 +37,11 @@ def eval_command(
         fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'", 2)
     query_map = load_queries(queries)
     judged = load_qrels(qrels)
+    if not judged:
+        fail(f"{qrels}: no judgments in it (rows of query-id, corpus-id, score)", 1)
     base = kb()
+    if note := base.empty_collection_note(collection):  # every figure would be 0, and say nothing of retrieval
+        fail(f"{note}; pass --collection", 1)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=as_json, transient=True) as bar:
         task = bar.add_task("", total=len(judged))

@@ -9,10 +9,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, kb, print_json
+from rag_lib.cli.app import CollectionOpt, JsonOpt, app, console, fail, kb, print_json
 
-CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection).")
-JsonOpt = typer.Option(False, "--json", help="Print one JSON document.")
 
 
 @app.command("graph")
@@ -30,9 +28,16 @@ def graph(
 ) -> None:
     """Explore the knowledge graph around a node, or export it (`rag graph export --format graphml`)."""
     if node == "export":
+        from rag_lib.graph.export import FORMATS
+
+        if fmt not in FORMATS:
+            fail(f"--format must be one of {', '.join(FORMATS)}, got '{fmt}'", 2)
         text = kb().graph_export(fmt, collection)
         if output:
-            output.write_text(text, encoding="utf-8")
+            try:
+                output.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                fail(f"cannot write {output}: {exc.strerror or exc}; choose a path in an existing, writable folder")
             console.print(f"wrote {output} ({fmt})")
         else:
             typer.echo(text, nl=False)

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, kb, print_json
+from rag_lib.cli.app import CollectionOpt, app, console, kb, print_json
 
 roots_app = typer.Typer(help="Corpus roots: folders ingested or materialized, watched by the pipeline.",
                         no_args_is_help=True)
@@ -36,7 +36,7 @@ def list_roots(as_json: bool = typer.Option(False, "--json", help="Print one JSO
 @roots_app.command("add")
 def add_root(
     path: str = typer.Argument(..., help="An existing folder."),
-    collection: Optional[str] = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection)."),
+    collection: Optional[str] = CollectionOpt,
 ) -> None:
     """Register a folder: the corpus sensor picks up its files on its next tick."""
     root = kb().add_root(path, collection)

@@ -65,6 +65,11 @@ def neighbors(store, collection: str, ref: str, depth: int = 1, predicates: Sequ
     """Nodes and edges within `depth` steps of a node (has_type/dated hubs left out unless asked)."""
     _check_depth(depth)
     start = resolve_node(store, collection, ref)
+    if predicates:  # a mistyped predicate would read as "no such edges"
+        known = store.graph_predicates(collection)
+        if unknown := [p for p in predicates if p not in known]:
+            raise ValidationError(f"no edge of collection '{collection}' has the predicate '{unknown[0]}'"
+                                  f"{did_you_mean(close_matches(unknown[:1], known))}; its predicates: {', '.join(known)}")
     exclude = () if include_structural or predicates else STRUCTURAL
     edges = store.graph_walk(collection, start["key"], depth, predicates, exclude)
     depth_of = {start["key"]: 0}

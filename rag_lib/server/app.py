@@ -208,6 +208,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
     read = [Depends(require(Scope.READ))]
     write = [Depends(require(Scope.WRITE))]
     Collection = Annotated[s.CollectionName | None, Query(description="Collection (default: settings.collection).")]
+    EveryCollection = Annotated[s.CollectionName | None, Query(description="Only this collection (default: every collection).")]
     Ref = Annotated[str, Path(max_length=s.MAX_NAME, description="Document path (relative to its root) or id.")]
 
     # ---- errors --------------------------------------------------------------------------
@@ -322,14 +323,14 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         return {**out, "request_id": request_id_var.get()}
 
     @app.get("/api/rag/status", response_model=s.StatusResponse, dependencies=read, tags=["sources"])
-    def status(kb: KB, collection: Collection = None,
+    def status(kb: KB, collection: EveryCollection = None,
                limit: Annotated[int, Query(ge=1, le=1000, description="Skipped rows per page.")] = 100,
                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
         """Counts of documents, chunks, vectors, index size; skipped inputs (paged) and recent failures."""
         return service.page_status(service.status(kb, collection), limit, offset)
 
     @app.get("/api/rag/sources", response_model=s.SourcesPage, dependencies=read, tags=["sources"])
-    def sources(kb: KB, collection: Collection = None,
+    def sources(kb: KB, collection: EveryCollection = None,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                 offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
         """Documents, one page at a time (ordered by collection and path)."""
@@ -371,7 +372,7 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
                                         collection=body.collection)
 
     @app.get("/rag/sources", response_model=s.SourcesListing, dependencies=read, tags=compat)
-    def rag_sources(kb: KB, collection: Collection = None,
+    def rag_sources(kb: KB, collection: EveryCollection = None,
                     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
                     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> dict[str, Any]:
         """Seed 003: indexed sources with totals; alias of `GET /api/rag/sources`."""

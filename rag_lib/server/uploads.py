@@ -82,8 +82,11 @@ def ingest_path(kb: Any, path: str, collection: str | None = None, force: bool =
     rel = file.relative_to(root).as_posix()
     found = preflight(kb, file, root, coll)
     _confined_identities(found, rel)
-    report = _ingest(kb, file, root, coll, force, found, rel)
-    return scrub_outcomes(report, [r.resolve() for r in roots] + roots)
+    report = scrub_outcomes(_ingest(kb, file, root, coll, force, found, rel), [r.resolve() for r in roots] + roots)
+    for item in report.get("files", []):
+        if item.get("reason") == "document_conflict":  # another file's document: a 409, as for uploads
+            raise DocumentConflictError(str(item.get("detail", "")).removeprefix("DocumentConflictError: "))
+    return report
 
 
 def _ingest(kb: Any, file: Path, root: Path, collection: str, force: bool, found: Preflight, rel: str) -> dict[str, Any]:

@@ -177,6 +177,12 @@ class GraphStore:
         return {k: {"key": k, "kind": kind, "label": label, "aliases": list(aliases)}
                 for k, kind, label, aliases in rows}
 
+    def graph_predicates(self, collection: str) -> list[str]:
+        """The predicates the collection's edges use, sorted."""
+        with self.db.connection() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT DISTINCT predicate FROM rag_graph_edges WHERE collection = %s ORDER BY 1", (collection,))]
+
     def graph_labels_like(self, collection: str, text: str, limit: int = 3) -> list[str]:
         """Up to `limit` node labels containing `text` (any case), shortest first: suggestions when
         nothing is named `text`."""
