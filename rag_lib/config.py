@@ -311,7 +311,7 @@ class ServerSettings(BaseModel):
     """HTTP API / MCP serving: key env names (never the keys themselves), confined roots, limits."""
 
     host: str = "127.0.0.1"
-    port: int = 8081
+    port: int = Field(8081, ge=1, le=65535)
     api_keys_env: str = "RAG_API_KEYS"  # comma-separated full-access keys
     read_only_keys_env: str = "RAG_API_READ_ONLY_KEYS"  # comma-separated search-only keys
     corpus_roots: list[Path] = Field(default_factory=list)  # files the API may ingest by path

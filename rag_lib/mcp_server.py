@@ -16,6 +16,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
+from pydantic import ValidationError as PydanticValidationError
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings, get_settings
@@ -115,7 +116,16 @@ class StrictMCPServer(MCPServer):
             if unknown := sorted(set(arguments or {}) - set(known)):
                 raise ToolError(f"{name} takes no argument {', '.join(map(repr, unknown))}; "
                                 f"its arguments: {', '.join(known)}")
-        return await super().call_tool(name, arguments, context)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            # the SDK's message is pydantic's whole report (model name, input, a link): one line per
+            # argument instead, as the HTTP API answers (`top_k: Input should be ...`)
+            if isinstance(exc.__cause__, PydanticValidationError):
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                                     for e in exc.__cause__.errors())
+                raise ToolError(f"invalid_input: {problems}") from None
+            raise
 
 
 def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False) -> MCPServer:
@@ -326,10 +336,11 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         async def rag_embed_text(
             ctx: Context,
             text: Annotated[str, Field(min_length=1, max_length=s.MAX_TEXT, description="The text to store.")],
-            doc_id: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+            doc_id: Annotated[str, Field(min_length=1, max_length=200, pattern=s.DOC_ID_PATTERN,
                                          description="Id of the document, e.g. external-article-001.")],
             doc_type: Annotated[str | None, Field(max_length=200, description="Document type, e.g. article.")] = None,
-            ticker: Annotated[str | None, Field(min_length=1, max_length=10, description="Ticker, e.g. NVDA.")] = None,
+            ticker: Annotated[str | None, Field(min_length=1, max_length=10, pattern=s.TICKER_PATTERN,
+                                                description="Ticker, e.g. NVDA.")] = None,
             title: Annotated[str | None, Field(max_length=500, description="Title of the text.")] = None,
             collection: Collection = None,
         ) -> s.StoredTextResponse:

@@ -137,6 +137,8 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     assert code == 2 and "--format must be one of cypher, graphml" in err
     code, _, err = rag("list", "--offset", "99999999999999999999")
     assert code == 2 and "--offset" in err and "unexpected" not in err
+    code, _, err = rag("serve", "--port", "99999")  # was taken modulo 65536: another port than it said
+    assert code == 2 and "--port" in err
 
 
 def test_cli_errors_name_the_file_the_collection_and_the_predicate(rag, corpus_copy, tmp_path):

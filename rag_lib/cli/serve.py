@@ -30,7 +30,7 @@ class _McpCommand(TyperCommand):
 def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default settings.server.host, "
                                        "127.0.0.1). Non-loopback needs API keys."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port (default settings.server.port, 8081)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port (default settings.server.port, 8081)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Server processes (default "
                                           "settings.server.workers, 1); each loads the model."),
@@ -51,7 +51,7 @@ def serve(
 def mcp_command(
     transport: str = typer.Option("stdio", "--transport", "-t", help="stdio | http (streamable HTTP at /mcp)."),
     host: Optional[str] = typer.Option(None, "--host", help="HTTP only: address to bind."),
-    port: Optional[int] = typer.Option(None, "--port", help="HTTP only: port."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="HTTP only: port."),
     read_only: bool = typer.Option(False, "--read-only", help="Leave out the rag_embed tool."),
 ) -> None:
     """Run the MCP server (also `python -m rag_lib.mcp_server`); the tools it serves are listed below."""

@@ -318,13 +318,18 @@ class EmbedResponse(BaseModel):
     request_id: str | None = None
 
 
+# One spelling of a stored text's id and ticker for HTTP and MCP (what the loader would accept in a file).
+DOC_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$"
+TICKER_PATTERN = r"^[A-Za-z][A-Za-z0-9.\-]*$"
+
+
 class EmbedTextRequest(Request):
     text: str = Field(..., min_length=1, max_length=MAX_TEXT)
-    doc_id: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+    doc_id: str | None = Field(None, min_length=1, max_length=200, pattern=DOC_ID_PATTERN,
                                description="Store the text as a document with this id (seed 000). Without it, "
                                "the text's vector is returned and nothing is stored.")
     doc_type: str | None = Field(None, **_STR, description="Document type of the stored text, e.g. article.")
-    ticker: str | None = Field(None, min_length=1, max_length=10, pattern=r"^[A-Za-z][A-Za-z0-9.\-]*$")
+    ticker: str | None = Field(None, min_length=1, max_length=10, pattern=TICKER_PATTERN)
     title: str | None = Field(None, max_length=500)
     doc_date: dt.date | None = Field(None, description="Date of the stored text (YYYY-MM-DD).")
     collection: CollectionName | None = None

@@ -42,6 +42,12 @@ async def hostile_calls(client: Client, tmp_path: Path) -> None:
     for tool, args in too_big:  # validation errors, not crashes
         text = error_text(await client.call_tool(tool, args))
         assert "validation" in text.lower() or "invalid" in text.lower(), (tool, args, text)
+    # one line per argument, as the HTTP API says it, not pydantic's report with its model name and link
+    text = error_text(await client.call_tool("rag_search", {"query": "x", "top_k": 0}))
+    assert "invalid_input: top_k: Input should be greater than or equal to 1" in text and "pydantic" not in text, text
+    # the ticker a stored text may carry is the HTTP API's (it was accepted here and silently dropped)
+    text = error_text(await client.call_tool("rag_embed_text", {"text": "x", "doc_id": "t1", "ticker": "123"}))
+    assert "invalid_input: ticker: String should match pattern" in text, text
     for tool, args in (("rag_search", {"query": "nvda\x00"}), ("rag_search", {"query": "x", "collection": "a\x00"}),
                        ("rag_search", {"query": "x", "ticker": ["NV\x00DA"]}), ("rag_similar", {"ref": "good.md\x00"}),
                        ("rag_embed", {"name": "n.md", "content": "# N\n\n## A\n\nnul\x00\n"})):
