@@ -241,12 +241,21 @@ def front_matter(text: str) -> str | None:
 
 def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) -> dict[str, Any]:
     front: dict[str, Any] = {}
+    warnings: list[str] = []
     if front_text is not None:
+        # Front matter that cannot be read costs the note its type, id, date and title: a warning, as
+        # for any metadata that cannot be used; its text is still indexed in _intro.
+        lost = "its type, id, date and title were not read; fix the front matter"
         try:
             loaded = parse_yaml(front_text)
             front = loaded if isinstance(loaded, dict) else {}
-        except (yaml.YAMLError, ValueError, TypeError, OverflowError):
-            front = {}  # front matter is optional decoration; its text is still indexed in _intro
+            if loaded is not None and not isinstance(loaded, dict):
+                warnings.append(f"front matter is not a mapping of fields (it is a {type(loaded).__name__}); {lost}")
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark is not None else ""  # + the `---` line
+            reason = getattr(exc, "problem", None) or type(exc).__name__
+            warnings.append(f"front matter is not valid YAML{where} ({reason}); {lost}")
     title_match = re.search(r"^# (.+)$", text, re.M)
     title = front.get("title") or front.get("name") or (title_match.group(1).strip() if title_match else None)
     return {
@@ -257,7 +266,8 @@ def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) 
         "version": str(front["version"]) if front.get("version") is not None else None,
         "title": str(title) if title else Path(rel_path).stem,
         "metadata": {str(k): str(v) for k, v in front.items() if isinstance(v, (str, int, float))},
-        "warnings": [_not_a_date("date", front["date"])] if date is None and front.get("date") not in (None, "") else [],
+        "warnings": warnings + ([_not_a_date("date", front["date"])] if date is None and front.get("date") not in (None, "")
+                                else []),
     }
 
 

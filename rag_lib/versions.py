@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rag_lib.config import Settings
 
-LOADER_VERSION = "2"  # 2: documents carry their metadata warnings
+LOADER_VERSION = "3"  # 2: documents carry their metadata warnings; 3: and unreadable front matter
 FLATTEN_VERSION = "1"
 PUBLISH_VERSION = "1"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).

@@ -70,6 +70,17 @@ def test_metadata_that_cannot_be_used_is_a_warning_not_a_silent_loss(tmp_path: P
     note = tmp_path / "note.md"
     note.write_text("---\ndate: last tuesday\n---\n# Note\n\nText.\n")
     assert load_one(note, tmp_path).warnings[0].startswith("date 'last tuesday' is not a date")
+    # front matter that is not YAML (or not a mapping) loses every field: said, with where
+    note.write_text('---\ntype: stock-analysis\ndate: 2026-01-05\ntitle: "unterminated\n---\n# Note\n\nText.\n')
+    doc = load_one(note, tmp_path)
+    assert doc.doc_type == "note" and doc.doc_date is None
+    assert doc.warnings == ["front matter is not valid YAML at line 4, column 21 (found unexpected end of stream); "
+                            "its type, id, date and title were not read; fix the front matter"]
+    note.write_text("---\n- a\n- b\n---\n# Note\n\nText.\n")
+    assert load_one(note, tmp_path).warnings[0].startswith("front matter is not a mapping of fields (it is a list)")
+    # the shared corpus's markdown gives none
+    assert not [d.warnings for f in sorted(SHARED_CORPUS.rglob("*.md"))
+                for d in load_file(f, SHARED_CORPUS, "default", LIMIT) if isinstance(d, Document) and d.warnings]
     # the shared corpus's real documents give none
     real = [d for f in sorted(SHARED_CORPUS.rglob("*.yaml"))[:80] for d in load_file(f, SHARED_CORPUS, "default", LIMIT)
             if isinstance(d, Document)]
