@@ -160,6 +160,8 @@ def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy)
         kb.neighbors("NVDA", depth=4)
     with pytest.raises(NotFoundError):
         kb.neighbors("no-such-thing-at-all")
+    with pytest.raises(ValidationError, match=r"predicate 'tradde' \(did you mean traded\?\); its predicates: "):
+        kb.neighbors("TRD-2025-001", predicates=["tradde"])
 
     path = kb.graph_path("AMD", "loss-aversion")
     assert path["found"] and 1 <= len(path["edges"]) <= 4
@@ -169,7 +171,13 @@ def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy)
         chain |= {e["src"], e["dst"]}
     assert "loss-aversion" in chain
 
+    # a context thinner than asked for says why
+    assert kb.hybrid_context("NVDA risks", ticker="NVDX", token_budget=1500).note.startswith(
+        "no document of collection 'default' has ticker NVDX (did you mean NVDA?)")
+    assert kb.hybrid_context("NVDA risks", token_budget=64).note == "no passage fits within token_budget 64; raise it"
+    assert kb.hybrid_context("NVDA risks", collection="elsewhere").note.startswith("collection 'elsewhere' holds no documents")
     rel = kb.hybrid_context("How does NVDA relate to AMD?", token_budget=1500)
+    assert rel.note is None
     assert (rel.kind, rel.route) == ("relationship", "graph-first")
     assert rel.graph and rel.graph[0]["ticker"] == "NVDA" and "## Knowledge graph" in rel.markdown
     assert {c.ticker for c in rel.passages.citations} & {"NVDA", "AMD"}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from rag_lib.cli.app import CollectionOpt, JsonOpt, app, console, fail, kb, print_json
@@ -97,4 +98,6 @@ def context_command(
         print_json(result.to_dict())
         return
     console.print(f"[dim]{result.kind} → {result.route}; {result.tokens}/{result.token_budget} tokens[/]")
+    if result.note:
+        console.print(f"[yellow]note: {escape(result.note)}[/]", soft_wrap=True)
     typer.echo(result.markdown)

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag_lib.errors import NotFoundError, ValidationError
+from rag_lib.errors import NotFoundError, ValidationError, close_matches, did_you_mean
 from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.models import SearchHit
 from rag_lib.search.context import ContextResult, assemble
@@ -37,6 +37,7 @@ class HybridContext:
     tokens: int = 0
     token_budget: int = 0
     vector_results: list[SearchHit] = field(default_factory=list)  # the hits whose passages were kept
+    note: str | None = None  # why the context is thin: a ticker no document has, a budget no passage fits
 
     # seed 004's HybridContext names: ticker, vector_results (above), graph_context, formatted
     @property
@@ -62,7 +63,7 @@ class HybridContext:
             "hits": [c.to_dict() for c in self.passages.citations],
             "graph": self.graph, "markdown": self.markdown, "tokens": self.tokens, "token_budget": self.token_budget,
             "ticker": self.ticker, "vector_results": [h.to_dict() for h in self.vector_results],
-            "graph_context": self.graph_context, "formatted": self.formatted,
+            "graph_context": self.graph_context, "formatted": self.formatted, "note": self.note,
         }
 
 
@@ -174,7 +175,23 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     learnings = kb.search(query, mode="hybrid", collection=collection, doc_type=list(LEARNING_TYPES), top_k=2).hits
     # Learnings go after the passages of the first few documents so a tight budget still keeps one.
     hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
-    return _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget)
+    out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget)
+    out.note = _thin_context_note(kb, collection, ticker, hits, out)
+    return out
+
+
+def _thin_context_note(kb, collection: str, ticker: str | None, hits: list[SearchHit], out: HybridContext) -> str | None:
+    """One line on why a context holds less than asked for (None when nothing explains it)."""
+    notes = []
+    known = kb.search_caches.known_tickers(kb.store, collection)
+    if ticker and ticker.upper() not in known:
+        notes.append(f"no document of collection '{collection}' has ticker {ticker.upper()}"
+                     f"{did_you_mean(close_matches([ticker.upper()], sorted(known)))}; its passages were left out")
+    if not hits:
+        notes.append(kb.empty_collection_note(collection) or "no passage matched the question")
+    elif not out.passages.citations:
+        notes.append(f"no passage fits within token_budget {out.token_budget}; raise it")
+    return "; ".join(notes) or None
 
 
 def get_similar_analyses(kb, ticker: str, analysis_type: str | None = None, top_k: int = 5,
