@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from pathlib import Path
 
 import psycopg
@@ -72,6 +73,12 @@ def test_health_status_and_openapi(client: TestClient):
     status = client.get("/api/rag/status").json()
     assert status["documents"] > 50 and status["chunks"] > 1000
     assert status["active_space"]["space"] == "all-MiniLM-L6-v2:384"
+    # the docs pages load their scripts from this server, not a CDN (the machine may be offline)
+    for page in ("/docs", "/redoc"):
+        html = client.get(page, headers={"X-API-Key": ""}).text
+        assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html)
+        assert assets and all(a.startswith("/") for a in assets), (page, assets)
+        assert all(client.get(a, headers={"X-API-Key": ""}).status_code == 200 for a in assets)
     spec = client.get("/openapi.json").json()
     expected = {"/health", "/api/rag/search", "/api/rag/context", "/api/rag/embed", "/api/rag/embed-text",
                 "/api/rag/status", "/api/rag/sources", "/api/rag/sources/{ref}"}

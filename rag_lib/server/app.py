@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
@@ -175,7 +176,8 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
             if kb is None:
                 base.close()
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI whose /docs and /redoc load Swagger UI and ReDoc from its wheel, not a CDN
+    app = FastAPIOffline(
         title="RAG knowledge base API",
         version="1.0.0",
         description=(
