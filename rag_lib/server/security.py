@@ -128,7 +128,7 @@ def check_bind(host: str, keys: KeyRing) -> None:
         )
 
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9._\-/ ]+$")
+_SAFE_NAME = re.compile(r"^[\w.\-/ ]+$")  # \w: letters and digits of any alphabet (a corpus file may be "Übersicht.md")
 MAX_COMPONENT = 255  # bytes per path component on Linux filesystems (ENAMETOOLONG beyond)
 
 
@@ -137,7 +137,7 @@ def safe_relative(name: str) -> PurePosixPath:
     if not name or len(name) > 512:
         raise ValidationError("name must be 1-512 characters")
     if "\\" in name or "\x00" in name or not _SAFE_NAME.match(name):
-        raise PathNotAllowedError(f"name '{name[:80]}' may only use letters, digits, '.', '_', '-', ' ' and '/'")
+        raise PathNotAllowedError(f"name '{name[:80]}' may only use letters and digits (any alphabet), '.', '_', '-', ' ' and '/'")
     # split by hand: PurePosixPath drops '.' and empty parts, which would let 'a/./b' or '.' through
     parts = name.split("/")
     if name.startswith("/") or any(part.strip() in ("..", ".", "") for part in parts):

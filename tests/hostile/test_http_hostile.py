@@ -258,6 +258,12 @@ def test_bad_paths_and_upload_names_are_4xx(keyed):
         assert 400 <= r.status_code < 500 and error_code(r) in ("path_not_allowed", "invalid_input"), (name, r.text)
     r = c.post("/api/rag/embed", json={"name": "", "content": "# T\n"})
     assert r.status_code == 422 and error_code(r) == "invalid_input"
+    for name in ("x~1.md", "a\\b.md", "chart 📈.md"):
+        r = c.post("/api/rag/embed", json={"name": name, "content": "# T\n\n## A\n\ntext\n"})
+        assert error_code(r) == "path_not_allowed" and "any alphabet" in r.json()["error"]["message"], (name, r.text)
+    # letters of any alphabet are letters, as in a corpus file's name
+    r = c.post("/api/rag/embed", json={"name": "notizen/Übersicht.md", "content": "# Ü\n\n## Zinsen\n\nDie Zinsen steigen.\n"})
+    assert r.status_code == 200 and r.json()["new"] == 1, r.text
     good_still_found(c)
 
 
