@@ -81,3 +81,16 @@ def test_rag_db_commands_manage_the_embedded_server(tmp_path: Path):
     assert run("db", "status").returncode == 0
     assert run("db", "stop").returncode == 0
     assert run("db", "status").returncode == 3
+
+
+def test_no_store_part_hides_another_parts_method():
+    """`Store` is one class made of parts (documents, vectors, checks, ...): a method name defined in
+    two parts silently hides one of them (a prune helper once hid the orphans check's
+    `document_sources()`, failing every Dagster run's check step with a TypeError)."""
+    from collections import Counter
+
+    from rag_lib.store import Store
+
+    parts = [c for c in Store.__mro__[1:] if c.__module__.startswith("rag_lib.store")]
+    names = Counter(n for c in parts for n, v in vars(c).items() if callable(v) and not n.startswith("__"))
+    assert not [n for n, k in names.items() if k > 1]

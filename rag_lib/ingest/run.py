@@ -176,7 +176,7 @@ def ingest(
 def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str]) -> list[str]:
     """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
     the stage rows of such files (a file put back later starts afresh); returns the paths deleted."""
-    sources = store.document_sources(collection)
+    sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
     gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes))
     for path in gone:
         store.delete_document(collection, path)

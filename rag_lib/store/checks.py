@@ -104,10 +104,12 @@ class CheckStore:
         out["chunks"], out["vectors"] = chunks, vectors
         return out
 
-    def document_sources(self) -> list[dict[str, Any]]:
-        """(collection, path, source_path) of every live document, to find those whose file is gone."""
+    def document_sources(self, collection: str | None = None) -> list[dict[str, Any]]:
+        """(collection, path, source_path) of every live document (of `collection`), to find those
+        whose file is gone."""
         with self.db.connection() as conn:
-            return _dicts(conn.execute("SELECT collection, path, source_path FROM rag_documents ORDER BY 1, 2"))
+            return _dicts(conn.execute("SELECT collection, path, source_path FROM rag_documents"
+                                       " WHERE %(c)s::text IS NULL OR collection = %(c)s ORDER BY 1, 2", {"c": collection}))
 
     def chunk_frame_rows(self) -> list[dict[str, Any]]:
         """One row per chunk of the `chunks` stage outputs (before publishing): what the chunk-size

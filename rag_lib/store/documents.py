@@ -285,11 +285,6 @@ class DocumentStore:
                 "SELECT path, source_path FROM rag_documents WHERE collection = %s AND (path = ANY(%s) OR path LIKE ANY(%s))",
                 (collection, list(files), records)).fetchall())
 
-    def document_sources(self, collection: str) -> dict[str, str | None]:
-        """path → the file each document of `collection` was read from (what a prune decides on)."""
-        with self.db.connection() as conn:
-            return dict(conn.execute("SELECT path, source_path FROM rag_documents WHERE collection = %s",
-                                     (collection,)).fetchall())
 
 
 def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
