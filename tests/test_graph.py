@@ -62,6 +62,17 @@ def test_trade_journal_graph_has_its_exact_triples_and_links(corpus_copy):
     assert {k for e in graph.edges for k in (e.src, e.dst)} <= set(kinds)
 
 
+def test_links_climbing_out_of_their_folder_resolve_inside_the_root():
+    from rag_lib.graph.extract import resolve_link
+
+    known = {"notes/stop-loss-checklist.md", "knowledge/learnings/biases/a.yaml"}
+    # the demo corpus's own link (it was reported dangling by graph_dangling_links)
+    assert resolve_link("../notes/stop-loss-checklist.md", "knowledge/learnings/risk/x.yaml", known) == \
+        "notes/stop-loss-checklist.md"
+    assert resolve_link("../biases/a.yaml", "knowledge/learnings/risk/x.yaml", known) == "knowledge/learnings/biases/a.yaml"
+    assert resolve_link("../../../../notes/stop-loss-checklist.md", "knowledge/x.yaml", known) is None  # not above the root
+
+
 def test_unresolved_links_are_kept_dangling_and_text_mentions_known_tickers(corpus_copy):
     root = corpus_copy(SCANNER, MOMENTUM_SCANNER)
     doc = _doc(root, SCANNER)

@@ -5,6 +5,7 @@ and known tickers named in the text. Pure: no database, no model."""
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 import threading
 import time
@@ -22,7 +23,8 @@ from rag_lib.models import Document, DocumentGraph, GraphAlias, GraphEdge, Graph
 # Bump when extraction changes what a document contributes (the Dagster asset's code version).
 # 2: a document's own id is an alias of its node (no `describes` entity), a ticker profile's id and
 #    company name are aliases of the ticker, every spelling is kept as an alias.
-GRAPH_VERSION = "2"
+# 3: `_links` with `../` resolve (they were dangling).
+GRAPH_VERSION = "3"
 GRAPH_SECTION = "_graph"
 LINKS_SECTION = "_links"
 META_SECTION = "_meta"
@@ -152,7 +154,8 @@ def resolve_link(link: str, from_path: str, known_paths: Collection[str]) -> str
         return link
     parts = PurePosixPath(from_path).parts[:-1]
     for n in range(len(parts), 0, -1):
-        candidate = PurePosixPath(*parts[:n], link).as_posix()
+        # normpath: `../notes/x.md` from `knowledge/learnings/` is `knowledge/notes/x.md`, then `notes/x.md`
+        candidate = posixpath.normpath(PurePosixPath(*parts[:n], link).as_posix())
         if candidate in known_paths:
             return candidate
     return None
