@@ -40,7 +40,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     if not pmap.roots and not existing:
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
                           "or pipeline.roots in rag.yaml)")
-    previous = decode_state(context.cursor)
+    previous, tick = decode_state(context.cursor)
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     limits = ReadLimits.of(rag.kb().settings)
@@ -63,24 +63,30 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         except RagError as exc:
             context.log.warning("ticker profiles of %s not rebuilt after a deletion (the next knowledge_graph "
                                 "run rebuilds them): %s", collection, exc, exc_info=exc)
-    # A file new to the cursor may be current already (a first tick after `rag materialize`, or a
-    # root materialized between ticks): only the ones a run would change get one.
-    new = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in result.new if k in result.state])
-    wanted = new + [k for k in result.changed if k in result.state]
+    # A file new or changed to the cursor may be current already (a first tick after `rag materialize`,
+    # a root materialized between ticks, a file ingested while the sensor was off): only the ones a run
+    # would change get one.
+    seen = [k for k in result.new + result.changed if k in result.state]
+    wanted = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in seen])
+    # The tick is in the run key: Dagster never launches a run key twice, and a file deleted and put
+    # back, or reverted to an earlier version, has a path and hash some earlier run had. A retried
+    # evaluation of the same tick makes the same keys (the cursor moves only when it succeeds).
+    tick += 1
     runs = [
         RunRequest(
-            run_key=run_key("corpus", [f"{k}@{result.hashes.get(k, '')}" for k in wanted] + [start, end]),
+            run_key=run_key("corpus", [f"{k}@{result.hashes.get(k, '')}" for k in wanted] + [start, end, f"tick {tick}"]),
             tags={**range_tags(start, end), "rag/trigger": "corpus_sensor"},
         )
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
-    cursor = encode_state(result.state)
     requests = sync.requests()
-    if not (runs or requests):
-        return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files"), cursor=cursor)
-    context.log.info("new %d (%d current), changed %d, deleted %d, unregistered %d → %d run(s)", len(result.new),
-                     len(result.new) - len(new),
-                     len(result.changed), len(sync.removed), len(sync.unrooted), len(runs))
+    if not (runs or requests or result.new or result.changed):
+        return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files"),
+                            cursor=encode_state(result.state, tick - 1))
+    cursor = encode_state(result.state, tick)
+    context.log.info("new %d, changed %d (%d current already), deleted %d, unregistered %d → %d run(s)",
+                     len(result.new), len(result.changed), len(seen) - len(wanted), len(sync.removed),
+                     len(sync.unrooted), len(runs))
     return SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
 
 

@@ -69,14 +69,17 @@ def scan(files: dict[str, os.stat_result], previous: dict[str, FileState],
     return result
 
 
-def encode_state(state: dict[str, FileState]) -> str:
-    """Compact cursor text: zlib-compressed JSON, base64."""
-    raw = json.dumps(state, separators=(",", ":")).encode()
+def encode_state(state: dict[str, FileState], tick: int = 0) -> str:
+    """Compact cursor text (zlib-compressed JSON, base64): the files' states and `tick`, how many
+    scans found changes (a file restored to bytes seen before is a new change: see `decode_state`)."""
+    raw = json.dumps({"tick": tick, "files": state}, separators=(",", ":")).encode()
     return base64.b64encode(zlib.compress(raw, 6)).decode()
 
 
-def decode_state(cursor: str | None) -> dict[str, FileState]:
+def decode_state(cursor: str | None) -> tuple[dict[str, FileState], int]:
+    """(files' states, tick) of a cursor; a cursor written before the tick was kept counts as tick 0."""
     if not cursor:
-        return {}
+        return {}, 0
     data = json.loads(zlib.decompress(base64.b64decode(cursor)))
-    return {k: (int(v[0]), int(v[1]), str(v[2])) for k, v in data.items()}
+    files, tick = (data["files"], int(data["tick"])) if set(data) == {"tick", "files"} else (data, 0)
+    return {k: (int(v[0]), int(v[1]), str(v[2])) for k, v in files.items()}, tick

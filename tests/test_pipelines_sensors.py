@@ -126,6 +126,7 @@ def test_sensor_new_changed_deleted(env):
     assert not quiet.run_requests and quiet.skip_reason is not None
 
     # A changed file: one run for that file only, no new partitions.
+    original = (root / RELS[0]).read_bytes()
     with open(root / RELS[0], "a") as fh:
         fh.write("\nreviewer_note: tightened the stop after review\n")
     changed = sensor_tick(instance, rag, quiet.cursor)
@@ -134,10 +135,41 @@ def test_sensor_new_changed_deleted(env):
     assert run.tags["dagster/asset_partition_range_start"] == run.tags["dagster/asset_partition_range_end"] == FILES[0]
     assert launch(instance, rag, run).success
     assert "reviewer_note" in {sec["name"] for sec in kb.show(RELS[0])["sections"]}  # the new content is live
+    launched = {first.run_requests[0].run_key, run.run_key}
+
+    # Reverted to bytes a run had before: a run again (Dagster skips a run key it has seen, and the
+    # path and hash are the first run's), and the old content is live again.
+    (root / RELS[0]).write_bytes(original)
+    reverted = sensor_tick(instance, rag, changed.cursor)
+    (run,) = reverted.run_requests
+    assert run.run_key not in launched and launch(instance, rag, run).success
+    launched.add(run.run_key)
+    assert "reviewer_note" not in {sec["name"] for sec in kb.show(RELS[0])["sections"]}
+
+    # Changed and ingested by the library while the sensor was off: current already, no run.
+    with open(root / RELS[0], "a") as fh:
+        fh.write("\ndesk_note: ingested by hand\n")
+    kb.ingest([root])
+    by_hand = sensor_tick(instance, rag, reverted.cursor)
+    assert not by_hand.run_requests
+
+    # Deleted and put back, twice: each return gets a run of its own.
+    cursor = by_hand.cursor
+    back = (root / RELS[1]).read_bytes()
+    for _ in range(2):
+        (root / RELS[1]).unlink()
+        cursor = sensor_tick(instance, rag, cursor).cursor
+        (root / RELS[1]).write_bytes(back)
+        restored = sensor_tick(instance, rag, cursor)
+        (run,) = restored.run_requests
+        assert run.run_key not in launched and launch(instance, rag, run).success
+        launched.add(run.run_key)
+        assert kb.show(RELS[1])["chunk_count"] > 0
+        cursor = restored.cursor
 
     # A deleted file: its rows go first, then its partition.
     (root / RELS[1]).unlink()
-    deleted = sensor_tick(instance, rag, changed.cursor)
+    deleted = sensor_tick(instance, rag, cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
     assert not deleted.run_requests
