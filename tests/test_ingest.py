@@ -69,11 +69,16 @@ def test_a_file_turning_bad_keeps_its_live_version(kb, corpus_copy):
     root = corpus_copy(LEARNING)
     kb.ingest([root])
     before = rows(kb, "SELECT chunk_id FROM rag_chunks ORDER BY 1")
+    good = (root / LEARNING).read_bytes()
     (root / LEARNING).write_text("pattern: [unclosed\n  bad: : yaml")
     report = kb.ingest([root], prune=True)
     assert report.outcomes[0].status == "skipped" and report.pruned == []
     assert rows(kb, "SELECT chunk_id FROM rag_chunks ORDER BY 1") == before
     assert kb.status()["skipped"][0]["reason"] == "malformed_yaml"
+    # put back as it was: nothing to publish (the live version is those bytes), and the skip is gone
+    (root / LEARNING).write_bytes(good)
+    assert kb.ingest([root]).outcomes[0].status == "unchanged"
+    assert kb.status()["skipped"] == []
 
 
 @pytest.mark.warm_cache(False)  # the first ingest embeds every chunk

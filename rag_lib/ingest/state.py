@@ -366,6 +366,9 @@ class StageRunner:
                 if loaded is None:
                     loaded = self.engine.preparer.load(SourceFile(t.collection, t.root, t.rel))
                     self._loaded[(c, p)] = loaded
+                # read again: why an earlier version was skipped no longer holds (a broken file put
+                # back to the bytes that are live publishes nothing, which would clear it otherwise)
+                self.store.clear_skips(c, p)
                 for skip in loaded.skips:
                     self._skip(skip)
                 docs, skips = loaded.documents, loaded.skips

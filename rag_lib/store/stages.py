@@ -11,7 +11,7 @@ import numpy as np
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from rag_lib.store.connection import as_array, copy_rows
+from rag_lib.store.connection import as_array, copy_rows, like_escape
 from rag_lib.store.documents import _dicts
 from rag_lib.store.vectors import index_name
 
@@ -132,11 +132,13 @@ class StageStore:
         with self.db.connection() as conn, conn.transaction():
             conn.execute("DELETE FROM rag_stage_outputs WHERE collection = %s AND path = %s", (collection, path))
             conn.execute("DELETE FROM rag_stage_vectors WHERE collection = %s AND path = %s", (collection, path))
-            conn.execute(
-                "DELETE FROM rag_skipped WHERE collection = %s AND (path = %s OR path LIKE %s)",
-                (collection, path, path.replace("%", r"\%").replace("_", r"\_") + ":%"),
-            )
+            _clear_skips(conn, collection, path)
         return sorted(set(deleted))
+
+    def clear_skips(self, collection: str, path: str) -> None:
+        """Forget why a file (and its JSONL records) was skipped: it is being read again."""
+        with self.db.connection() as conn:
+            _clear_skips(conn, collection, path)
 
     def refresh_statistics(self, force: bool = False, tables: Sequence[str] = SERVING_TABLES) -> list[str]:
         """ANALYZE those of `tables` that hold rows but no statistics yet, or changed by
@@ -176,3 +178,8 @@ class StageStore:
                 conn.autocommit = False
         done["analyzed"] = self.refresh_statistics(force=True, tables=(*SERVING_TABLES, "rag_embedding_cache"))
         return done
+
+
+def _clear_skips(conn, collection: str, path: str) -> None:
+    conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND (path = %s OR path LIKE %s)",
+                 (collection, path, like_escape(path) + ":%"))
