@@ -142,7 +142,14 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
 
 
 def test_cli_errors_name_the_file_the_collection_and_the_predicate(rag, corpus_copy, tmp_path):
-    rag("ingest", str(corpus_copy(LEARNING, TRADE)))
+    root = corpus_copy(LEARNING, TRADE)
+    (root / "risk [draft].md").write_text("# Risk\n\n## Stops\n\nStops sit below support.\n")
+    rag("ingest", str(root))
+    # a path with brackets is printed as it is, not read as console markup
+    code, out, _ = rag("delete", "risk [draft].md")
+    assert code == 0 and "deleted risk [draft].md" in out
+    code, _, err = rag("show", "risk [draft].md")
+    assert code == 1 and "no document 'risk [draft].md'" in err
     code, _, err = rag("graph", "export", "--format", "graphml", "-o", str(tmp_path / "no" / "such" / "g.graphml"))
     assert code == 1 and "cannot write" in err and "No such file or directory" in err and "unexpected" not in err
     code, _, err = rag("graph", "NVDA", "--predicate", "exhibited_bais")

@@ -66,7 +66,7 @@ JsonOpt = typer.Option(False, "--json", help="Print one JSON document.")
 
 
 def fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         log.debug("command failed", exc_info=True)
         if STATE["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -242,7 +242,7 @@ def show(ref: str = typer.Argument(..., help="Document id or path."), collection
     if as_json:
         print_json(doc)
         return
-    console.print(f"[bold]{doc['path']}[/]  id {doc['doc_id']}  type {doc['doc_type']}  ticker {doc['ticker'] or '-'}"
+    console.print(f"[bold]{escape(doc['path'])}[/]  id {escape(doc['doc_id'])}  type {doc['doc_type']}  ticker {doc['ticker'] or '-'}"
                   f"  date {doc['doc_date'] or '-'}  hash {doc['content_hash'][:12]}")
     table = Table(title="sections")
     for col in ("#", "name", "title", "tokens", "empty"):
@@ -262,7 +262,7 @@ def show(ref: str = typer.Argument(..., help="Document id or path."), collection
 def delete(ref: str = typer.Argument(..., help="Document id or path."), collection: Optional[str] = CollectionOpt) -> None:
     """Delete a document and all its chunks and vectors."""
     for path in kb().delete_document(ref, collection):
-        console.print(f"deleted {path}")
+        console.print(f"deleted {path}", markup=False, highlight=False)
 
 
 def _validate_database(as_json: bool) -> None:

@@ -93,5 +93,5 @@ def eval_command(
                          query_map[q])
         console.print(rows)
     if report.missing_queries:
-        console.print(f"[yellow]{len(report.missing_queries)} judged query ids have no text: "
-                      f"{', '.join(report.missing_queries[:5])}[/]")
+        console.print(f"{len(report.missing_queries)} judged query ids have no text: "
+                      f"{', '.join(report.missing_queries[:5])}", style="yellow", markup=False)

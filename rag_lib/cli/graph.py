@@ -39,7 +39,7 @@ def graph(
                 output.write_text(text, encoding="utf-8")
             except OSError as exc:
                 fail(f"cannot write {output}: {exc.strerror or exc}; choose a path in an existing, writable folder")
-            console.print(f"wrote {output} ({fmt})")
+            console.print(f"wrote {output} ({fmt})", markup=False)
         else:
             typer.echo(text, nl=False)
         return
@@ -49,10 +49,11 @@ def graph(
             print_json(result)
             return
         if not result["found"]:
-            console.print(f"no path between {result['from']['key']} and {result['to']['key']} within 4 steps")
+            console.print(f"no path between {result['from']['key']} and {result['to']['key']} within 4 steps", markup=False)
             return
         for e in result["edges"]:
-            console.print(f"{e['src']} -[{e['predicate']}]-> {e['dst']}   ({e['path']}#{e['section']})", highlight=False)
+            console.print(f"{e['src']} -[{e['predicate']}]-> {e['dst']}   ({e['path']}#{e['section']})", highlight=False,
+                          markup=False)
         return
     if context:
         result = kb().ticker_context(node, depth=depth if depth > 1 else 2, collection=collection)
@@ -69,7 +70,7 @@ def graph(
         return
     start = result["node"]
     if start.get("aliases"):
-        console.print(f"{start['key']} is also named: {', '.join(start['aliases'])}", highlight=False)
+        console.print(f"{start['key']} is also named: {', '.join(start['aliases'])}", highlight=False, markup=False)
     table = Table(title=f"{start['key']} ({start['kind']}): {len(result['edges'])} edges within {depth}")
     for col in ("depth", "src", "predicate", "dst", "provenance"):
         table.add_column(col, overflow="fold")

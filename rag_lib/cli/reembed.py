@@ -59,7 +59,7 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
                       f"re-embedded under version {data['current_version']} ({data['chunks']} chunks, "
                       f"{data['embedded']} embedded), {data['failed']} failed")
         for path in data["missing_sources"]:
-            console.print(f"[yellow]source file gone, not re-embedded: {path}[/]")
+            console.print(f"source file gone, not re-embedded: {path}", style="yellow", markup=False)
     else:
         console.print(f"{data['chunks']} chunks re-published, {data['embedded']} embedded")
     if data.get("failed") or data.get("missing_sources"):

@@ -40,7 +40,7 @@ def add_root(
 ) -> None:
     """Register a folder: the corpus sensor picks up its files on its next tick."""
     root = kb().add_root(path, collection)
-    console.print(f"registered {root.path} → collection '{root.collection}' (partition keys '{root.name}/…')")
+    console.print(f"registered {root.path} → collection '{root.collection}' (partition keys '{root.name}/…')", markup=False)
 
 
 @roots_app.command("remove")
@@ -51,4 +51,4 @@ def remove_root(
     """Stop watching a folder. Its documents stay (remove them with `rag delete`)."""
     removed = kb().remove_root(path, collection)
     for root in removed:
-        console.print(f"unregistered {root.path} (collection '{root.collection}'); its documents are kept")
+        console.print(f"unregistered {root.path} (collection '{root.collection}'); its documents are kept", markup=False)
