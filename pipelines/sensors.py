@@ -41,6 +41,13 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
                           "or pipeline.roots in rag.yaml)")
     previous, tick = decode_state(context.cursor)
+    # An unmounted disk or a moved folder: its documents stay, and the operator is told every tick
+    missing = [r for r in pmap.roots if r not in pmap.present_roots()]
+    for root in missing:
+        context.log.warning("corpus root %s (%s, collection %s) is missing or not a folder: its files are not "
+                            "scanned and its documents are kept; mount or restore it, or `rag roots remove %s`",
+                            root.path, root.name, root.collection, root.path)
+    gone_note = f"; missing root(s): {', '.join(str(r.path) for r in missing)}" if missing else ""
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     limits = ReadLimits.of(rag.kb().settings)
@@ -81,7 +88,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     ]
     requests = sync.requests()
     if not (runs or requests or result.new or result.changed):
-        return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files"),
+        return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files{gone_note}"),
                             cursor=encode_state(result.state, tick - 1))
     cursor = encode_state(result.state, tick)
     context.log.info("new %d, changed %d (%d current already), deleted %d, unregistered %d → %d run(s)",

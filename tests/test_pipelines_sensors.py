@@ -180,6 +180,18 @@ def test_sensor_new_changed_deleted(env):
 
 
 @pytest.mark.slow
+def test_a_missing_root_is_said_and_keeps_its_documents_and_partitions(env):
+    root, rag, kb, instance = env
+    first = sensor_tick(instance, rag, None)
+    assert launch(instance, rag, first.run_requests[0]).success
+    root.rename(root.with_name("corpus.moved"))  # an unmounted disk, a moved folder
+    after = sensor_tick(instance, rag, first.cursor)
+    assert not after.run_requests and not after.dynamic_partitions_requests
+    assert f"missing root(s): {root}" in after.skip_reason.skip_message
+    assert sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
+    assert kb.show(RELS[0])["chunk_count"] > 0
+
+
 def test_unregistered_root_drops_partitions_keeps_documents(env):
     root, rag, kb, instance = env
     first = sensor_tick(instance, rag, None)
