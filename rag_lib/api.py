@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -156,6 +157,8 @@ class KnowledgeBase:
         location watches them."""
         self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         paths = [Path(p) for p in paths]
+        if root is None:
+            root = self._registered_root_of(paths, self._collection(collection))
         with self.recording_metrics():
             report = run_ingest(
                 self.engine, paths, self._collection(collection),
@@ -294,7 +297,41 @@ class KnowledgeBase:
         if resolved.is_relative_to(self.upload_folder()):
             raise ValidationError(f"{path}: inside the HTTP API's upload folder {self.upload_folder()}, "
                                   "which is not a corpus root")
+        self._refuse_nested_root(resolved, self._collection(collection))
         return self.store.register_root(resolved, self._collection(collection), source=source)
+
+    def _registered_root_of(self, paths: list[Path], collection: str) -> Path | None:
+        """The registered root of `collection` every one of `paths` lies under (a file or subfolder of
+        a corpus is ingested with the paths the corpus gives it, `notes/x.md`, not `x.md` a second
+        time), or None. A folder holding a registered root of the collection is refused: its files
+        would become documents a second time under longer paths."""
+        roots = [r.path for r in self.store.list_roots() if r.collection == collection]
+        if not roots:
+            return None
+        spelled = [Path(os.path.abspath(p)) for p in paths]
+        for folder in (p.resolve() for p in spelled if p.is_dir()):
+            self._refuse_nested_root(folder, collection, allow_inside=True)
+        holders = {r for r in roots for p in spelled if p.resolve().is_relative_to(r) or p.is_relative_to(r)}
+        covering = [r for r in holders if all(p.resolve().is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
+        return max(covering, key=lambda r: len(r.parts)) if covering else None
+
+    def _refuse_nested_root(self, folder: Path, collection: str, allow_inside: bool = False) -> None:
+        """A `ValidationError` when `folder` lies inside another registered root of `collection`
+        (unless `allow_inside`) or holds one: each file would be a document twice, under two paths."""
+        for r in self.store.list_roots():
+            if r.collection != collection or r.path == folder:
+                continue
+            if folder.is_relative_to(r.path) and not allow_inside:
+                raise ValidationError(
+                    f"{folder} is inside {r.path}, a corpus root of collection '{collection}': its files are "
+                    f"documents there already (as '{folder.relative_to(r.path).as_posix()}/…'); a root of its own "
+                    "would add each one again under another path. Use that root, or another collection")
+            if r.path.is_relative_to(folder):
+                raise ValidationError(
+                    f"{folder} holds {r.path}, a corpus root of collection '{collection}': its files are documents "
+                    f"of that root already; as a root of its own it would add each one again under a longer path. "
+                    f"Remove that root first (`rag roots remove {r.path}`, then delete its documents), or use "
+                    "another collection")
 
     def remove_root(self, path: str | Path, collection: str | None = None) -> list[CorpusRoot]:
         """Stop watching a root (one collection, or every collection it is registered for). Its

@@ -31,6 +31,25 @@ def test_ingest_registers_directories_and_root_only(kb, corpus_copy, tmp_path):
     assert len(kb.roots()) == 2
 
 
+def test_a_folder_inside_a_root_keeps_the_roots_paths_and_is_no_root_of_its_own(kb, corpus_copy):
+    root = corpus_copy(LEARNING, TRADE)
+    kb.ingest([root])
+    before = sorted(d["path"] for d in kb.list_documents())
+    # a subfolder or a file of the corpus, named alone: the corpus's paths, not a second copy
+    assert kb.ingest([root / "tradegent" / "fixtures"]).outcomes[0].path == TRADE
+    assert kb.ingest([root / LEARNING], force=True).outcomes[0].path == LEARNING
+    assert sorted(d["path"] for d in kb.list_documents()) == before
+    assert [r.path for r in kb.roots()] == [root.resolve()]
+    with pytest.raises(ValidationError, match="is inside .*a corpus root of collection 'default'"):
+        kb.add_root(root / "tradegent")  # as `rag materialize SUBFOLDER` registers it
+    with pytest.raises(ValidationError, match="holds .*a corpus root of collection 'default'"):
+        kb.add_root(root.parent)
+    with pytest.raises(ValidationError, match="holds"):
+        kb.ingest([root.parent])
+    kb.add_root(root / "tradegent", "elsewhere")  # another collection is another corpus
+    assert len(kb.list_documents()) == len(before)
+
+
 def test_upload_folder_is_never_a_root(kb, tmp_path):
     uploads = kb.upload_folder() / "default"
     uploads.mkdir(parents=True)

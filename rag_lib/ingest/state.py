@@ -60,9 +60,9 @@ def _refuse_takeover(t: FileTarget, sources: dict[str, str | None]) -> None:
     """Raise `DocumentConflictError` when a document of this file's path was read from another file
     that still exists (two roots of one collection with the same relative path would otherwise
     overwrite each other's document on every run); a file that moved (the old one is gone) takes over."""
-    mine = str(t.path.resolve())
+    mine = {str(t.path), str(t.path.resolve())}  # the entry itself, or where its link leads (what loading records)
     for path, source in sources.items():
-        if (path == t.rel or path.startswith(t.rel + "#")) and source and source != mine and os.path.exists(source):
+        if (path == t.rel or path.startswith(t.rel + "#")) and source and source not in mine and os.path.exists(source):
             raise DocumentConflictError(
                 f"document '{path}' of collection '{t.collection}' was read from {source}, which still exists; "
                 f"{t.path} has the same path under its root {t.root}. Ingest one of them into another "
