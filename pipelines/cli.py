@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from rag_lib.cli.app import console, fail, print_json
@@ -74,6 +75,11 @@ def _print_summary(summary, as_json: bool) -> None:
     if summary.failed_partitions:
         console.print(f"[red]{len(summary.failed_partitions)} files failed[/] (see `rag status`): "
                       + ", ".join(summary.failed_partitions[:10]))
+    for step in summary.failed_steps:  # a step that raised (a check's included) emits no result of its own
+        console.print(f"[red]step {escape(step['step'])} failed[/] in run {step['run_id']}: {escape(step['error'])}",
+                      soft_wrap=True)
+    if not summary.success and not summary.failed_steps and not summary.failed_partitions:
+        console.print("[red]a run did not succeed[/]; see it in the Dagster UI")
     console.print(f"runs: {', '.join(summary.run_ids)}\n{UI_HINT}")
 
 

@@ -69,6 +69,7 @@ class PipelineRunSummary:
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # asset → status → partitions
     checks: list[CheckSummary] = field(default_factory=list)
     failed_partitions: list[str] = field(default_factory=list)
+    failed_steps: list[dict[str, str]] = field(default_factory=list)  # run id, step key, error (a crashed check too)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +77,7 @@ class PipelineRunSummary:
             "run_ids": self.run_ids, "success": self.success, "partitions": self.partitions,
             "removed": self.removed, "current": self.current, "skipped": self.skipped, "stages": self.stages,
             "checks": [c.__dict__ for c in self.checks], "failed_partitions": self.failed_partitions,
+            "failed_steps": self.failed_steps,
             "seconds": round(self.seconds, 3),
         }
 
@@ -226,6 +228,13 @@ def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: di
             detail = mat.metadata.get("skip_detail")
             summary.skipped.append({"path": decode_key(event.partition or "").partition("/")[2], "reason": str(reason.value),
                                     "detail": str(detail.value) if detail is not None else ""})
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        error = entry.dagster_event.step_failure_data.error
+        while error is not None and error.cause is not None:  # Dagster wraps what the step raised
+            error = error.cause
+        message = (error.message if error is not None else "").strip().splitlines()
+        summary.failed_steps.append({"run_id": run_id, "step": entry.dagster_event.step_key or "",
+                                     "error": message[0] if message else "failed"})
     for entry in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
         ev = entry.dagster_event.asset_check_evaluation_data
         detail = ev.description or (str(ev.metadata["summary"].value) if "summary" in ev.metadata else "")

@@ -159,3 +159,33 @@ def test_materialize_imports_great_expectations_beside_dagster(corpus_copy, pg_s
     assert summary["stages"]["chunks"] == {"ok": 2}
     assert "validation process starts" not in log  # the same frame: its validation was kept
     assert next(c for c in summary["checks"] if c["name"] == "chunk_sizes")["passed"]
+
+
+def test_a_step_that_raised_is_named_in_the_summary_and_its_printout(pg_instance, capsys):
+    """A check that crashes emits no check result: `rag materialize` used to list every stage "ok"
+    and leave the check out of its table, with only the exit code saying something failed."""
+    from collections import Counter, defaultdict
+
+    from dagster import job, op
+
+    from pipelines.cli import _print_summary
+    from pipelines.launch import PipelineRunSummary, summarize_run
+
+    @op
+    def orphans_check():
+        raise TypeError("document_sources() missing 1 required positional argument: 'collection'")
+
+    @job
+    def broken():
+        orphans_check()
+
+    run = broken.execute_in_process(instance=pg_instance, raise_on_error=False)
+    summary = PipelineRunSummary(run_ids=[run.run_id], partitions=1)
+    summarize_run(pg_instance, run.run_id, summary, defaultdict(Counter))
+    assert not summary.success
+    assert summary.failed_steps == [{"run_id": run.run_id, "step": "orphans_check",
+                                     "error": "TypeError: document_sources() missing 1 required positional argument: "
+                                              "'collection'"}]
+    _print_summary(summary, False)
+    out = capsys.readouterr().out
+    assert "step orphans_check failed" in out and "TypeError: document_sources()" in out
