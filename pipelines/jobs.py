@@ -14,7 +14,8 @@ MAINTENANCE_JOB = "index_maintenance"
 ingest_job = define_asset_job(
     INGEST_JOB,
     selection=AssetSelection.groups("corpus"),
-    description="All six assets for a set of files (a partition range), checks included.",
+    description="Every corpus asset (raw_documents → … → vector_table, hnsw_index, knowledge_graph) for a set "
+                "of files (a partition range), checks included.",
 )
 
 # Token-aware chunks depend on the model's tokenizer, so a re-embed re-chunks too (cheap, no model calls).

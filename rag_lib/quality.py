@@ -48,13 +48,22 @@ def token_histogram(counts: list[int], edges: tuple[int, ...] = (0, 16, 32, 64, 
     return "\n".join(rows)
 
 
+CELL_CHARS = 240  # a warning names its field, the value and what it costs: about two lines of the UI
+
+
+def _cell(value: Any) -> str:
+    """One table cell: line breaks folded, cut at CELL_CHARS with an ellipsis, pipes escaped."""
+    text = str(value).replace("\n", " ")
+    text = text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…"
+    return text.replace("|", "\\|")
+
+
 def markdown_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 50) -> str:
-    """`rows` as a markdown table of `columns` (pipes escaped, line breaks folded, cells cut at 120
-    characters, at most `limit` rows): the one table builder behind check and asset metadata."""
+    """`rows` as a markdown table of `columns` (see `_cell`; at most `limit` rows): the one table
+    builder behind check and asset metadata."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows[:limit]:
-        lines.append("| " + " | ".join(str(row.get(c, "")).replace("|", "\\|").replace("\n", " ")[:120]
-                                        for c in columns) + " |")
+        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |")
     if len(rows) > limit:
         lines.append(f"| … {len(rows) - limit} more | " + " | " * (len(columns) - 1))
     return "\n".join(lines)

@@ -122,3 +122,15 @@ def test_waiting_for_the_validation_process_returns_once_it_has_imported():
         assert quality._validator is None
     finally:
         quality._stop_validator()
+
+
+def test_a_long_cell_is_cut_with_an_ellipsis_and_a_pipe_stays_escaped():
+    """The UI's tables (checks, warnings): a cut cell says it was cut (a metadata warning read
+    "…so ticker |", as if it ended there), and a cut never splits a pipe's escape."""
+    from rag_lib.quality import CELL_CHARS, markdown_table
+
+    row = markdown_table([{"warning": "w" * 300, "path": "a|b"}], ["warning", "path"]).splitlines()[2]
+    cells = row.split(" | ")
+    assert cells[0].endswith("…") and len(cells[0]) == len("| ") + CELL_CHARS
+    assert cells[1] == "a\\|b |"
+    assert markdown_table([{"w": "|" * 500}], ["w"]).splitlines()[2].count("\\|") == CELL_CHARS - 1
