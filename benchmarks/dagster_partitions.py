@@ -258,7 +258,9 @@ def main() -> None:
                     conn.execute(f'CREATE DATABASE "{name}"')
             lib_url = admin.replace("/postgres?", f"/{names[0]}?", 1)
             home = tmp / "home"
-            # the code server, run workers and webserver read these, as under `rag dev`
+            # the code server, run workers and webserver read these, as under `rag dev`; an empty
+            # settings file keeps a developer's rag.yaml out
+            (tmp / "rag.yaml").write_text("{}\n")
             os.environ.update(RAG_DATABASE_URL=lib_url, RAG_HOME=str(home), RAG_CONFIG=str(tmp / "rag.yaml"),
                               DAGSTER_PG_URL=sqlalchemy_url(admin, names[1]), DAGSTER_DISABLE_TELEMETRY="1")
             root = tmp / "corpus"

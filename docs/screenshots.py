@@ -74,6 +74,7 @@ def main() -> None:
             home = base / ".rag"
             (home / "dagster_home").mkdir(parents=True)
             shutil.copyfile(DAGSTER_YAML, home / "dagster_home" / "dagster.yaml")
+            (base / "rag.yaml").write_text("{}\n")  # empty: a developer's rag.yaml stays out
             env = {**os.environ, "RAG_DATABASE_URL": admin.replace("/postgres?", "/rag?", 1),
                    "RAG_HOME": str(home), "RAG_CONFIG": str(base / "rag.yaml"),
                    "DAGSTER_HOME": str(home / "dagster_home"), "DAGSTER_PG_URL": sqlalchemy_url(admin, "dagster"),
