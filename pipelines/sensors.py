@@ -1,6 +1,7 @@
 """Sensors: the corpus watcher (new / changed / deleted files) and the run-failure recorder."""
 
 from dagster import (
+    AssetKey,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunRequest,
@@ -86,6 +87,12 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         )
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
+    if sync.removed and not runs:
+        # Deleting rows launches no run, so the index's checks (retrieval quality, recall) would keep
+        # describing the corpus before the deletion until some unrelated file's run: run them now.
+        runs.append(RunRequest(run_key=run_key("corpus-removed", sync.removed + [f"tick {tick}"]),
+                               asset_selection=[AssetKey("hnsw_index")],
+                               tags={"rag/trigger": "corpus_sensor", "rag/reason": "files deleted"}))
     requests = sync.requests()
     if not (runs or requests or result.new or result.changed):
         return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files{gone_note}"),

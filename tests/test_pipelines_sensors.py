@@ -63,7 +63,7 @@ def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
 def launch(instance, rag, run_request):
     job = defs.resolve_job_def("ingest_files")
     config = {"database_url": rag.database_url, "home": rag.home}
-    return job.execute_in_process(instance=instance, tags=run_request.tags,
+    return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection,
                                   run_config={"resources": {"rag": {"config": config}},
                                               "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
                                   raise_on_error=False)
@@ -172,7 +172,10 @@ def test_sensor_new_changed_deleted(env):
     deleted = sensor_tick(instance, rag, cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
-    assert not deleted.run_requests
+    # ... and the index's checks run on what is left (a run of hnsw_index alone, no partition)
+    (refresh,) = deleted.run_requests
+    assert [k.to_user_string() for k in refresh.asset_selection] == ["hnsw_index"]
+    assert launch(instance, rag, refresh).success
     with pytest.raises(NotFoundError):
         kb.show(RELS[1])
     assert kb.store.load_stage("default", RELS[1], "raw_documents") is None
