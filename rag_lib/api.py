@@ -197,7 +197,8 @@ class KnowledgeBase:
     def embed_document(self, path: str | Path | None = None, collection: str | None = None,
                        root: str | Path | None = None, force: bool = False, *,
                        file_path: str | Path | None = None) -> EmbedResult:
-        """Ingest one file (its path relative to `root`, default its folder); `file_path` is seed 000's
+        """Ingest one file (its path relative to `root`, default the registered root of the collection
+        holding it, else its folder); `file_path` is seed 000's
         name for `path`. Returns seed 001's EmbedResult fields (doc_id, chunk_count, embed_model,
         error_message, ...); the ingest report's attributes (`count()`, `outcomes`) read through."""
         if (path is None) == (file_path is None):
