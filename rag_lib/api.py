@@ -198,9 +198,9 @@ class KnowledgeBase:
                        root: str | Path | None = None, force: bool = False, *,
                        file_path: str | Path | None = None) -> EmbedResult:
         """Ingest one file (its path relative to `root`, default the registered root of the collection
-        holding it, else its folder); `file_path` is seed 000's
-        name for `path`. Returns seed 001's EmbedResult fields (doc_id, chunk_count, embed_model,
-        error_message, ...); the ingest report's attributes (`count()`, `outcomes`) read through."""
+        holding it, else its folder); `file_path` is seed 000's name for `path`. Returns seed 001's
+        EmbedResult fields (doc_id, chunk_count, embed_model, error_message, ...); the ingest report's
+        attributes (`count()`, `outcomes`) read through."""
         if (path is None) == (file_path is None):
             raise ValidationError("give the file as `path` or `file_path` (one of them)")
         path = path if path is not None else file_path
