@@ -233,9 +233,11 @@ class KnowledgeBase:
             with self.recording_metrics():
                 return self.provider.embed([text])[0]
         from rag_lib.server import service  # the stored-text layout is the HTTP route's
+        from rag_lib.server.isolation import parsing_in_process
 
-        out = service.store_text(self, text, doc_id=doc_id, doc_type=doc_type, ticker=ticker, title=title,
-                                 doc_date=doc_date, collection=collection, force=force)
+        with parsing_in_process():
+            out = service.store_text(self, text, doc_id=doc_id, doc_type=doc_type, ticker=ticker, title=title,
+                                     doc_date=doc_date, collection=collection, force=force)
         return EmbedResult(doc_id=out["doc_id"], file_path=out["path"], doc_type=doc_type or "note",
                            ticker=ticker.upper() if ticker else None, chunk_count=out["chunks"],
                            embed_model=self.settings.embedding.model, status=out["status"],

@@ -169,3 +169,24 @@ def test_reembed_keeps_jsonl_records_at_their_paths(kb, tmp_path):
     out = kb.reembed_all()
     assert out["failed"] == 0 and out["missing_sources"] == []
     assert sorted(r["path"] for r in kb.store.document_sources()) == before
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_a_plain_script_stores_text_without_a_main_guard(database_url, tmp_path):
+    """Seed 000's `embed_text(text, doc_id=...)` in a script as people write them (no
+    `if __name__ == "__main__":`): the parse ran in a worker process that ran the script again."""
+    import subprocess
+    import sys
+
+    from testkit import child_env
+
+    script = tmp_path / "note.py"
+    script.write_text("from rag_lib import KnowledgeBase\n"
+                      "print('script start')\n"
+                      "with KnowledgeBase() as kb:\n"
+                      "    print(kb.embed_text('A note about grape harvest risk.', doc_id='grape-1').status)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=child_env(database_url, tmp_path / ".rag"),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["script", "start", "embedded"], done.stdout

@@ -12,6 +12,9 @@ import logging
 import multiprocessing as mp
 import resource
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -186,11 +189,30 @@ def sandbox_for(settings: Any) -> Sandbox:
         return _sandboxes[key]
 
 
+_IN_PROCESS: ContextVar[bool] = ContextVar("rag_parse_in_process", default=False)
+
+
+@contextmanager
+def parsing_in_process() -> Iterator[None]:
+    """Parse in this process within the block: a library call (a user's own script) is not a server
+    taking its clients' input, and a worker would run an unguarded script's top-level code again
+    (multiprocessing's `if __name__ == "__main__"` rule), failing the call."""
+    token = _IN_PROCESS.set(True)
+    try:
+        yield
+    finally:
+        _IN_PROCESS.reset(token)
+
+
 def preflight(kb: Any, path: Path, root: Path, collection: str) -> Preflight:
-    """Sandboxed parse of one file with the knowledge base's settings (see `Sandbox.preflight`)."""
+    """Sandboxed parse of one file with the knowledge base's settings (see `Sandbox.preflight`);
+    in this process inside `parsing_in_process`."""
     settings = kb.settings
+    if _IN_PROCESS.get():
+        return _parse_job(str(path), str(root), collection, settings.max_file_bytes, str(settings.sections_file),
+                          settings.limits)
     return sandbox_for(settings).preflight(path, root, collection, settings.max_file_bytes,
                                            Path(settings.sections_file), settings.limits)
 
 
-__all__ = ["Preflight", "Sandbox", "preflight", "sandbox_for", "warm_up"]
+__all__ = ["Preflight", "Sandbox", "parsing_in_process", "preflight", "sandbox_for", "warm_up"]
