@@ -17,11 +17,11 @@ from rag_lib.documents import file_of
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
-from rag_lib.errors import ConfigError, NotFoundError, ValidationError, did_you_mean
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError, did_you_mean, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import setup_logging
-from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult
+from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult, collection_problem
 from rag_lib.ingest.stages import Engine
 from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
@@ -135,7 +135,10 @@ class KnowledgeBase:
         self.close()
 
     def _collection(self, collection: str | None) -> str:
-        return collection or self.settings.collection
+        name = collection or self.settings.collection
+        if problem := collection_problem(name):
+            raise ValidationError(problem)
+        return name
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -155,10 +158,12 @@ class KnowledgeBase:
         loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits).
         The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
         location watches them."""
-        self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
-        paths = [Path(p) for p in paths]
+        paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]  # one path is a list of one
         if root is None:
             root = self._registered_root_of(paths, self._collection(collection))
+        elif Path(root).is_dir():  # a --root inside or holding a root of the collection: its files again, other paths
+            self._refuse_nested_root(Path(root).expanduser().resolve(), self._collection(collection))
+        self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         with self.recording_metrics():
             report = run_ingest(
                 self.engine, paths, self._collection(collection),
@@ -225,8 +230,10 @@ class KnowledgeBase:
         """Without `doc_id`: the vector of `text` in the configured space (nothing stored). With it
         (seed 000's `embed_text(text, doc_id, doc_type, ticker)`): the text is stored as a searchable
         document with that id, as `POST /api/rag/embed-text` does, and an `EmbedResult` returned."""
-        if not text or not text.strip():
+        if not isinstance(text, str) or not text.strip():
             raise ValidationError("text is empty")
+        if problem := text_problem(text):
+            raise ValidationError(f"text {problem}")
         if doc_id is None:
             if any(v is not None for v in (doc_type, ticker, title, doc_date)):
                 raise ValidationError("doc_type, ticker, title and doc_date describe a stored text: give doc_id too")
@@ -411,6 +418,9 @@ class KnowledgeBase:
         options = None
         overrides = {k: v for k, v in (("semantic_weight", semantic_weight), ("lexical_weight", lexical_weight),
                                         ("rerank_depth", rerank_depth)) if v is not None}
+        for name, value in overrides.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < (1 if name == "rerank_depth" else 0):
+                raise ValidationError(f"{name} must be a number, {'1' if name == 'rerank_depth' else '0'} or more, got {value!r}")
         if overrides:
             options = dataclasses.replace(SearchOptions.from_settings(self.settings), **overrides)
         expander = None
@@ -563,6 +573,9 @@ class KnowledgeBase:
 
     def cache_prune(self, older_than_days: float = 30.0, include_referenced: bool = False,
                     model: str | None = None) -> int:
+        """Delete embedding-cache entries unused for `older_than_days` (0 or more); returns how many."""
+        if isinstance(older_than_days, bool) or not isinstance(older_than_days, (int, float)) or older_than_days < 0:
+            raise ValidationError(f"older_than_days must be a number of days, 0 or more, got {older_than_days!r}")
         return self.store.cache_prune(older_than_days, include_referenced, model)
 
     def reembed_status(self) -> dict[str, Any]:
@@ -859,6 +872,8 @@ def _doc_types(doc_type: str | list[str] | None) -> str | list[str] | None:
 
     if not doc_type:
         return doc_type
+    if not (isinstance(doc_type, str) or (isinstance(doc_type, (list, tuple)) and all(isinstance(v, str) for v in doc_type))):
+        raise ValidationError(f"doc_type must be a string or a list of strings, got {doc_type!r}")
     out: list[str] = []
     for value in [doc_type] if isinstance(doc_type, str) else doc_type:
         for name in (value, normalise_type(value)):

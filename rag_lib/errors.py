@@ -16,6 +16,15 @@ def did_you_mean(options: list[str]) -> str:
     return f" (did you mean {' or '.join(options)}?)" if options else ""
 
 
+def text_problem(text: str) -> str | None:
+    """Why PostgreSQL or the tokenizer cannot take `text` (a NUL, an unpaired surrogate), or None."""
+    if "\x00" in text:
+        return "holds a NUL character; remove it"
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        return "holds an unpaired surrogate (text that is not valid Unicode); send it as UTF-8"
+    return None
+
+
 class RagError(Exception):
     """Base class; `str(err)` is the one line shown to users (what, where, what to do)."""
 

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+# One rule for collection names everywhere (library, CLI, HTTP, MCP): a name is a folder of uploads
+# and a partition-key prefix, so no '/', '..' or spaces.
+COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+def collection_problem(name: str) -> str | None:
+    """Why `name` cannot be a collection's name, or None."""
+    if not isinstance(name, str) or not re.fullmatch(COLLECTION_PATTERN, name) or len(name) > 200:
+        return (f"collection '{str(name)[:80]}' must be 1-200 letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit (no '/' or spaces)")
+    return None
 
 
 @dataclass(frozen=True)

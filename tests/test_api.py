@@ -171,6 +171,15 @@ def test_reembed_keeps_jsonl_records_at_their_paths(kb, tmp_path):
     assert sorted(r["path"] for r in kb.store.document_sources()) == before
 
 
+def test_bad_arguments_are_validation_errors(kb):
+    with pytest.raises(ValidationError, match="text holds a NUL character"):
+        kb.embed_text("te\x00xt", doc_id="nul-1")
+    with pytest.raises(ValidationError, match="older_than_days must be a number of days, 0 or more"):
+        kb.cache_prune(-5)
+    with pytest.raises(ValidationError, match="collection 'a b/../c' must be"):
+        kb.ingest([], collection="a b/../c")
+
+
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_a_plain_script_stores_text_without_a_main_guard(database_url, tmp_path):

@@ -169,6 +169,42 @@ def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(k
     assert "copper" in kb.search("metals supply", collection="desk").hits[0].text
 
 
+def test_one_path_from_two_folders_moved_folders_and_missing_roots(kb, tmp_path):
+    def note(folder, name, text):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(f"# {text}\n\n## Body\n\nThe desk watches {text}.\n")
+
+    note(tmp_path / "s1", "same.md", "spruce")
+    note(tmp_path / "s2", "same.md", "sequoia")
+    # one ingest naming two folders that hold the same path: refused before anything is written
+    with pytest.raises(ValidationError, match="would both be document 'same.md' of collection 'ss'"):
+        kb.ingest([tmp_path / "s1", tmp_path / "s2"], collection="ss")
+    assert kb.list_documents("ss") == []
+    kb.ingest(tmp_path / "s1", collection="ss")  # one path, not a list of its characters
+    # an explicit --root holding (or inside) a registered root would add its files again, longer paths
+    with pytest.raises(ValidationError, match="holds"):
+        kb.ingest([tmp_path / "s1" / "same.md"], collection="ss", root=tmp_path)
+
+    # a folder that moved: its unchanged files are read from the new place, so another folder's file
+    # with the same path is a conflict, not a takeover of a document whose "source is gone"
+    note(tmp_path / "a" / "notes", "x.md", "apples")
+    note(tmp_path / "b" / "notes", "x.md", "bananas")
+    kb.ingest([tmp_path / "a"], collection="kb")
+    (tmp_path / "a").rename(tmp_path / "a2")
+    assert kb.ingest([tmp_path / "a2"], collection="kb").outcomes[0].status == "unchanged"
+    assert kb.show("notes/x.md", "kb")["source_path"] == str(tmp_path / "a2" / "notes" / "x.md")
+    assert kb.ingest([tmp_path / "b"], collection="kb").outcomes[0].reason == "document_conflict"
+
+    # pruning one root leaves a root whose folder is missing (an unmounted disk) alone
+    note(tmp_path / "p", "p.md", "peaches")
+    note(tmp_path / "q", "q.md", "quinces")
+    kb.ingest([tmp_path / "p"], collection="pq")
+    kb.ingest([tmp_path / "q"], collection="pq")
+    shutil.rmtree(tmp_path / "q")
+    assert kb.ingest([tmp_path / "p"], collection="pq", prune=True).pruned == []
+    assert {d["path"] for d in kb.list_documents("pq")} == {"p.md", "q.md"}
+
+
 def test_collections_are_isolated(kb, corpus_copy, tmp_path):
     root = corpus_copy(LEARNING)
     other = tmp_path / "other"

@@ -138,9 +138,20 @@ def test_hybrid_fuses_semantic_and_lexical(corpus_kb):
                          (dict(date_to="2026-13-01"), "date_to '2026-13-01' is not a date"),
                          (dict(ticker=123), "ticker must be a string or a list of strings"),
                          (dict(min_similarity=5), "min_similarity must be a number between 0 and 1"),
-                         (dict(top_k="3"), "top_k must be a whole number")):
+                         (dict(top_k="3"), "top_k must be a whole number"),
+                         (dict(doc_type=5), "doc_type must be a string or a list of strings"),
+                         (dict(section=5), "section must be a string"), (dict(path=5), "path must be a string"),
+                         (dict(tags="x"), "tags must be a mapping"), (dict(collection="../evil"), "collection '../evil' must be"),
+                         (dict(semantic_weight=-1), "semantic_weight must be a number, 0 or more"),
+                         (dict(rerank_depth=0), "rerank_depth must be a number, 1 or more")):
         with pytest.raises(ValidationError, match=message):
             corpus_kb.search(q, mode="hybrid", **bad)
+    # what PostgreSQL or the tokenizer cannot take is said, not a database error (which lost the
+    # process's other metric records with it)
+    for text, message in (("nv\x00da", "query holds a NUL character"), ("nv\ud800da", "query holds an unpaired surrogate"),
+                          (123, "query must be a string")):
+        with pytest.raises(ValidationError, match=message):
+            corpus_kb.search(text, mode="hybrid")
 
 
 def test_results_grouped_by_unit(corpus_kb):

@@ -135,6 +135,7 @@ def ingest(
     report = IngestReport(collection=collection)
     paths = list(paths)
     files, refused = _keyable(source_files(paths, collection, root))
+    _refuse_one_path_twice(files, collection)
     for skip in refused:  # recorded as the Dagster partition sync records them; no stage row can hold the path
         store.record_skip(skip)
         report.outcomes.append(FileOutcome(skip.path, "skipped", reason=skip.reason, detail=skip.detail))
@@ -177,7 +178,10 @@ def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_
     """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
     the stage rows of such files (a file put back later starts afresh); returns the paths deleted."""
     sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
-    gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes))
+    # a registered root whose folder is missing (an unmounted disk) has not lost its files
+    away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
+    gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
+                  and not (src and any(Path(src).is_relative_to(a) for a in away)))
     for path in gone:
         store.delete_document(collection, path)
     kept = set(sources) - set(gone)
@@ -223,6 +227,18 @@ class _Round:
 
     targets: list[FileTarget]
     outcomes: dict[str, dict[str, StageOutcome]] = field(default_factory=dict)
+
+
+def _refuse_one_path_twice(files: list[SourceFile], collection: str) -> None:
+    """Two files of one ingest with the same path under their roots (`a/x.md` and `b/x.md`, both
+    `x.md`) would be one document, the second silently replacing the first: refused before anything."""
+    first: dict[str, SourceFile] = {}
+    for source in files:
+        other = first.setdefault(source.rel, source)
+        if other is not source and other.path != source.path:
+            raise ValidationError(
+                f"{other.path} and {source.path} would both be document '{source.rel}' of collection "
+                f"'{collection}': ingest them into different collections, or ingest their common folder as one root")
 
 
 def _keyable(files: list[SourceFile]) -> tuple[list[SourceFile], list[Skipped]]:

@@ -348,6 +348,14 @@ class StageRunner:
         claims: dict[str, dict[str, str | None]] = {}
         for c in {t.collection for t in targets}:
             claims[c] = self.store.document_sources_of(c, [t.rel for t in targets if t.collection == c])
+            # A file whose recorded source is gone was moved with its folder: it is read from here now,
+            # also when its bytes are unchanged (the conflict check below relies on the sources).
+            moves = {path: str(t.path.resolve()) for t in targets if t.collection == c
+                     for path, source in claims[c].items()
+                     if (path == t.rel or path.startswith(t.rel + "#")) and source and not os.path.exists(source)}
+            if moves:
+                self.store.move_document_sources(c, moves)
+                claims[c].update(moves)
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:

@@ -20,7 +20,7 @@ import numpy as np
 
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.flatten import load_mapping
-from rag_lib.errors import ValidationError
+from rag_lib.errors import ValidationError, text_problem
 from rag_lib.models import SearchFilters, SearchHit, SearchResult
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
@@ -191,8 +191,18 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
 
 def _validate(query: str, mode: str, top_k: int, filters: SearchFilters, min_similarity: float = 0.0) -> None:
     """A `ValidationError` naming the argument for what the database would otherwise reject obscurely."""
-    if not isinstance(query, str) or not query.strip():
+    if not isinstance(query, str):
+        raise ValidationError(f"query must be a string, got {type(query).__name__}")
+    if not query.strip():
         raise ValidationError("query is empty; pass some words to search for")
+    for name, value in (("query", query), ("section", filters.section), ("path", filters.path),
+                        ("section_contains", filters.section_contains)):
+        if value is not None and not isinstance(value, str):
+            raise ValidationError(f"{name} must be a string, got {value!r}")
+        if value and (problem := text_problem(value)):
+            raise ValidationError(f"{name} {problem}")
+    if filters.tags is not None and not isinstance(filters.tags, dict):
+        raise ValidationError(f"tags must be a mapping of tag to value(s), got {filters.tags!r}")
     if mode not in MODES:
         raise ValidationError(f"unknown search mode '{mode}'; use one of {', '.join(MODES)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
-from rag_lib.models import SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit
+from rag_lib.models import COLLECTION_PATTERN, SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit, collection_problem
 from rag_lib.search.classify import QueryPlan
 from rag_lib.search.context import Citation as ContextCitation
 
@@ -29,17 +29,12 @@ TagValue = typing.Annotated[str, Field(max_length=200)] | int | float | bool | N
 
 # A collection is one folder under the upload directory: one path component from a small alphabet,
 # so `ca` + `b/x.md` and `ca/b` + `x.md` (or `default/texts`) can never name the same file.
-COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-_COLLECTION_RE = re.compile(COLLECTION_PATTERN)
-
-
 def check_collection(value: str) -> str:
     """A collection name as requests may give it (letters, digits, '.', '_', '-'; no '/')."""
     if "\x00" in value:  # the same code as a NUL anywhere else in a request
         raise ValueError("invalid_character: collection holds a NUL character; remove it")
-    if not _COLLECTION_RE.fullmatch(value) or len(value) > 200:
-        raise ValueError(f"collection '{value[:80]}' must be 1-200 letters, digits, '.', '_' or '-', starting "
-                         "with a letter or digit (no '/' or spaces)")
+    if problem := collection_problem(value):
+        raise ValueError(problem)
     return value
 
 

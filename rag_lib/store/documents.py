@@ -277,6 +277,13 @@ class DocumentStore:
                 (collection, doc["path"])))
         return doc
 
+    def move_document_sources(self, collection: str, moves: dict[str, str]) -> None:
+        """Record that the documents at these paths are now read from another file (their folder
+        moved): path → the new source file."""
+        with self.db.connection() as conn, conn.cursor() as cur:
+            cur.executemany("UPDATE rag_documents SET source_path = %s WHERE collection = %s AND path = %s",
+                            [(source, collection, path) for path, source in moves.items()])
+
     def document_sources_of(self, collection: str, files: Sequence[str]) -> dict[str, str | None]:
         """path → the file it was read from, of the documents at these paths (a JSONL file's: its records)."""
         records = [like_escape(f) + "#%" for f in files if f.endswith(".jsonl")]
