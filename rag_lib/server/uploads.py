@@ -82,9 +82,15 @@ def ingest_path(kb: Any, path: str, collection: str | None = None, force: bool =
     rel = file.relative_to(root).as_posix()
     found = preflight(kb, file, root, coll)
     _confined_identities(found, rel)
-    report = scrub_outcomes(_ingest(kb, file, root, coll, force, found, rel), [r.resolve() for r in roots] + roots)
+    return _conflict_raised(scrub_outcomes(_ingest(kb, file, root, coll, force, found, rel),
+                                           [r.resolve() for r in roots] + roots))
+
+
+def _conflict_raised(report: dict[str, Any]) -> dict[str, Any]:
+    """`report`, unless a file of it names another file's document: then `DocumentConflictError`
+    (409), however the conflict was found (before publishing, or by the ingest itself)."""
     for item in report.get("files", []):
-        if item.get("reason") == "document_conflict":  # another file's document: a 409, as for uploads
+        if item.get("reason") == "document_conflict":
             raise DocumentConflictError(str(item.get("detail", "")).removeprefix("DocumentConflictError: "))
     return report
 
@@ -133,8 +139,8 @@ def _stage_and_publish(kb: Any, data: bytes, rel: Any, target: Path, root: Path,
         with _lock_for(target):
             _no_takeover(kb, found, target, coll)
             found = found.moved_to(staged.resolve(), target)
-            return scrub_outcomes(_publish(kb, staged, staging / "previous", target, root, coll, force, found,
-                                           rel.as_posix()), [root, base])
+            return _conflict_raised(scrub_outcomes(_publish(kb, staged, staging / "previous", target, root, coll,
+                                                            force, found, rel.as_posix()), [root, base]))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

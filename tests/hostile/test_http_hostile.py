@@ -214,6 +214,11 @@ def test_upload_cannot_replace_a_document_from_another_root(keyed):
     r = c.post("/api/rag/embed", json={"name": "good.md", "content": "# Impostor\n\n## A\n\nReplaced.\n"})
     assert r.status_code == 409 and error_code(r) == "document_conflict"
     assert db_state(keyed["db"]) == before and "default/good.md" not in uploads_of(keyed)
+    # content the sandboxed parse finds no document in: the ingest itself finds the conflict, and the
+    # answer is the same 409 (it was a 200 with a failed file), with nothing left behind
+    r = c.post("/api/rag/embed", json={"name": "good.md", "content": "   \n"})  # empty: skipped by the parse
+    assert r.status_code == 409 and error_code(r) == "document_conflict", r.text
+    assert db_state(keyed["db"]) == before and "default/good.md" not in uploads_of(keyed)
     good_still_found(c)
 
 
