@@ -782,11 +782,28 @@ def get_settings() -> Settings:
     """The process-wide settings (cached; tests build their own `Settings`). A value of the wrong
     type or out of range is a `ConfigError` naming the setting, its variable and the problem."""
     from pydantic import ValidationError as PydanticValidationError
+    from pydantic_settings import SettingsError
 
     from rag_lib.errors import ConfigError
 
+    nested: dict[str, Any] = {}  # RAG_SEARCH__TOP_K=3 → {"search": {"top_k": "3"}}
+    for name, value in os.environ.items():
+        if name.startswith("RAG_") and "__" in name:  # a section's key; top-level RAG_* names are not all ours
+            *sections, key = name[4:].lower().split("__")
+            node = nested
+            for section in sections:
+                node = node.setdefault(section, {}) if isinstance(node.get(section, {}), dict) else {}
+            node[key] = value
+    if unknown := unknown_keys(nested, Settings):
+        # pydantic-settings ignores them: a typo would leave the default in force without a word
+        named = "; ".join(f"RAG_{key.replace('.', '__').upper()}" + (f" (did you mean RAG_{near.replace('.', '__').upper()}?)"
+                                                                       if near else "") for key, near in unknown)
+        raise ConfigError(f"unknown setting variable {named}: correct or unset it (README, Configuration)")
     try:
         return Settings()
+    except SettingsError as exc:  # a variable whose value does not parse (JSON for lists and mappings)
+        raise ConfigError(f"{exc}: check the RAG_* variables of that setting (lists and mappings are JSON, "
+                          "e.g. RAG_PIPELINE__ROOTS='[{\"path\": \"/data/corpus\"}]')") from exc
     except PydanticValidationError as exc:
         problems = []
         for err in exc.errors():

@@ -279,3 +279,17 @@ def test_a_bad_value_or_a_missing_settings_file_is_a_config_error_naming_it(monk
     monkeypatch.setenv("RAG_LIMITS__MAX_DEPTH", "-1")
     with pytest.raises(ConfigError, match=r"limits\.max_depth: Input should be greater than or equal to 1"):
         config.get_settings.__wrapped__()
+
+
+def test_a_mistyped_or_unparsable_setting_variable_is_a_config_error(monkeypatch):
+    """pydantic-settings ignores RAG_* variables naming no setting: a typo left the default in force."""
+    monkeypatch.setenv("RAG_SEARCH__FUSIONN", "rrf")
+    with pytest.raises(ConfigError, match=r"unknown setting variable RAG_SEARCH__FUSIONN \(did you mean RAG_SEARCH__FUSION\?\)"):
+        config.get_settings.__wrapped__()
+    monkeypatch.delenv("RAG_SEARCH__FUSIONN")
+    monkeypatch.setenv("RAG_PIPELINE__ROOTS", "notjson")
+    with pytest.raises(ConfigError, match="pipeline.*lists and mappings are JSON"):
+        config.get_settings.__wrapped__()
+    monkeypatch.setenv("RAG_PIPELINE__ROOTS", '[{"path": "/tmp", "collection": "x"}]')
+    monkeypatch.setenv("RAG_SEARCH__TOP_K", "3")
+    assert config.get_settings.__wrapped__().search.top_k == 3
