@@ -30,14 +30,19 @@ def load_queries(path: str | Path) -> dict[str, str]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ValidationError(f"cannot read queries file {path}: {exc.strerror}") from exc
+    first_line: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            out[str(record["_id"])] = str(record["text"])
+            qid, text = str(record["_id"]), str(record["text"])
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValidationError(f"{path}:{n}: not a BEIR query record ({exc})") from exc
+        if qid in first_line:  # which text the judgments are for cannot be told
+            raise ValidationError(f"{path}:{n}: query id '{qid}' repeats line {first_line[qid]}; give each query its own id")
+        first_line[qid] = n
+        out[qid] = text
     return out
 
 

@@ -156,14 +156,20 @@ def test_cli_errors_name_the_file_the_collection_and_the_predicate(rag, corpus_c
     assert code == 1 and "predicate 'exhibited_bais' (did you mean exhibited_bias?)" in err
     queries, qrels, empty = tmp_path / "q.jsonl", tmp_path / "qrels.tsv", tmp_path / "empty.tsv"
     queries.write_text(json.dumps({"_id": "q1", "text": "loss aversion before earnings"}) + "\n")
-    qrels.write_text(f"query-id\tcorpus-id\tscore\nq1\t{LEARNING}#lesson\t1\n")
+    qrels.write_text(f"query-id\tcorpus-id\tscore\nq1\t{LEARNING}#pattern\t1\n")
     empty.write_text("")
     code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "-c", "nosuch")
     assert code == 1 and "collection 'nosuch' holds no documents; these do: default" in err
     code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(empty))
     assert code == 1 and "no judgments in it" in err
-    code, out, _ = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--json")
-    assert code == 0 and json.loads(out)["queries"] == 1
+    code, out, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--json")
+    assert code == 0 and json.loads(out)["queries"] == 1 and "warning" not in err
+    # judgments of units the collection does not hold (another corpus, --unit document for section ids)
+    code, out, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--unit", "document")
+    assert code == 0 and "warning: no judged document was found for any query" in err
+    queries.write_text(queries.read_text() * 2)  # the same id twice: which text is judged?
+    code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels))
+    assert code == 1 and "query id 'q1' repeats line 1" in err
 
 
 def test_validate_is_a_dry_run_that_fails_on_problems(rag, corpus_copy):

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import CollectionOpt, app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, app, console, err_console, fail, kb, print_json
 
 
 @app.command("eval")
@@ -48,7 +48,13 @@ def eval_command(
         report = evaluate_kb(base, query_map, judged, mode=mode, unit=unit, collection=collection,
                              progress=lambda: bar.update(task, advance=1))
     if report.queries == 0:
-        fail("no judged query has text in the queries file; check that the ids match", 1)
+        fail("no judged query has text in the queries file, or no judgment has a grade above 0; check that the "
+             "ids match", 1)
+    if all(m.get("recall@100", 0) == 0 for m in report.per_query.values()):
+        # not one judged unit in any query's first 100: the qrels name units this collection does not hold
+        err_console.print(f"[yellow]warning:[/] no judged {unit} was found for any query: do the qrels' ids match "
+                          f"--unit {unit} ('<path>#<section>' or a document id) and the paths of collection "
+                          f"'{collection or base.settings.collection}' (see `rag list`)?", highlight=False, soft_wrap=True)
     ragas = None
     if judge:
         asked = {q: query_map[q] for q in judged if q in query_map}
