@@ -20,12 +20,13 @@ from rag_lib.embedding.spaces import SpaceProviders
 from rag_lib.errors import ConfigError, NotFoundError, ValidationError, did_you_mean, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
-from rag_lib.log import setup_logging
+from rag_lib.log import get_logger, setup_logging
 from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult, collection_problem
 from rag_lib.ingest.stages import Engine
 from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
 
+log = get_logger(__name__)
 
 @dataclasses.dataclass
 class EmbedResult:
@@ -290,6 +291,11 @@ class KnowledgeBase:
         so they get a stable label like any other root)."""
         for configured in self.settings.pipeline.roots:
             path = Path(configured.path).expanduser().resolve()
+            try:  # the rules of `rag roots add`; a settings file is read by every process, so a warning
+                self._refuse_nested_root(path, configured.collection)
+            except ValidationError as exc:
+                _warn_once(f"pipeline.roots entry {path} is not registered: {exc}")
+                continue
             self.store.register_root(path, configured.collection, source="config")
         return self.store.list_roots()
 
@@ -850,6 +856,16 @@ class KnowledgeBase:
         if name not in checks:
             raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")
         return checks[name]()
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log a warning once per process (settings are read again and again)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
 
 
 def as_date(value: Any, name: str) -> Any:

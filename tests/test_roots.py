@@ -48,6 +48,9 @@ def test_a_folder_inside_a_root_keeps_the_roots_paths_and_is_no_root_of_its_own(
         kb.ingest([root.parent])
     kb.add_root(root / "tradegent", "elsewhere")  # another collection is another corpus
     assert len(kb.list_documents()) == len(before)
+    # a nested root in rag.yaml's pipeline.roots is not registered either (a warning, once)
+    kb.settings.pipeline.roots = [CorpusRootSettings(path=root / "tradegent", collection="default")]
+    assert [r.path for r in kb.roots() if r.collection == "default"] == [root.resolve()]
 
 
 def test_upload_folder_is_never_a_root(kb, tmp_path):
