@@ -162,7 +162,14 @@ class Reembedder:
         active = self.store.active_space()
         report = ReembedReport(self.space, active["space"] if active else None, self.run_id)
         self.start()
-        self.fill(report)
+        try:
+            self.fill(report)
+        except Exception:
+            # failed before one vector was stored (a wrong setting, a provider down): nothing to
+            # resume, and a space left "building" would refuse every other re-embed until --abort
+            if not self.store.get_space(self.space)["vectors"]:
+                self.store.drop_space(self.space)
+            raise
         if not switch:
             report.gates = self.gates(quality=not skip_quality)
             report.seconds = time.perf_counter() - started

@@ -168,6 +168,12 @@ def test_documents_published_during_a_build_are_caught_up(rkb, stub):
 def test_a_failed_fill_never_switches_and_writes_nothing_bad(rkb, stub):
     settings = rkb.settings.model_copy(deep=True)
     settings.embedding.reembed.batch_size = 4  # fill rounds of 4 chunks: one request each
+    # failing before one vector is stored (a wrong setting): no space is left building to block the next
+    stub.script(["wrong_dims"])
+    with pytest.raises(DimensionMismatchError):
+        rm.reembed(settings, rkb.store, NEW)
+    stub.clear_script()
+    assert NEW not in {s["space"] for s in rkb.store.list_spaces()}
     stub.script(["ok", "500", "500"])  # round 1 succeeds, round 2 fails after its one retry
     with pytest.raises(EmbeddingError, match="failed after 2 attempts"):
         rm.reembed(settings, rkb.store, NEW)
