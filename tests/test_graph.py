@@ -300,6 +300,11 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
         r = client.post("/api/rag/hybrid-context", json={"query": "compare NVDA vs AMD", "token_budget": 500})
         assert r.status_code == 200, r.text
         assert r.json()["route"] == "per-ticker" and r.json()["tokens"] <= 500
+        # the Python API's and MCP tool's arguments (seed 004's get_hybrid_context) are the route's too
+        r = client.post("/api/rag/hybrid-context", json={"query": "NVDA thesis", "analysis_type": "trade-journal",
+                                                         "exclude_doc_id": "TRD-2025-001", "token_budget": 800})
+        assert r.status_code == 200, r.text
+        assert r.json()["hits"] and all(h["doc_id"] != "TRD-2025-001" for h in r.json()["hits"])
 
     # MCP, in process through the SDK client
     async def run() -> None:

@@ -18,6 +18,10 @@ class HybridContextRequest(Request):
     query: str = Field(min_length=1, max_length=4000, description="The question to build context for.")
     ticker: str | None = Field(None, max_length=16, description="The ticker the question is about.")
     token_budget: int = Field(4000, ge=64, le=32000, description="Maximum tokens of markdown.")
+    analysis_type: str | None = Field(None, max_length=200, description=(
+        "Only passages of this document type, e.g. earnings-analysis (learnings are still added)."))
+    exclude_doc_id: str | None = Field(None, max_length=512, description=(
+        "Leave this document out, e.g. the analysis being written."))
     collection: CollectionName | None = None
 
 
@@ -59,7 +63,8 @@ def graph_router(get_kb: Callable[[], KnowledgeBase], read: list) -> APIRouter:
     def hybrid_context(body: HybridContextRequest, kb: KB) -> dict[str, Any]:
         """Passages with citations and knowledge-graph facts for a question, within a token budget."""
         out = kb.hybrid_context(body.query, ticker=body.ticker, token_budget=body.token_budget,
-                                collection=body.collection)
+                                collection=body.collection, analysis_type=body.analysis_type,
+                                exclude_doc_id=body.exclude_doc_id)
         return {**_safe(out.to_dict()), "request_id": request_id_var.get()}
 
     return router
