@@ -266,7 +266,7 @@ class KnowledgeBase:
         if not deleted:
             name = self._collection(collection)
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{name}'"
-                                f"{did_you_mean(self.store.paths_like(name, ref))}")
+                                f"{self.store.not_found_hint(name, ref)}")
         self.search_caches.clear()
         self.rebuild_profiles(collection)  # a profile built from the deleted document changes or goes
         return deleted

@@ -214,6 +214,9 @@ def test_collections_are_isolated(kb, corpus_copy, tmp_path):
     assert {r["collection"] for r in kb.list_documents()} == {"alpha", "beta"}
     assert len(kb.search("loss aversion", collection="alpha").hits) > 0
     assert {h.collection for h in kb.search("loss aversion", collection="beta").hits} == {"beta"}
+    # looked up in the wrong collection: the one that has it is named
+    with pytest.raises(NotFoundError, match="it is in collection 'alpha' and 'beta': name that collection"):
+        kb.show(LEARNING, collection="gamma")
     kb.delete_document(LEARNING, collection="alpha")
     assert kb.status("alpha")["documents"] == 0 and kb.status("beta")["documents"] == 1
     with pytest.raises(NotFoundError):

@@ -210,6 +210,21 @@ class DocumentStore:
                 return paths
         return []
 
+    def collections_holding(self, ref: str, limit: int = 5) -> list[str]:
+        """The collections with a document at path `ref` or with id `ref`."""
+        with self.db.connection() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT DISTINCT collection FROM rag_documents WHERE path = %s OR doc_id = %s ORDER BY 1 LIMIT %s",
+                (ref, ref, limit))]
+
+    def not_found_hint(self, collection: str, ref: str) -> str:
+        """What to say after "no document REF in COLLECTION": the collections that have it, else the
+        paths of this one spelled closest."""
+        elsewhere = [c for c in self.collections_holding(ref) if c != collection]
+        if elsewhere:
+            return f"; it is in collection {' and '.join(repr(c) for c in elsewhere)}: name that collection"
+        return did_you_mean(self.paths_like(collection, ref))
+
     def paths_like(self, collection: str, ref: str, limit: int = 3) -> list[str]:
         """Document paths close to `ref`, for a "did you mean": those holding its file name (any case),
         shortest first, else the closest by spelling among the collection's first PATHS_COMPARED."""
@@ -266,7 +281,7 @@ class DocumentStore:
                                         (collection, paths[0]))) if paths else []
             if not found:
                 raise NotFoundError(f"no document '{ref}' in collection '{collection}'"
-                                    f"{did_you_mean(self.paths_like(collection, ref))}; see `rag list`")
+                                    f"{self.not_found_hint(collection, ref)}; see `rag list`")
             doc = found[0]
             doc["sections"] = _dicts(conn.execute(
                 "SELECT name, title, ordinal, token_count, is_empty FROM rag_sections"
