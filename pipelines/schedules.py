@@ -30,7 +30,9 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())
     wanted = plan.stale if only_stale else plan.keys
     if not wanted:
-        return SkipReason(f"all {len(on_disk)} files are current")
+        return SkipReason(f"all {len(on_disk)} files are current" + (
+            f" (embedded with {rag.kb().settings.embedding.model}, embed_version "
+            f"{rag.kb().settings.embedding.embed_version})" if only_stale else ""))
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else ""
     return [
         RunRequest(run_key=run_key(trigger, wanted + [tick, start, end]), job_name=job_name,

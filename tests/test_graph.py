@@ -186,6 +186,9 @@ def test_graph_queries_and_hybrid_context_routing_within_budget(kb, corpus_copy)
     assert kb.hybrid_context("NVDA risks", ticker="NVDX", token_budget=1500).note.startswith(
         "no document of collection 'default' has ticker NVDX (did you mean NVDA?)")
     assert kb.hybrid_context("NVDA risks", token_budget=64).note == "no passage fits within token_budget 64; raise it"
+    assert "no document of type earnings-analyses (did you mean earnings-analysis" in kb.hybrid_context(
+        "NVDA risks", analysis_type="earnings-analyses").note
+    assert kb.hybrid_context("NVDA risks", analysis_type="earnings_analysis").note is None  # a spelling of a type
     assert kb.hybrid_context("NVDA risks", collection="elsewhere").note.startswith("collection 'elsewhere' holds no documents")
     rel = kb.hybrid_context("How does NVDA relate to AMD?", token_budget=1500)
     assert rel.note is None

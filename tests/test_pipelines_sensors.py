@@ -277,6 +277,8 @@ def test_schedules_reconcile_and_reembed(env):
     assert launch(instance, rag, run).success
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         assert isinstance(nightly_reconcile(ctx), SkipReason)
+        skipped = reembed_schedule(ctx)  # says against what the files are current
+    assert skipped.skip_message == "all 2 files are current (embedded with all-MiniLM-L6-v2, embed_version 1)"
     # A new embed_version makes every published file stale for the re-embed schedule.
     bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
     preload_provider(bumped.settings(), kb.provider)

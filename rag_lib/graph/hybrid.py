@@ -11,7 +11,8 @@ from typing import Any
 
 from rag_lib.errors import NotFoundError, ValidationError, close_matches, did_you_mean
 from rag_lib.graph.queries import context_markdown, ticker_context
-from rag_lib.models import SearchHit
+from rag_lib.documents import normalise_type
+from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.search.context import ContextResult, assemble
 from rag_lib.search.results import first_by
 from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
@@ -176,13 +177,17 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     # Learnings go after the passages of the first few documents so a tight budget still keeps one.
     hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
     out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget)
-    out.note = _thin_context_note(kb, collection, ticker, hits, out)
+    out.note = _thin_context_note(kb, collection, ticker, hits, out, analysis_type)
     return out
 
 
-def _thin_context_note(kb, collection: str, ticker: str | None, hits: list[SearchHit], out: HybridContext) -> str | None:
+def _thin_context_note(kb, collection: str, ticker: str | None, hits: list[SearchHit], out: HybridContext,
+                       analysis_type: str | None = None) -> str | None:
     """One line on why a context holds less than asked for (None when nothing explains it)."""
     notes = []
+    spellings = list(dict.fromkeys(t for t in (analysis_type, normalise_type(analysis_type or "")) if t))
+    if spellings and (typed := kb.no_results_note(SearchFilters(collection=collection, doc_type=spellings))):
+        notes.append(f"{typed}; only learnings were added")
     known = kb.search_caches.known_tickers(kb.store, collection)
     if ticker and ticker.upper() not in known:
         notes.append(f"no document of collection '{collection}' has ticker {ticker.upper()}"
