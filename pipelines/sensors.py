@@ -43,7 +43,8 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
                           "or pipeline.roots in rag.yaml)")
     previous, tick = decode_state(context.cursor)
     # An unmounted disk or a moved folder: its documents stay, and the operator is told every tick
-    missing = [r for r in pmap.roots if r not in pmap.present_roots()]
+    present = pmap.present_roots()
+    missing = [r for r in pmap.roots if r not in present]
     for root in missing:
         context.log.warning("corpus root %s (%s, collection %s) is missing or not a folder: its files are not "
                             "scanned and its documents are kept; mount or restore it, or `rag roots remove %s`",

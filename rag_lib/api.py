@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rag_lib import search as search_mod
-from rag_lib.documents import file_of
+from rag_lib.documents import file_of, type_spellings
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
-from rag_lib.errors import ConfigError, NotFoundError, ValidationError, did_you_mean, text_problem
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import get_logger, setup_logging
@@ -160,14 +160,15 @@ class KnowledgeBase:
         The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
         location watches them."""
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]  # one path is a list of one
+        name = self._collection(collection)
         if root is None:
-            root = self._registered_root_of(paths, self._collection(collection))
+            root = self._registered_root_of(paths, name)
         elif Path(root).is_dir():  # a --root inside or holding a root of the collection: its files again, other paths
-            self._refuse_nested_root(Path(root).expanduser().resolve(), self._collection(collection))
+            _refuse_nested_root(Path(root).expanduser().resolve(), name, self._roots_of(name))
         self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         with self.recording_metrics():
             report = run_ingest(
-                self.engine, paths, self._collection(collection),
+                self.engine, paths, name,
                 prune=prune, force=force, root=Path(root) if root else None, progress=progress,
                 parsed=parsed, max_request_chunks=max_request_chunks,
             )
@@ -175,7 +176,7 @@ class KnowledgeBase:
             if changed:
                 self.search_caches.clear()
             report.profiles = self.rebuild_profiles(report.collection, changed=changed) or {}
-        self.register_ingested_roots(paths, self._collection(collection), root)
+        self.register_ingested_roots(paths, name, root)
         return report
 
     def rebuild_profiles(self, collection: str | None = None, *, changed: bool = True) -> dict[str, Any] | None:
@@ -262,9 +263,9 @@ class KnowledgeBase:
 
     def delete_document(self, ref: str, collection: str | None = None) -> list[str]:
         """Delete a document by path or id; returns the deleted paths."""
-        deleted = self.store.delete_document(self._collection(collection), ref)
+        name = self._collection(collection)
+        deleted = self.store.delete_document(name, ref)
         if not deleted:
-            name = self._collection(collection)
             raise NotFoundError(f"no document or skipped file '{ref}' in collection '{name}'"
                                 f"{self.store.not_found_hint(name, ref)}")
         self.search_caches.clear()
@@ -292,7 +293,7 @@ class KnowledgeBase:
         for configured in self.settings.pipeline.roots:
             path = Path(configured.path).expanduser().resolve()
             try:  # the rules of `rag roots add`; a settings file is read by every process, so a warning
-                self._refuse_nested_root(path, configured.collection)
+                _refuse_nested_root(path, configured.collection, self._roots_of(configured.collection))
             except ValidationError as exc:
                 _warn_once(f"pipeline.roots entry {path} is not registered: {exc}")
                 continue
@@ -313,41 +314,28 @@ class KnowledgeBase:
         if resolved.is_relative_to(self.upload_folder()):
             raise ValidationError(f"{path}: inside the HTTP API's upload folder {self.upload_folder()}, "
                                   "which is not a corpus root")
-        self._refuse_nested_root(resolved, self._collection(collection))
-        return self.store.register_root(resolved, self._collection(collection), source=source)
+        name = self._collection(collection)
+        _refuse_nested_root(resolved, name, self._roots_of(name))
+        return self.store.register_root(resolved, name, source=source)
 
     def _registered_root_of(self, paths: list[Path], collection: str) -> Path | None:
         """The registered root of `collection` every one of `paths` lies under (a file or subfolder of
         a corpus is ingested with the paths the corpus gives it, `notes/x.md`, not `x.md` a second
         time), or None. A folder holding a registered root of the collection is refused: its files
         would become documents a second time under longer paths."""
-        roots = [r.path for r in self.store.list_roots() if r.collection == collection]
+        roots = self._roots_of(collection)
         if not roots:
             return None
         spelled = [Path(os.path.abspath(p)) for p in paths]
         for folder in (p.resolve() for p in spelled if p.is_dir()):
-            self._refuse_nested_root(folder, collection, allow_inside=True)
+            _refuse_nested_root(folder, collection, roots, allow_inside=True)
         holders = {r for r in roots for p in spelled if p.resolve().is_relative_to(r) or p.is_relative_to(r)}
         covering = [r for r in holders if all(p.resolve().is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
         return max(covering, key=lambda r: len(r.parts)) if covering else None
 
-    def _refuse_nested_root(self, folder: Path, collection: str, allow_inside: bool = False) -> None:
-        """A `ValidationError` when `folder` lies inside another registered root of `collection`
-        (unless `allow_inside`) or holds one: each file would be a document twice, under two paths."""
-        for r in self.store.list_roots():
-            if r.collection != collection or r.path == folder:
-                continue
-            if folder.is_relative_to(r.path) and not allow_inside:
-                raise ValidationError(
-                    f"{folder} is inside {r.path}, a corpus root of collection '{collection}': its files are "
-                    f"documents there already (as '{folder.relative_to(r.path).as_posix()}/…'); a root of its own "
-                    "would add each one again under another path. Use that root, or another collection")
-            if r.path.is_relative_to(folder):
-                raise ValidationError(
-                    f"{folder} holds {r.path}, a corpus root of collection '{collection}': its files are documents "
-                    f"of that root already; as a root of its own it would add each one again under a longer path. "
-                    f"Remove that root first (`rag roots remove {r.path}`, then delete its documents), or use "
-                    "another collection")
+    def _roots_of(self, collection: str) -> list[Path]:
+        """The registered roots of `collection` (one read of the registry)."""
+        return [r.path for r in self.store.list_roots() if r.collection == collection]
 
     def remove_root(self, path: str | Path, collection: str | None = None) -> list[CorpusRoot]:
         """Stop watching a root (one collection, or every collection it is registered for). Its
@@ -415,7 +403,7 @@ class KnowledgeBase:
         from rag_lib.search.retrieval import SearchOptions
 
         filters = SearchFilters(
-            collection=self._collection(collection), doc_type=_doc_types(doc_type), ticker=ticker, section=section,
+            collection=self._collection(collection), doc_type=type_spellings(doc_type), ticker=ticker, section=section,
             path=path, date_from=as_date(date_from, "date_from"), date_to=as_date(date_to, "date_to"), tags=tags or None,
             section_contains=section_contains,
         )
@@ -858,6 +846,25 @@ class KnowledgeBase:
         return checks[name]()
 
 
+def _refuse_nested_root(folder: Path, collection: str, roots: list[Path], allow_inside: bool = False) -> None:
+    """A `ValidationError` when `folder` lies inside another of `roots` (the collection's; unless
+    `allow_inside`) or holds one: each file would be a document twice, under two paths."""
+    for root in roots:
+        if root == folder:
+            continue
+        if folder.is_relative_to(root) and not allow_inside:
+            raise ValidationError(
+                f"{folder} is inside {root}, a corpus root of collection '{collection}': its files are "
+                f"documents there already (as '{folder.relative_to(root).as_posix()}/…'); a root of its own "
+                "would add each one again under another path. Use that root, or another collection")
+        if root.is_relative_to(folder):
+            raise ValidationError(
+                f"{folder} holds {root}, a corpus root of collection '{collection}': its files are documents "
+                f"of that root already; as a root of its own it would add each one again under a longer path. "
+                f"Remove that root first (`rag roots remove {root}`, then delete its documents), or use "
+                "another collection")
+
+
 _WARNED: set[str] = set()
 
 
@@ -879,25 +886,6 @@ def as_date(value: Any, name: str) -> Any:
         except ValueError:
             raise ValidationError(f"{name} {value!r} is not a date; write it as YYYY-MM-DD") from None
     return value
-
-
-def _doc_types(doc_type: str | list[str] | None) -> str | list[str] | None:
-    """Filter values in any spelling (`research`, `research-analysis`, `stock_analysis`) as stored;
-    documents stored before `research` became `research-analysis` still match."""
-    from rag_lib.documents import normalise_type
-
-    if not doc_type:
-        return doc_type
-    if not (isinstance(doc_type, str) or (isinstance(doc_type, (list, tuple)) and all(isinstance(v, str) for v in doc_type))):
-        raise ValidationError(f"doc_type must be a string or a list of strings, got {doc_type!r}")
-    out: list[str] = []
-    for value in [doc_type] if isinstance(doc_type, str) else doc_type:
-        for name in (value, normalise_type(value)):
-            if name and name not in out:
-                out.append(name)
-        if normalise_type(value) == "research-analysis" and "research" not in out:
-            out.append("research")
-    return out
 
 
 def _since(value: Any) -> Any:

@@ -19,7 +19,7 @@ from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_re
 from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
-from rag_lib.models import Document, Skipped
+from rag_lib.models import Document, Skipped, is_text_or_texts
 
 log = get_logger(__name__)
 
@@ -93,6 +93,22 @@ def normalise_type(raw: str | None) -> str | None:
         return None
     key = raw.strip().lower().replace("_", "-").replace(" ", "-")
     return TYPE_ALIASES.get(key, key)
+
+
+def type_spellings(doc_type: Any) -> Any:
+    """A type filter in every spelling it is stored under (`research`, `research-analysis`,
+    `stock_analysis`): documents stored before `research` became `research-analysis` still match. A
+    value that is not a string or a list of strings is returned as it is, for the search to name."""
+    if not doc_type or not is_text_or_texts(doc_type):
+        return doc_type
+    out: list[str] = []
+    for value in [doc_type] if isinstance(doc_type, str) else doc_type:
+        for name in (value, normalise_type(value)):
+            if name and name not in out:
+                out.append(name)
+        if normalise_type(value) == "research-analysis" and "research" not in out:
+            out.append("research")
+    return out
 
 
 def content_hash(data: bytes) -> str:

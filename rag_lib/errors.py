@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import re
+
+# A lone UTF-16 surrogate: not encodable as UTF-8, so neither PostgreSQL nor the tokenizer takes it
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def close_matches(asked: list[str], known: list[str]) -> list[str]:
@@ -20,7 +24,7 @@ def text_problem(text: str) -> str | None:
     """Why PostgreSQL or the tokenizer cannot take `text` (a NUL, an unpaired surrogate), or None."""
     if "\x00" in text:
         return "holds a NUL character; remove it"
-    if any("\ud800" <= ch <= "\udfff" for ch in text):
+    if LONE_SURROGATE.search(text):
         return "holds an unpaired surrogate (text that is not valid Unicode); send it as UTF-8"
     return None
 

@@ -14,6 +14,11 @@ from typing import Any
 COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
+def is_text_or_texts(value: Any) -> bool:
+    """A string, or a list (tuple) of strings: what a type or ticker filter takes."""
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+
+
 def collection_problem(name: str) -> str | None:
     """Why `name` cannot be a collection's name, or None."""
     if not isinstance(name, str) or not re.fullmatch(COLLECTION_PATTERN, name) or len(name) > 200:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rag_lib.errors import NotFoundError, ValidationError, close_matches, did_you_mean
 from rag_lib.graph.queries import context_markdown, ticker_context
-from rag_lib.documents import normalise_type
+from rag_lib.documents import type_spellings
 from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.search.context import ContextResult, assemble
 from rag_lib.search.results import first_by
@@ -185,8 +185,8 @@ def _thin_context_note(kb, collection: str, ticker: str | None, hits: list[Searc
                        analysis_type: str | None = None) -> str | None:
     """One line on why a context holds less than asked for (None when nothing explains it)."""
     notes = []
-    spellings = list(dict.fromkeys(t for t in (analysis_type, normalise_type(analysis_type or "")) if t))
-    if spellings and (typed := kb.no_results_note(SearchFilters(collection=collection, doc_type=spellings))):
+    if analysis_type and (typed := kb.no_results_note(SearchFilters(collection=collection,
+                                                                      doc_type=type_spellings(analysis_type)))):
         notes.append(f"{typed}; only learnings were added")
     known = kb.search_caches.known_tickers(kb.store, collection)
     if ticker and ticker.upper() not in known:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rag_lib.corpus_files import path_refusal
-from rag_lib.documents import iter_corpus_files
+from rag_lib.documents import file_of, iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.stages import Engine, Loaded
@@ -78,8 +78,7 @@ class PruneScope:
 
     def covers(self, doc_path: str, source: str | None) -> bool:
         """A stored document (its path and the file it was read from) is within this argument."""
-        inside = self.covers_file(doc_path) if self.folder else doc_path == self.rel or doc_path.startswith(self.rel + "#")
-        if not inside:
+        if not self.covers_file(file_of(doc_path)):
             return False
         if source is None or not os.path.exists(source):
             return True  # its file is gone
@@ -185,7 +184,7 @@ def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_
     for path in gone:
         store.delete_document(collection, path)
     kept = set(sources) - set(gone)
-    kept_files = kept | {p.split("#", 1)[0] for p in kept if "#" in p}
+    kept_files = {file_of(p) for p in kept}
     for (c, rel) in store.stage_index(RAW):
         if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in scopes):
             store.forget_file(c, rel, [])

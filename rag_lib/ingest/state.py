@@ -25,6 +25,7 @@ from rag_lib.config import Settings
 from rag_lib.errors import DocumentConflictError, RagError, TooManyChunksError
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
+from rag_lib.documents import file_of
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
 from rag_lib.corpus_scan import FileTarget
@@ -57,12 +58,13 @@ class StageOutcome:
 
 
 def _refuse_takeover(t: FileTarget, sources: dict[str, str | None]) -> None:
-    """Raise `DocumentConflictError` when a document of this file's path was read from another file
-    that still exists (two roots of one collection with the same relative path would otherwise
-    overwrite each other's document on every run); a file that moved (the old one is gone) takes over."""
+    """Raise `DocumentConflictError` when a document of this file (`sources`: its documents' source
+    files) was read from another file that still exists (two roots of one collection with the same
+    relative path would otherwise overwrite each other's document on every run); a file that moved
+    (the old one is gone) takes over."""
     mine = {str(t.path), str(t.path.resolve())}  # the entry itself, or where its link leads (what loading records)
     for path, source in sources.items():
-        if (path == t.rel or path.startswith(t.rel + "#")) and source and source not in mine and os.path.exists(source):
+        if source and source not in mine and os.path.exists(source):
             raise DocumentConflictError(
                 f"document '{path}' of collection '{t.collection}' was read from {source}, which still exists; "
                 f"{t.path} has the same path under its root {t.root}. Ingest one of them into another "
@@ -345,17 +347,19 @@ class StageRunner:
         (another root of the collection, an upload) fails with `DocumentConflictError`: it would
         replace that document."""
         rows = self.rows((RAW,), [_ident(t) for t in targets])
-        claims: dict[str, dict[str, str | None]] = {}
+        claims: dict[tuple[str, str], dict[str, str | None]] = {}  # (collection, file) → its documents' sources
         for c in {t.collection for t in targets}:
-            claims[c] = self.store.document_sources_of(c, [t.rel for t in targets if t.collection == c])
+            here = {t.rel: t for t in targets if t.collection == c}
+            for path, source in self.store.document_sources_of(c, list(here)).items():
+                claims.setdefault((c, file_of(path)), {})[path] = source
             # A file whose recorded source is gone was moved with its folder: it is read from here now,
             # also when its bytes are unchanged (the conflict check below relies on the sources).
-            moves = {path: str(t.path.resolve()) for t in targets if t.collection == c
-                     for path, source in claims[c].items()
-                     if (path == t.rel or path.startswith(t.rel + "#")) and source and not os.path.exists(source)}
+            moves = {path: str(here[rel].path.resolve()) for (cc, rel), sources in claims.items() if cc == c
+                     for path, source in sources.items() if source and not os.path.exists(source)}
             if moves:
                 self.store.move_document_sources(c, moves)
-                claims[c].update(moves)
+                for path, source in moves.items():
+                    claims[(c, file_of(path))][path] = source
         outcomes: list[StageOutcome] = []
         saves: list = []
         for t in targets:
@@ -370,7 +374,7 @@ class StageRunner:
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
-                _refuse_takeover(t, claims[c])
+                _refuse_takeover(t, claims.get((c, p), {}))
                 if loaded is None:
                     loaded = self.engine.preparer.load(SourceFile(t.collection, t.root, t.rel))
                     self._loaded[(c, p)] = loaded

@@ -21,7 +21,7 @@ import numpy as np
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.flatten import load_mapping
 from rag_lib.errors import ValidationError, text_problem
-from rag_lib.models import SearchFilters, SearchHit, SearchResult
+from rag_lib.models import SearchFilters, SearchHit, SearchResult, is_text_or_texts
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
@@ -211,8 +211,7 @@ def _validate(query: str, mode: str, top_k: int, filters: SearchFilters, min_sim
         raise ValidationError(f"min_similarity must be a number between 0 and 1 (a cosine), got {min_similarity!r}")
     for name in ("doc_type", "ticker"):
         value = getattr(filters, name)
-        if value is not None and not (isinstance(value, str) or (isinstance(value, (list, tuple))
-                                                                  and all(isinstance(v, str) for v in value))):
+        if value is not None and not is_text_or_texts(value):
             raise ValidationError(f"{name} must be a string or a list of strings, got {value!r}")
     for name in ("date_from", "date_to"):
         value = getattr(filters, name)

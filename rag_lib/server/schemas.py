@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-import re
 import typing
 from typing import Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
+from rag_lib.errors import LONE_SURROGATE
 from rag_lib.models import COLLECTION_PATTERN, SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit, collection_problem
 from rag_lib.search.classify import QueryPlan
 from rag_lib.search.context import Citation as ContextCitation
@@ -42,7 +42,6 @@ CollectionName = typing.Annotated[str, Field(min_length=1, max_length=200, json_
     "pattern": COLLECTION_PATTERN}, description="Collection (default: settings.collection)."),
     AfterValidator(check_collection)]
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def invalid_value(value: Any) -> str | None:
@@ -53,7 +52,7 @@ def invalid_value(value: Any) -> str | None:
     while stack:
         where, item = stack.pop()
         if isinstance(item, str):
-            if _SURROGATE.search(item):
+            if LONE_SURROGATE.search(item):
                 return f"{where or 'a text field'} holds a lone surrogate (an unpaired \\ud800-\\udfff escape); " \
                        "send valid UTF-8 text"
         elif isinstance(item, float):
@@ -62,7 +61,7 @@ def invalid_value(value: Any) -> str | None:
         elif isinstance(item, dict):
             for key, val in item.items():
                 name = f"{where}.{key}" if where else str(key)
-                if isinstance(key, str) and _SURROGATE.search(key):
+                if isinstance(key, str) and LONE_SURROGATE.search(key):
                     return f"a key in {where or 'the body'} holds a lone surrogate; send valid UTF-8 text"
                 stack.append((name, val))
         elif isinstance(item, list | tuple):
