@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # every session rewrites and compiles each test module again, and every `rag` child compiles rag_lib.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-fast install clean test-external-pg test-vectors
+.PHONY: demo test test-fast install clean test-external-pg test-vectors settings-doc
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ test-vectors: $(STAMP)
 	$(BIN)/pytest -q -p no:xdist tests/test_eval_kb.py -k dev_set_hybrid_beats_single_modes
 	mkdir -p $(VECTORS)
 	for f in .pytest_cache/d/shared-corpus-vectors/*.copy; do gzip -9 -n -c $$f > $(VECTORS)/$$(basename $$f).gz; done
+
+# docs/settings.md from rag_lib/config.py (a field's comment is its description); a test fails when it is stale
+settings-doc: $(STAMP)
+	$(BIN)/rag config --markdown > docs/settings.md
 
 clean:
 	rm -rf .rag

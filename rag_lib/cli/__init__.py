@@ -10,6 +10,7 @@ from rag_lib.cli import cache as _cache  # noqa: F401
 from rag_lib.cli import eval as _eval  # noqa: F401
 from rag_lib.cli import roots as _roots  # noqa: F401
 from rag_lib.cli import graph as _graph  # noqa: F401
+from rag_lib.cli import settings as _settings  # noqa: F401
 # last: its `reembed` (--to/--status/--rollback/--drop-old/--abort, --all/--version in the library) wins
 from rag_lib.cli import reembed as _reembed  # noqa: F401
 
