@@ -388,6 +388,7 @@ class KnowledgeBase:
         expand: bool = False,
         n_expansions: int | None = None,
         section_contains: str | None = None,
+        formats: str | list[str] | None = None,
         semantic_weight: float | None = None,
         lexical_weight: float | None = None,
         rerank_depth: int | None = None,
@@ -398,14 +399,15 @@ class KnowledgeBase:
         reranker (`result.reranked` says whether one did); hits keep the fused `score` beside
         `rerank_score`. `expand` adds the configured expander's variations (at most `n_expansions`).
         `section` matches a section exactly; `section_contains` any section path containing the text,
-        case-insensitively (the seeds' `ILIKE '%risk%'`). Every search is recorded in the metrics."""
+        case-insensitively (the seeds' `ILIKE '%risk%'`); `formats` the documents' file formats (yaml,
+        markdown, jsonl). Every search is recorded in the metrics."""
         from rag_lib.metrics import search_metric
         from rag_lib.search.retrieval import SearchOptions
 
         filters = SearchFilters(
             collection=self._collection(collection), doc_type=type_spellings(doc_type), ticker=ticker, section=section,
             path=path, date_from=as_date(date_from, "date_from"), date_to=as_date(date_to, "date_to"), tags=tags or None,
-            section_contains=section_contains,
+            section_contains=section_contains, formats=_formats(formats),
         )
         store, provider = self.search_context()
         reranked = self.rerank_enabled(rerank) and self.has_reranker()
@@ -643,6 +645,7 @@ class KnowledgeBase:
         path: str | None = None,
         date_from: Any = None,
         date_to: Any = None,
+        section_contains: str | None = None,
     ) -> Any:
         """Distinct passages for `query` within `token_budget` model tokens, with citations
         (a `ContextResult`; `.verify(ref, quote)` checks a quote against its cited chunk)."""
@@ -653,7 +656,7 @@ class KnowledgeBase:
         mode = mode or "hybrid"
         result = self.search(query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker,
                              section=section, path=path, date_from=date_from, date_to=date_to,
-                             top_k=max(30, min(200, token_budget // 40)), group=False)
+                             section_contains=section_contains, top_k=max(30, min(200, token_budget // 40)), group=False)
         store, provider = self.search_context()
         positions = store.chunk_positions([h.chunk_id for h in result.hits])
         return assemble(query, mode, result.hits, provider.tokenizer().count, token_budget, positions)
@@ -886,6 +889,27 @@ def as_date(value: Any, name: str) -> Any:
         except ValueError:
             raise ValidationError(f"{name} {value!r} is not a date; write it as YYYY-MM-DD") from None
     return value
+
+
+# file formats as the documents table names them, with the spellings clients use (seed 003's source_type)
+_FORMAT_NAMES = {"yaml": "yaml", "yml": "yaml", "markdown": "markdown", "md": "markdown", "jsonl": "jsonl"}
+
+
+def _formats(value: str | list[str] | None) -> list[str] | None:
+    """A format filter as the documents table's names; an unknown name is an error naming the known ones
+    (seed 003's other source types, such as openapi, are never ingested: they match nothing)."""
+    if value is None or value == [] or value == "":
+        return None
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValidationError(f"formats must be a format name or a list of them, got {value!r}")
+    out = []
+    for name in names:
+        key = name.strip().lower()
+        if key not in _FORMAT_NAMES and key not in ("openapi", "run_report"):
+            raise ValidationError(f"unknown format {name!r}; use yaml, markdown or jsonl")
+        out.append(_FORMAT_NAMES.get(key, key))
+    return sorted(set(out))
 
 
 def _since(value: Any) -> Any:

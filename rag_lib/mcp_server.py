@@ -56,7 +56,7 @@ DocType = Annotated[Annotated[str, Field(min_length=1, max_length=200)] | list[A
 Collection = Annotated[s.CollectionName | None, Field(description="Collection name (default: the configured one, "
                                                                   "usually 'default').")]
 EveryCollection = Annotated[s.CollectionName | None, Field(description="Only this collection (default: every collection).")]
-Section = Annotated[str | None, Field(min_length=1, max_length=200, description="Only this top-level section (YAML key / H2).")]
+Section = Annotated[str | None, Field(min_length=1, max_length=200, description="Only sections whose path contains this, in any case (e.g. 'risk').")]
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -164,6 +164,7 @@ class SearchFilters:
     date_to: dt.date | None = None
     tags: dict[str, str | list[str]] | None = None  # client tags set at indexing (`/rag/index` metadata)
     section_contains: str | None = None  # section path contains this, any case (seed 000's ILIKE '%risk%')
+    formats: list[str] | None = None  # the documents' file formats: yaml, markdown, jsonl (seed 003's source_type)
 
 
 @dataclass

@@ -326,6 +326,15 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
             assert not res.is_error and body["route"] == "graph-first" and body["tokens"] <= 300
             res = await client.call_tool("rag_graph", {"node": "no-such-node"})
             assert res.is_error and "not_found" in " ".join(getattr(c, "text", "") for c in res.content)
+            # a client naming no collection (the seeds') against an empty one is told where documents are
+            for args in ({"node": "NVDA", "collection": "elsewhere"}, {"node": "NVDA", "context": True,
+                                                                       "collection": "elsewhere"}):
+                res = await client.call_tool("rag_graph", args)
+                text = " ".join(getattr(c, "text", "") for c in res.content)
+                assert res.is_error and "collection 'elsewhere' holds no documents; these do: " in text, text
+            res = await client.call_tool("rag_similar", {"ticker": "NVDX"})
+            body = res.structured_content or json.loads(res.content[0].text)
+            assert body["results"] == [] and "did you mean NVDA?" in body["note"]
 
     anyio.run(run)
 

@@ -115,6 +115,10 @@ def test_search_returns_scored_units_with_filters(client: TestClient):
     typo = client.post("/api/rag/search", json={"query": "momentum", "filters": {"ticker": "NVDX"}}).json()
     assert typo["results"] == [] and "no document with ticker NVDX (did you mean NVDA?)" in typo["note"]
     assert "note" not in body or body["note"] is None
+    # `section` as seed 000 and `rag search --section` read it: any section path containing it, any case
+    risks = client.post("/api/rag/search", json={"query": "what could go wrong", "ticker": "NVDA",
+                                                 "section": "Risk"}).json()["results"]
+    assert risks and all("risk" in h["section_path"].lower() and h["ticker"] == "NVDA" for h in risks)
 
 
 def test_metrics_summary_counts_the_searches_it_served(client: TestClient):
@@ -552,8 +556,20 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     assert {h["source_path"] for h in tagged} == {"OVERVIEW.md"}
     nothing = client.post("/rag/retrieve", json={"query": "backtesting", "filters": {"category": "nope"}})
     assert nothing.status_code == 200 and nothing.json()["results"] == []
-    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"colour": "documentation"}})
+    unsupported = client.post("/rag/retrieve", json={"query": "x", "filters": {"version": "1.0.0"}})
     assert unsupported.status_code == 422  # unknown filter keys are refused, not silently ignored
+    assert '"tags": {"version"' in unsupported.json()["error"]["message"]  # with the way to say it
+    versioned = client.post("/rag/retrieve", json={"query": "backtesting", "top_k": 5,
+                                                   "filters": {"tags": {"version": "1.0.0"}}}).json()["results"]
+    assert versioned and {h["source_path"] for h in versioned} == {"docs/ARCHITECTURE.md"}
+    # the format is a filter of the search, not a cut of its first results: a markdown document ranked
+    # below many yaml ones is still found (the shared corpus's notes rank far below its analyses here)
+    markdown = client.post("/rag/retrieve", json={"query": "NVDA earnings beat data center revenue", "top_k": 3,
+                                                  "filters": {"source_type": "markdown"}}).json()["results"]
+    assert len(markdown) == 3 and all(h["source_path"].endswith(".md") for h in markdown)
+    dated = client.post("/rag/retrieve", json={"query": "NVDA earnings", "top_k": 5, "filters": {
+        "date_range": {"from": "2025-01-01", "to": "2025-01-31"}, "ticker": "NVDA"}}).json()["results"]
+    assert dated and all("2025-01" in h["source_path"] or "202501" in h["source_path"] for h in dated), dated
 
     shown = client.get("/api/rag/sources/docs/ARCHITECTURE.md").json()
     assert shown["tags"] == {"category": "documentation", "version": "1.0.0"} and "source_path" not in shown

@@ -29,6 +29,16 @@ DOC_TYPE_HEADINGS = {"learning": "learnings", "strategy": "strategies", "trade-j
 PEER_VIA = {"sector", "industry", "catalyst", "doc", "theme", "event"}
 
 
+def _empty_collection(store, collection: str) -> str:
+    """"; collection 'x' holds no documents; these do: ..." when it is empty (documents ingested into
+    another collection than the one asked), else ""."""
+    from rag_lib.models import SearchFilters
+    from rag_lib.search.notes import empty_collection_note
+
+    note = empty_collection_note(store.empty_search_facts(SearchFilters(collection=collection)))
+    return f"; {note}" if note else ""
+
+
 def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
     """The node `ref` names: a key, a ticker, a document path or id, or an entity name."""
     ref = ref.strip()
@@ -43,6 +53,8 @@ def resolve_node(store, collection: str, ref: str) -> dict[str, Any]:
         candidates += [doc_key(p) for p in store.documents_with_id(collection, ref)[:1]]
         node = store.graph_find_node(collection, candidates)
     if node is None:
+        if empty := _empty_collection(store, collection):
+            raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'{empty}")
         raise NotFoundError(f"no graph node '{ref}' in collection '{collection}'{_suggestions(store, collection, ref)};"
                             " try a ticker, a document path, or see `rag graph export`")
     return node
@@ -97,7 +109,8 @@ def ticker_context(store, collection: str, ticker: str, depth: int = 2) -> dict[
     _check_depth(depth)
     key = ticker_key(ticker)
     if store.graph_find_node(collection, [key]) is None:
-        raise NotFoundError(f"ticker {ticker.upper()} is not in the knowledge graph of '{collection}'")
+        raise NotFoundError(f"ticker {ticker.upper()} is not in the knowledge graph of '{collection}'"
+                            f"{_empty_collection(store, collection)}")
     edges = store.graph_walk(collection, key, depth, None, STRUCTURAL)
     keys = {k for e in edges for k in (e["src"], e["dst"])} - {key}
     nodes = store.graph_nodes(collection, list(keys))

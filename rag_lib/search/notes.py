@@ -53,6 +53,8 @@ def _unmatched(name: str, filters: SearchFilters, facts: dict[str, Any]) -> str:
         return f"no section is named '{filters.section}'"
     if name == "section_contains":
         return f"no section path contains '{filters.section_contains}'"
+    if name == "formats":
+        return f"no document of format {', '.join(filters.formats or [])} (formats: yaml, markdown, jsonl)"
     return "no document carries the tags " + ", ".join(f"{k}={v}" for k, v in (filters.tags or {}).items())
 
 

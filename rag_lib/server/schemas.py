@@ -90,7 +90,8 @@ class SearchFiltersIn(Request):
 
     doc_type: str | list[str] | None = Field(None, examples=[["stock-analysis", "earnings-analysis"]])
     ticker: str | list[str] | None = Field(None, examples=["NVDA"])
-    section: str | None = Field(None, max_length=200, examples=["phase1_catalyst"])
+    section: str | None = Field(None, max_length=200, examples=["risk"], description="Sections whose path "
+                                "contains this, in any case (seed 000's ILIKE '%risk%', as `rag search --section`).")
     path: str | None = Field(None, max_length=MAX_NAME, description="Path prefix (relative to the corpus root).",
                              examples=["stocks/"])
     date_from: dt.date | None = Field(None, description="Documents dated on or after.", examples=["2025-01-01"])
@@ -456,19 +457,44 @@ class IndexResponse(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class DateRange(Request):
+    """Seed 003's `date_range`: documents dated within it (either end may be left out)."""
+
+    from_: dt.date | None = Field(None, alias="from", examples=["2025-01-01"])
+    to: dt.date | None = Field(None, examples=["2025-12-31"])
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+
 class RetrieveFilters(Request):
     """Seed 003's filters: `source_type` is the file format (markdown, yaml, jsonl); `category` and
-    `tags` match the tags given to `/rag/index` as `metadata`; `doc_type` and `ticker` as in
-    `/api/rag/search`. Other keys are refused (422), not ignored."""
+    `tags` match the tags given to `/rag/index` as `metadata`; `date_range` the document's date;
+    `doc_type`, `ticker` and `section` as in `/api/rag/search`. Other keys are refused (422) with
+    the way to match them as tags, not ignored."""
 
     source_type: str | list[str] | None = Field(None, max_length=50, description="markdown | yaml | jsonl "
-                                                "(other formats match nothing).")
+                                                "(seed 003's openapi and run_report match nothing).")
+    date_range: DateRange | None = Field(None, description="`{\"from\": date, \"to\": date}`: documents dated within.")
+    section: str | None = Field(None, max_length=200, description="Sections whose path contains this, any case.")
     category: str | list[str] | None = Field(None, max_length=50, description="Tag `category` set at "
                                              "`/rag/index` (a list: any of them).")
     tags: dict[str, TagValue | list[TagValue]] | None = Field(
         None, max_length=20, description="Tags set at `/rag/index`; every key must match (a list: any of its values).")
     doc_type: str | list[str] | None = Field(None, max_length=50)
     ticker: str | list[str] | None = Field(None, max_length=50)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_keys(cls, data: Any) -> Any:
+        """A key that is no filter is refused naming the way to match the metadata given to `/rag/index`."""
+        if isinstance(data, dict):
+            extra = sorted(k for k in data if k not in cls.model_fields)
+            if extra:
+                example = ", ".join(f'"{k}": ...' for k in extra)
+                raise ValueError(f"{', '.join(extra)}: not a filter; metadata given to /rag/index is matched "
+                                 f"through 'tags' ({{\"tags\": {{{example}}}}}); the filters are "
+                                 f"{', '.join(cls.model_fields)}")
+        return data
 
 
 class RetrieveRequest(Request):

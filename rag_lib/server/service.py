@@ -103,7 +103,12 @@ def hit_dict(hit: SearchHit, rank: int) -> dict[str, Any]:
 
 
 def _clean(filters: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
+    """Request filters as `KnowledgeBase.search` arguments. A request's `section` matches any section
+    path containing it, in any case (seed 000's `ILIKE '%risk%'`, as `rag search --section`)."""
+    out = {k: v for k, v in (filters or {}).items() if v not in (None, "", [])}
+    if "section" in out:
+        out["section_contains"] = out.pop("section")
+    return out
 
 
 def search(kb: KnowledgeBase, query: str, *, mode: str | None = None, filters: dict[str, Any] | None = None,
@@ -194,8 +199,11 @@ def similar_for_ticker(kb: KnowledgeBase, ticker: str, *, analysis_type: str | N
             seen.add(hit.path)
             hits.append(hit)
     hits = hits[:top_k]
-    return {"ticker": ticker, "analysis_type": analysis_type,
-            "results": [hit_dict(h, n) for n, h in enumerate(hits, 1)], "count": len(hits)}
+    out = {"ticker": ticker, "analysis_type": analysis_type,
+           "results": [hit_dict(h, n) for n, h in enumerate(hits, 1)], "count": len(hits)}
+    if not hits and result.note:  # a mistyped ticker or type, or an empty collection: say which
+        out["note"] = result.note
+    return out
 
 
 def _published(kb: KnowledgeBase, report: dict[str, Any], collection: str | None) -> dict[str, Any]:
@@ -400,16 +408,19 @@ def index_source(kb: KnowledgeBase, source_path: str, *, metadata: dict[str, Any
 def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_threshold: float = 0.0,
              filters: dict[str, Any] | None = None, mode: str | None = None,
              collection: str | None = None) -> dict[str, Any]:
-    filters = _clean(filters)
-    formats = filters.pop("source_type", None)
-    formats = {formats} if isinstance(formats, str) else set(formats or [])
-    tags = {**filters.pop("tags", {}), **({"category": filters.pop("category")} if "category" in filters else {})}
+    filters = dict(filters or {})
+    if "source_type" in filters:
+        filters["formats"] = filters.pop("source_type")
+    if span := filters.pop("date_range", None):
+        filters["date_from"], filters["date_to"] = span.get("from") or span.get("from_"), span.get("to")
+    tags = {**(filters.pop("tags", None) or {}),
+            **({"category": filters.pop("category")} if filters.get("category") is not None else {})}
+    filters.pop("category", None)
     if tags:
         filters["tags"] = tags
-    depth = top_k if not formats else min(kb.settings.server.max_top_k, top_k * 5)
-    found = search(kb, query, mode=mode or "semantic", filters=filters, top_k=depth,
+    found = search(kb, query, mode=mode or "semantic", filters=filters, top_k=top_k,
                    min_similarity=similarity_threshold, collection=collection)
-    hits = [h for h in found["results"] if not formats or _format_of(h["path"]) in formats][:top_k]
+    hits = found["results"]
     timings = found["timings_ms"]
     embed_ms = float(timings.get("embed", 0.0))
     total = status(kb, collection)["chunks"]
@@ -455,6 +466,10 @@ def warm_up(kb: KnowledgeBase) -> None:
     from rag_lib.server.isolation import warm_up as start_parse_workers
 
     start_parse_workers()  # the sandbox for uploaded content (see isolation.py)
+    if note := kb.empty_collection_note():
+        # the seeds' clients name no collection: every request of theirs would find nothing
+        log.warning("requests that name no collection use '%s' (settings.collection, $RAG_COLLECTION): %s",
+                    kb.settings.collection, note)
 
 
 def page_status(raw: dict[str, Any], limit: int = 100, offset: int = 0) -> dict[str, Any]:

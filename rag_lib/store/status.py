@@ -14,7 +14,7 @@ from rag_lib.store.vectors import _filter_sql
 # The filters an empty search's explanation tests one at a time (the dates as one range)
 FILTER_FIELDS = {"doc_type": ("doc_type",), "ticker": ("ticker",), "dates": ("date_from", "date_to"),
                  "path": ("path",), "section": ("section",), "section_contains": ("section_contains",),
-                 "tags": ("tags",)}
+                 "formats": ("formats",), "tags": ("tags",)}
 
 
 class StatusStore:

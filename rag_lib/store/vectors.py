@@ -70,6 +70,11 @@ def _filter_sql(filters: SearchFilters, alias: str = "c") -> tuple[sql.Composabl
     if filters.date_to:
         parts.append(col("doc_date") + sql.SQL(" <= %s"))
         params.append(filters.date_to)
+    if filters.formats:
+        parts.append(sql.SQL(
+            "EXISTS (SELECT 1 FROM rag_documents d WHERE d.collection = {a}.collection AND d.path = {a}.path"
+            " AND d.format = ANY(%s))").format(a=sql.Identifier(alias)))
+        params.append(list(filters.formats))
     for key, value in (filters.tags or {}).items():
         # a document matches when its tag equals the value (a list: any of them)
         parts.append(sql.SQL(
