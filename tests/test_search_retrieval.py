@@ -175,6 +175,11 @@ def test_trend_orders_by_date(corpus_kb):
     assert res.plan["kind"] == "trend"
     dated = [h.doc_date for h in res.hits if h.doc_date]
     assert len(dated) >= 2 and dated == sorted(dated)
+    # a question about the latest reads newest first (seed 004's time constraint "recent")
+    res = corpus_kb.search("latest MSFT analysis", mode="hybrid", top_k=10)
+    assert res.plan["kind"] == "trend"
+    dated = [h.doc_date for h in res.hits if h.doc_date]
+    assert len(set(dated)) >= 2 and dated == sorted(dated, reverse=True)
 
 
 def test_ticker_hint_is_a_soft_boost(corpus_kb):

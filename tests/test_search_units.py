@@ -32,6 +32,15 @@ def hit(cid: str, path: str = "a.yaml", section: str = "s", text: str = "x", tic
     ("NVDA bull call spread strikes", "retrieval", ["NVDA"]),
     ("meta description of the scanner", "retrieval", []),  # lower-case common word is not a ticker
     ("nvda earnings", "retrieval", ["NVDA"]),  # lower-case ticker that is not a word counts
+    # seed 004's verification and its trend / relationship words
+    ("Compare NVDA vs AMD", "comparison", ["NVDA", "AMD"]),
+    ("Recent earnings surprises", "trend", []),
+    ("What happened to NVDA last week?", "trend", ["NVDA"]),
+    ("latest META analysis", "trend", ["META"]),
+    ("NVDA revenue growth YoY", "trend", ["NVDA"]),
+    ("Who are NVDA competitors?", "relationship", ["NVDA"]),
+    ("NVDA peers in the semiconductor sector", "relationship", ["NVDA"]),
+    ("NVDA Q4 results", "retrieval", ["NVDA"]),  # a quarter names a period, not a change over time
 ])
 def test_classify(query, kind, tickers):
     plan = classify(query, KNOWN)

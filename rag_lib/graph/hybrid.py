@@ -14,7 +14,7 @@ from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.documents import type_spellings
 from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.search.context import ContextResult, assemble
-from rag_lib.search.results import first_by
+from rag_lib.search.results import by_date, first_by
 from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
 
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
@@ -167,8 +167,7 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     elif plan.kind == "trend":
         route = "time-filtered"
         graph = _graph_contexts(kb, collection, tickers[:1])
-        hits = search(query, ticker=tickers or None, **_time_filter(query))
-        hits.sort(key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
+        hits = by_date(search(query, ticker=tickers or None, **_time_filter(query)), newest_first=plan.recent)
     else:
         route = "hybrid"
         graph = _graph_contexts(kb, collection, tickers[:1])

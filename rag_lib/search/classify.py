@@ -23,9 +23,16 @@ _COMMON = {
 _COMPARISON = re.compile(r"\b(vs\.?|versus|compare[sd]?|comparison|compared|difference between|differ|better than"
                          r"|worse than|against)\b", re.I)
 _TREND = re.compile(r"\b(over time|trend(s|ing)?|evolv(e|ed|ing)|evolution|timeline|history of|historically"
-                    r"|changed? (since|over)|progression|month over month|quarter over quarter|year over year)\b", re.I)
+                    r"|changed? (since|over)|progression|month over month|quarter over quarter|year over year"
+                    r"|yoy|qoq)\b", re.I)
+# seed 004's time constraint "recent" (its trend words recent / latest / last N weeks): a trend question
+# that wants the newest first (its bare "Q4" is left out: a quarter names a period, not a change)
+_RECENT = re.compile(r"\b(recent(ly)?|latest|newest|last \d+ (days?|weeks?|months?|quarters?|years?)"
+                     r"|(the )?(last|past) (week|month|quarter|year))\b", re.I)
+# seed 004's relationship words too: competitors, peers, suppliers, customers
 _RELATIONSHIP = re.compile(r"\b(depend(s|ent|ence)? on|relationship|related to|relate[sd]?|correlat\w*|impact(s|ed)? (of|on)"
-                           r"|affect(s|ed)?|linked|connection between|exposure to|driven by|influence[sd]?)\b", re.I)
+                           r"|affect(s|ed)?|linked|connection between|exposure to|driven by|influence[sd]?"
+                           r"|competitors?|competition|compete[sd]?|competing|peers?|suppliers?|customers?)\b", re.I)
 _GLOBAL = re.compile(r"\b(all|every|each|list|overview|summar(y|ise|ize)|across|which (trades|stocks|analyses|documents)"
                      r"|any of|in general|overall|themes?)\b", re.I)
 
@@ -66,6 +73,12 @@ class QueryPlan:
     # (`rag_lib.search.fusion.lexical_closeness`); below `search.lexical_far_ratio` the semantic
     # lists weigh `search.convex_alpha_far`
     lexical_closeness: float | None = None
+
+    @property
+    def recent(self) -> bool:
+        """A trend question asking for the newest ("latest", "recent", "the last 3 weeks"): its results
+        read newest first; other trend questions ("how has X evolved") oldest first."""
+        return self.kind == "trend" and _RECENT.search(self.query) is not None
 
     @property
     def selects_documents(self) -> bool:
@@ -129,7 +142,7 @@ def classify(query: str, known_tickers: set[str] | None = None, known_types: set
     doc_types = find_doc_types(query, known_types)
     if _COMPARISON.search(query) and (len(tickers) >= 2 or re.search(r"\b(compare|versus|vs\.?)\b", query, re.I)):
         kind = "comparison"
-    elif _TREND.search(query):
+    elif _TREND.search(query) or _RECENT.search(query):
         kind = "trend"
     elif _RELATIONSHIP.search(query):
         kind = "relationship"

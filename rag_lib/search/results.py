@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable, Iterable
 
@@ -25,6 +26,14 @@ def first_by(hits: Iterable[SearchHit], key: Callable[[SearchHit], str]) -> list
             seen.add(key(hit))
             out.append(hit)
     return out
+
+
+def by_date(hits: list[SearchHit], newest_first: bool = False) -> list[SearchHit]:
+    """Trend questions read best oldest to newest, questions about the latest newest first; undated
+    results keep their order at the end."""
+    if newest_first:
+        return sorted(hits, key=lambda h: (h.doc_date is None, -(h.doc_date or dt.date.min).toordinal()))
+    return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
 
 
 def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:

@@ -28,7 +28,7 @@ from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
                                    lexical_closeness, rescale_to_one, rrf, weigh_descriptors)
 from rag_lib.search.rerank import QueryExpander, Reranker
-from rag_lib.search.results import cover_named, excerpt, group_by_unit
+from rag_lib.search.results import by_date, cover_named, excerpt, group_by_unit
 
 MODES = ("semantic", "lexical", "hybrid")
 CLOSENESS_CHUNKS = 5  # full text's and the semantic list's first chunks compared (search.lexical_far_ratio)
@@ -262,11 +262,6 @@ def _full_text_query(query: str, plan: QueryPlan, opts: SearchOptions) -> str:
         return query
     rest = without_date(query)
     return rest if _has_word(rest) else query
-
-
-def _by_date(hits: list[SearchHit]) -> list[SearchHit]:
-    """Trend questions read best oldest to newest; undated results keep their place at the end."""
-    return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
 
 
 def _weigh_far_full_text(store, space: str, vector, lists: list[Candidates], plan: QueryPlan, opts: SearchOptions,
@@ -520,7 +515,7 @@ def search(
         # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).
         hits = rescale_to_one(ranked)[:top_k]
         if plan.kind == "trend":
-            hits = _by_date(hits)
+            hits = by_date(hits, newest_first=plan.recent)
     if min_similarity <= 0 and vectors is not None:
         # no threshold: only the hits returned need their cosine, not every candidate
         with _timed(timings, "similarity"):
