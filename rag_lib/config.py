@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -57,6 +57,16 @@ class ProviderSettings(BaseModel):
 
     name: str | None = None  # registry key (defaults to provider/model:dims)
     provider: str = "local"  # local (the installed MiniLM, offline), openai, openai_compatible, ollama or openrouter
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        """A mistyped provider fails when the settings are read, not at the first search."""
+        if value not in ("local", "openai", "openai_compatible"):  # ollama / openrouter are mapped above
+            raise ValueError(f"unknown embedding provider {value!r}; use local, openai, openai_compatible, ollama "
+                             "or openrouter")
+        return value
+
     model: str = "all-MiniLM-L6-v2"  # the model's name as the provider knows it
     dimensions: int = 384  # vector size; with the model, names the vector space (`model:dimensions`)
     # texts per request (remote; default 64) or per encode batch (local; default 8, see LocalProvider)
@@ -515,6 +525,10 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         ("RAG_SEARCH_DATABASE_URL", "search.database_url", "RAG_SEARCH__DATABASE_URL", str),
     ]
     provider = (env.get("EMBED_PROVIDER") or "").strip().lower()
+    if provider and provider not in ("local", "openai", "ollama", "openrouter", "openai_compatible"):
+        from rag_lib.errors import ConfigError
+
+        raise ConfigError(f"$EMBED_PROVIDER={provider!r}: unknown provider; use ollama, openrouter, openai or local")
     if provider:
         simple.append(("EMBED_PROVIDER", "embedding.provider", "RAG_EMBEDDING__PROVIDER", lambda v: v.strip().lower()))
     if env.get("LLM_BASE_URL"):
@@ -549,6 +563,9 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             from rag_lib.errors import ConfigError
 
             raise ConfigError(f"${seed}: cannot read its value ({type(exc).__name__}); check the variable") from exc
+    if env.get("CHUNK_MIN_TOKENS") and "CHUNK_MIN_TOKENS" not in _LOGGED_CONFLICTS:
+        _LOGGED_CONFLICTS.add("CHUNK_MIN_TOKENS")
+        _log.warning("$CHUNK_MIN_TOKENS is ignored (%s)", _IGNORED_WHY["chunking.min_tokens"])
     pg = {k: env[k] for k in ("PG_HOST", "PG_PORT", "PG_USER", "PG_PASS", "PG_DB") if env.get(k)}
     if pg:
         if "RAG_DATABASE_URL" in env:

@@ -98,6 +98,8 @@ def test_reembed_version_reembeds_documents_of_that_version(rag, ingested, monke
     assert data["embedded"] == data["chunks"] > 0  # version 2 misses version 1's cache: really re-embedded
     code, out, _ = rag("reembed", "--version", "1", "--json")
     assert json.loads(out)["documents"] == 0  # nothing is left on version 1
+    code, out, _ = rag("reembed", "--version", "1.0.0")  # seed 000's runbook spelling: said, not silent
+    assert code == 0 and "no document is embedded under embed_version 1.0.0" in out and "today's version is 2" in out
     code, out, _ = rag("reembed", "--version", "2", "--json")
     assert json.loads(out)["documents"] == 4
     code, out, _ = rag("reembed", "--all", "--json")

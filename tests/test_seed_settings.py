@@ -100,6 +100,28 @@ def test_bad_seed_value_is_a_config_error(monkeypatch):
         Settings()
 
 
+def test_a_mistyped_provider_fails_when_settings_are_read(monkeypatch, caplog):
+    """Not at the first search, and naming the variable and the seed's own provider names."""
+    monkeypatch.setenv("EMBED_PROVIDER", "bogus")
+    with pytest.raises(ConfigError, match=r"\$EMBED_PROVIDER='bogus': unknown provider; use ollama, openrouter"):
+        Settings()
+    monkeypatch.delenv("EMBED_PROVIDER")
+    monkeypatch.setenv("RAG_EMBEDDING__PROVIDER", "olama")
+    config.get_settings.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="embedding.provider: .*unknown embedding provider 'olama'.*ollama"):
+            config.get_settings()
+    finally:
+        config.get_settings.cache_clear()
+    monkeypatch.delenv("RAG_EMBEDDING__PROVIDER")
+    # seed 004's CHUNK_MIN_TOKENS has no setting to set: said once, not silently dropped
+    monkeypatch.setenv("CHUNK_MIN_TOKENS", "50")
+    config._LOGGED_CONFLICTS.discard("CHUNK_MIN_TOKENS")
+    with caplog.at_level(logging.WARNING, logger="rag_lib.config"):
+        Settings()
+    assert any("$CHUNK_MIN_TOKENS is ignored" in r.getMessage() for r in caplog.records)
+
+
 def _chain_settings(primary_key: str, backup_key: str) -> Settings:
     return Settings(embedding={
         "provider": "openai", "model": "text-embedding-3-small", "dimensions": 384, "api_key_env": primary_key,

@@ -305,6 +305,12 @@ def test_limits_413_and_422(client: TestClient):
     # the message says the body is not JSON and where, not "1: JSON decode error"
     assert broken.json()["error"]["message"].startswith("request body is not valid JSON (")
     assert "at character 1)" in broken.json()["error"]["message"]
+    # `curl -d '{...}'` sends the JSON as form data: the message says what to send
+    form = client.post("/api/rag/search", content=b'{"query": "NVDA thesis"}',
+                       headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 422
+    assert form.json()["error"]["message"] == ("request body must be a JSON object sent with Content-Type: "
+                                               "application/json (this request says application/x-www-form-urlencoded)")
 
 
 def test_logs_are_json_with_request_id_and_no_secrets(client: TestClient):

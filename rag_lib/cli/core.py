@@ -126,7 +126,7 @@ def search(
         fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'", 2)
     result = kb().search(
         query, mode=mode, collection=collection, doc_type=doc_type, ticker=ticker, section_contains=section,
-        date_from=_date(date_from, "--from"), date_to=_date(date_to, "--to"), top_k=top_k,
+        date_from=_date(date_from, "--from/--since"), date_to=_date(date_to, "--to"), top_k=top_k,
         min_similarity=min_similarity, path=path, group=not chunks, rerank=rerank,
     )
     if as_json:

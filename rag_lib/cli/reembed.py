@@ -55,9 +55,14 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
     if as_json:
         print_json(data)
     elif "current_version" in data:
-        console.print(f"{data['documents']} documents embedded with version {data['version'] or 'any'}: {data['reembedded']} "
-                      f"re-embedded under version {data['current_version']} ({data['chunks']} chunks, "
-                      f"{data['embedded']} embedded), {data['failed']} failed")
+        which = (f"{data['documents']} documents embedded with version {data['version']}" if data["version"] is not None
+                 else f"all {data['documents']} documents")
+        console.print(f"{which}: {data['reembedded']} re-embedded under version {data['current_version']} "
+                      f"({data['chunks']} chunks, {data['embedded']} embedded), {data['failed']} failed")
+        if data["version"] is not None and not data["documents"]:
+            console.print(f"no document is embedded under embed_version {data['version']} with today's model and "
+                          f"chunking; today's version is {data['current_version']} (embedding.embed_version)",
+                          style="yellow", markup=False)
         for path in data["missing_sources"]:
             console.print(f"source file gone, not re-embedded: {path}", style="yellow", markup=False)
     else:

@@ -49,8 +49,10 @@ class SpaceProviders:
                     self._built[space] = provider_for_space(self.settings, space)
                 except ConfigError as exc:
                     raise ConfigError(
-                        f"the active space is {space} (a re-embed switched it) but this process is configured for "
-                        f"{default.space}: {exc}; or restart with embedding.model/dimensions set to match"
+                        f"the database's vectors are in space {space} (its active space) but this process is "
+                        f"configured for {default.space} (embedding settings, or $EMBED_PROVIDER / $EMBED_MODEL): "
+                        f"{exc}; set the embedding settings back to match {space}, or move the vectors with "
+                        f"`rag reembed --to` (README, Embedding providers)"
                     ) from exc
             return self._built[space]
 

@@ -237,6 +237,11 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
             return error_response(422, "invalid_input", f"request body is not valid JSON ({reason} at character "
                                   f"{offset}); send a JSON object with Content-Type: application/json", details)
         where = ".".join(p for p in first["loc"] if p != "body") or "request"
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if where == "request" and kind != "application/json":
+            # `curl -d '{...}'` sends form data: FastAPI then reads no JSON object at all
+            return error_response(422, "invalid_input", "request body must be a JSON object sent with Content-Type: "
+                                  f"application/json (this request says {kind or 'no Content-Type'})", details)
         return error_response(422, "invalid_input", f"{where}: {first['msg']}", details)
 
     @app.exception_handler(StarletteHTTPException)
