@@ -1,6 +1,8 @@
 """Search and embedding metrics, recorded without slowing searches down: callers enqueue a record
 (a few microseconds) and one background thread writes batches to the database (and the JSONL log
 when `search_metrics.jsonl_path` / `$RAG_METRICS` names a file). `flush()` waits; `close()` drains.
+Each JSONL line carries seed 004's `SearchMetrics` fields beside ours (`jsonl_record`), so the old
+system's tooling reads it.
 
 Embedding calls are recorded by the providers into whichever recorder the calling code bound with
 `bound(recorder)` (a context variable: the knowledge base binds itself around searches and ingests)."""
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import json
 import queue
 import threading
@@ -97,7 +100,7 @@ class MetricsRecorder:
             try:
                 self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
                 with self.jsonl_path.open("a", encoding="utf-8") as fh:
-                    fh.writelines(json.dumps(m.to_dict(), default=str) + "\n" for m in searches)
+                    fh.writelines(json.dumps(jsonl_record(m), default=str) + "\n" for m in searches)
             except OSError as exc:
                 log.warning("could not append metrics to %s: %s", self.jsonl_path, exc)
 
@@ -141,7 +144,38 @@ def search_metric(result: SearchResult, collection: str | None, reranked: bool) 
         latency_ms=float(result.timings_ms.get("total", 0.0)), query_class=kind,
         top_score=max((h.score for h in hits), default=None), reranked=reranked, collection=collection,
         stages_ms={k: v for k, v in result.timings_ms.items() if k != "total"},
+        top_similarity=hits[0].similarity if hits else None,
     )
+
+
+@dataclasses.dataclass
+class SearchMetrics:
+    """Seed 004's record of one search (`rag.metrics.SearchMetrics`), as `MetricsCollector.record_search`
+    returns it and as its fields appear in each line of the JSONL log."""
+
+    query: str
+    query_type: str | None  # our query class (retrieval, relationship, trend, comparison, global)
+    strategy: str
+    retrieval_count: int
+    reranked: bool
+    top_similarity: float | None  # the first hit's cosine with the query; None when none was measured
+    latency_ms: int
+    timestamp: str
+    relevance_feedback: int | None = None  # the seed's "future" fields: always None
+    context_used: bool | None = None
+
+    @classmethod
+    def of(cls, metric: SearchMetric) -> SearchMetrics:
+        return cls(query=metric.query, query_type=metric.query_class, strategy=metric.strategy,
+                   retrieval_count=metric.results, reranked=metric.reranked, top_similarity=metric.top_similarity,
+                   latency_ms=int(round(metric.latency_ms)), timestamp=metric.at.isoformat())
+
+
+def jsonl_record(metric: SearchMetric) -> dict[str, Any]:
+    """One line of the JSONL log: our fields (`SearchMetric.to_dict`) and seed 004's `SearchMetrics`
+    fields. Of the names both use, `query`, `strategy` and `reranked` hold the same value and
+    `latency_ms` the seed's whole milliseconds (the table keeps the fraction)."""
+    return {**metric.to_dict(), **dataclasses.asdict(SearchMetrics.of(metric))}
 
 
 @contextlib.contextmanager
