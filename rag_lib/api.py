@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,6 +61,43 @@ class RAGStats:
     tickers: list[str]
     doc_types: dict[str, int]
     last_embed: Any  # datetime of the last ingest, or None
+
+
+class QueryType(str, enum.Enum):
+    """Seed 004's query types (`analysis.query_type.value`); our query classes."""
+
+    RETRIEVAL = "retrieval"
+    RELATIONSHIP = "relationship"
+    TREND = "trend"
+    COMPARISON = "comparison"
+    GLOBAL = "global"
+
+
+# Seed 001's strategy for each query type (its table; `rag_classify_query`'s `suggested_strategy`).
+SEED_STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "comparison": "vector",
+                 "global": "hybrid"}
+
+
+@dataclasses.dataclass
+class QueryAnalysis:
+    """Seed 004's QueryAnalysis, from our rule-based classifier. `tickers` are those the collection
+    knows (the seed took every upper-case word); `time_constraint` is the month or day the query names,
+    as our search reads it ("2026-02-01/2026-02-28", a day alone for one day), else None (the seed's
+    "recent" is not read). `confidence`: 0.9 when a rule matched, 0.5 for the fallback class."""
+
+    query_type: QueryType
+    confidence: float
+    tickers: list[str]
+    time_constraint: str | None
+    suggested_strategy: str
+    query: str = ""
+    doc_types: list[str] = dataclasses.field(default_factory=list)  # document types the query names
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape `rag_classify_query` returns."""
+        return {"query": self.query, "query_type": self.query_type.value, "tickers": self.tickers,
+                "doc_types": self.doc_types, "suggested_strategy": self.suggested_strategy,
+                "confidence": self.confidence, "time_constraint": self.time_constraint}
 
 
 class _FirstN:
@@ -999,6 +1037,27 @@ def get_hybrid_context(ticker: str, query: str, analysis_type: str | None = None
     `graph_context` and `formatted`; `str()` of it is the prompt text seed 000 returns."""
     return default_kb().hybrid_context(query, ticker, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id,
                                        **kwargs)
+
+
+def get_hybrid_context_adaptive(ticker: str, query: str, analysis_type: str | None = None,
+                                exclude_doc_id: str | None = None, **kwargs: Any) -> Any:
+    """Seed 001/004's adaptive hybrid context: our hybrid context is routed by the query's class
+    always (relationship → graph first, comparison → per ticker, trend → time-filtered, else hybrid;
+    `route` says which), so this is `get_hybrid_context` under the seed's other name."""
+    return get_hybrid_context(ticker, query, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id, **kwargs)
+
+
+def classify_query(query: str, collection: str | None = None) -> QueryAnalysis:
+    """Seed 001/004's `classify_query`: a `QueryAnalysis` (query_type, confidence, tickers,
+    time_constraint, suggested_strategy) from the classifier our searches route by."""
+    plan = default_kb().classify_query(query, collection)
+    dates = list(plan.dates)
+    return QueryAnalysis(
+        query_type=QueryType(plan.kind), confidence=0.5 if plan.kind == "retrieval" else 0.9,
+        tickers=list(plan.tickers), suggested_strategy=SEED_STRATEGY.get(plan.kind, "hybrid"), query=query,
+        time_constraint=(dates[0] if dates[0] == dates[-1] else f"{dates[0]}/{dates[-1]}") if dates else None,
+        doc_types=list(plan.doc_types),
+    )
 
 
 def search(query: str, **kwargs: Any) -> SearchResult:

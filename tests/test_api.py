@@ -199,3 +199,46 @@ def test_a_plain_script_stores_text_without_a_main_guard(database_url, tmp_path)
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["script", "start", "embedded"], done.stdout
+
+
+def test_seed_004_classifier_and_adaptive_context(default_kb, corpus_copy):
+    """Seed 001/004's `classify_query` and `get_hybrid_context_adaptive`, called as the seeds call them;
+    the classification is the one the MCP tool `rag_classify_query` returns."""
+    from rag_lib import QueryType
+    from rag_lib.server import service
+
+    root = corpus_copy(NVDA, AMD, TRADE)
+    rag_lib.ingest([root])
+    analysis = rag_lib.classify_query("Compare NVDA vs AMD earnings")  # seed 001's example
+    assert analysis.query_type == QueryType.COMPARISON and analysis.query_type.value == "comparison"
+    assert analysis.tickers == ["NVDA", "AMD"] and analysis.suggested_strategy == "vector"
+    assert analysis.confidence == 0.9 and analysis.time_constraint is None
+    expected = {"How does NVDA relate to AMD?": ("relationship", "graph"),
+                "NVDA earnings trend over time": ("trend", "vector"),
+                "overview of all trades": ("global", "hybrid"),
+                "NVDA stock analysis from February 2026": ("retrieval", "vector")}
+    kb = rag_lib.api.default_kb()
+    for query, (kind, strategy) in expected.items():
+        got = rag_lib.classify_query(query)
+        assert (got.query_type.value, got.suggested_strategy) == (kind, strategy), query
+        served = service.classify_query(kb, query)
+        assert {k: v for k, v in got.to_dict().items() if k != "time_constraint"} == served, query
+    dated = rag_lib.classify_query("NVDA stock analysis from February 2026")
+    assert dated.time_constraint == "2026-02-01/2026-02-28" and dated.confidence == 0.5
+    assert dated.doc_types == ["stock-analysis"] and dated.tickers == ["NVDA"]
+    with pytest.raises(ValidationError):
+        rag_lib.classify_query("  ")
+
+    # adaptive context: routed by the query's class, as seed 004 routes it; the seed's result names
+    related = rag_lib.get_hybrid_context_adaptive(ticker="NVDA", query="How does NVDA relate to AMD?")
+    assert related.route == "graph-first" and related.kind == "relationship" and related.ticker == "NVDA"
+    assert related.vector_results and related.formatted == str(related)
+    assert isinstance(related.graph_context, dict) and related.graph_context.get("ticker") == "NVDA"
+    compared = rag_lib.get_hybrid_context_adaptive("NVDA", "Compare NVDA vs AMD earnings")
+    assert compared.route == "per-ticker" and {"NVDA", "AMD"} <= {r.ticker for r in compared.vector_results}
+    assert compared.formatted == rag_lib.get_hybrid_context("NVDA", "Compare NVDA vs AMD earnings").formatted
+    doc_id = rag_lib.api.default_kb().show(NVDA)["doc_id"]
+    assert doc_id in {r.doc_id for r in compared.vector_results}
+    without = rag_lib.get_hybrid_context_adaptive("NVDA", "Compare NVDA vs AMD earnings", exclude_doc_id=doc_id,
+                                                  analysis_type=None)
+    assert without.vector_results and doc_id not in {r.doc_id for r in without.vector_results}
