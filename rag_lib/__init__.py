@@ -6,9 +6,11 @@ default instance configured from `rag.yaml` and `RAG_*` environment variables.
 
 from rag_lib.api import (
     EmbedResult,
+    ExpandedQuery,
     KnowledgeBase,
     QueryAnalysis,
     QueryType,
+    RAGEvalResult,
     RAGStats,
     build_analysis_context,
     classify_query,
@@ -16,6 +18,8 @@ from rag_lib.api import (
     delete_document,
     embed_document,
     embed_text,
+    evaluate_rag,
+    expand_query,
     get_hybrid_context,
     get_hybrid_context_adaptive,
     get_rag_stats,
@@ -32,9 +36,11 @@ from rag_lib.errors import RagError
 
 __all__ = [
     "EmbedResult",
+    "ExpandedQuery",
     "KnowledgeBase",
     "QueryAnalysis",
     "QueryType",
+    "RAGEvalResult",
     "RAGStats",
     "RagError",
     "build_analysis_context",
@@ -43,6 +49,8 @@ __all__ = [
     "delete_document",
     "embed_document",
     "embed_text",
+    "evaluate_rag",
+    "expand_query",
     "get_hybrid_context",
     "get_hybrid_context_adaptive",
     "get_rag_stats",

@@ -100,6 +100,38 @@ class QueryAnalysis:
                 "confidence": self.confidence, "time_constraint": self.time_constraint}
 
 
+@dataclasses.dataclass
+class ExpandedQuery:
+    """Seed 004's ExpandedQuery: `all_queries` is the original then its variations. `note` says why
+    there are none when no expander is configured."""
+
+    original: str
+    variations: list[str]
+    all_queries: list[str]
+    note: str | None = None
+
+
+NO_EXPANDER_NOTE = ("no query expander is configured, so there are no variations; set search.expansion_model "
+                    "($RAG_SEARCH__EXPANSION_MODEL) and search.expansion_base_url for an OpenAI-compatible chat server")
+
+
+@dataclasses.dataclass
+class RAGEvalResult:
+    """Seed 004's RAGEvalResult, judged by `eval.judge_model`. Without one every metric is None and
+    `error_message` names the setting (as `rag_evaluate` answers). `context_recall` needs `ground_truth`
+    (None without); `overall_score` is the harmonic mean of the metrics judged."""
+
+    query: str
+    context_precision: float | None
+    context_recall: float | None
+    faithfulness: float | None
+    answer_relevancy: float | None
+    overall_score: float | None
+    model: str | None = None
+    judge_calls: int = 0
+    error_message: str | None = None
+
+
 class _FirstN:
     """An expander limited to its first `n` variations (seed 004's `n_expansions`)."""
 
@@ -529,6 +561,29 @@ class KnowledgeBase:
                                        mode=mode, collection=collection, top_k=top_k, references=references)
         return out
 
+    def evaluate_answer(self, query: str, contexts: Sequence[str], answer: str,
+                        ground_truth: str | None = None) -> dict[str, Any]:
+        """RAGAS metrics of one answer to `query` given `contexts` (seed 004's `evaluate_rag`), judged by
+        `eval.judge_model`: context precision, faithfulness, answer relevancy, context recall (with
+        `ground_truth`) and overall_score. Without a judge model every metric is None and
+        `error_message` says what to set."""
+        from rag_lib.eval import NO_JUDGE_NOTE, judge_answer
+
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("query is empty")
+        if isinstance(contexts, str) or not isinstance(contexts, Sequence) or not contexts \
+                or not all(isinstance(c, str) for c in contexts):
+            raise ValidationError("contexts must be a non-empty list of strings")
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValidationError("answer is empty")
+        if ground_truth is not None and not isinstance(ground_truth, str):
+            raise ValidationError("ground_truth must be a string")
+        if not self.settings.eval.judge_model:
+            return {"query": query, "model": None, "contexts": len(contexts), "context_precision": None,
+                    "context_recall": None, "faithfulness": None, "answer_relevancy": None, "overall_score": None,
+                    "judge_calls": 0, "error_message": NO_JUDGE_NOTE}
+        return judge_answer(self.settings, query, list(contexts), answer, reference=ground_truth)
+
     def reset(self) -> list[str]:
         """Drop every table and recreate the schema (all data is lost); returns the migrations applied."""
         self.__dict__.pop("engine", None)
@@ -852,6 +907,8 @@ class KnowledgeBase:
         """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
         if not query or not query.strip():
             raise ValidationError("query is empty")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValidationError(f"n must be a whole number, 0 or more, got {n!r}")
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
     # ---- data-quality checks over the whole store (the Dagster asset checks report them; the
@@ -1058,6 +1115,24 @@ def classify_query(query: str, collection: str | None = None) -> QueryAnalysis:
         time_constraint=(dates[0] if dates[0] == dates[-1] else f"{dates[0]}/{dates[-1]}") if dates else None,
         doc_types=list(plan.doc_types),
     )
+
+
+def expand_query(query: str, n: int = 3) -> ExpandedQuery:
+    """Seed 004's `expand_query`: up to `n` variations by the configured expander
+    (`search.expansion_model`); without one, none, and `note` says what to set."""
+    kb = default_kb()
+    variations = kb.expand_query(query, n)
+    return ExpandedQuery(original=query, variations=variations, all_queries=[query, *variations],
+                         note=None if kb.expander is not None else NO_EXPANDER_NOTE)
+
+
+def evaluate_rag(query: str, contexts: Sequence[str], answer: str, ground_truth: str | None = None) -> RAGEvalResult:
+    """Seed 004's `evaluate_rag`: the RAGAS metrics of one answer, judged by `eval.judge_model`
+    (without one, every metric None and `error_message` naming the setting; a failing judge server
+    raises `RagError`)."""
+    out = default_kb().evaluate_answer(query, contexts, answer, ground_truth)
+    fields = {f.name for f in dataclasses.fields(RAGEvalResult)}
+    return RAGEvalResult(**{k: v for k, v in out.items() if k in fields})
 
 
 def search(query: str, **kwargs: Any) -> SearchResult:

@@ -201,6 +201,30 @@ def test_a_plain_script_stores_text_without_a_main_guard(database_url, tmp_path)
     assert done.stdout.split() == ["script", "start", "embedded"], done.stdout
 
 
+def _reopen_default(monkeypatch, **env: str | None) -> None:
+    """Close the default knowledge base and read the settings again with `env` changed."""
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    rag_lib.close()
+    get_settings.cache_clear()
+
+
+def _verdict(system: str, user: str) -> str:
+    """A judge (and expander) stub: a context or statement is relevant / supported iff it names NVDA."""
+    import re
+
+    if system.startswith("TASK: context relevance"):
+        items = user.split("\n\n", 1)[1]
+    elif "Statements:\n" in user:
+        items = user.split("Statements:\n", 1)[1]
+    else:  # the query expander
+        return "1. NVIDIA accelerator demand\n2. GPU orders from hyperscalers\n3. AI semiconductor spending"
+    return "\n".join(f"{n}: {'yes' if 'nvda' in t.lower() else 'no'}" for n, t in re.findall(r"^(\d+): (.*)$", items, re.M))
+
+
 def test_seed_004_classifier_and_adaptive_context(default_kb, corpus_copy):
     """Seed 001/004's `classify_query` and `get_hybrid_context_adaptive`, called as the seeds call them;
     the classification is the one the MCP tool `rag_classify_query` returns."""
@@ -242,3 +266,49 @@ def test_seed_004_classifier_and_adaptive_context(default_kb, corpus_copy):
     without = rag_lib.get_hybrid_context_adaptive("NVDA", "Compare NVDA vs AMD earnings", exclude_doc_id=doc_id,
                                                   analysis_type=None)
     assert without.vector_results and doc_id not in {r.doc_id for r in without.vector_results}
+
+
+def test_seed_004_expansion_and_evaluation(default_kb, monkeypatch):
+    """Seed 004's `expand_query` and `evaluate_rag`: without an expander or judge model they say what to
+    set (as the MCP tools do); with one (a local chat server) they return its variations and scores."""
+    from chat_stub import ChatStub
+
+    from rag_lib.errors import RagError
+    from rag_lib.eval import average_precision, overall_score
+    from rag_lib.server import service
+
+    plain = rag_lib.expand_query("AI chip demand", n=3)
+    assert (plain.original, plain.variations, plain.all_queries) == ("AI chip demand", [], ["AI chip demand"])
+    assert "search.expansion_model" in plain.note
+    with pytest.raises(ValidationError):
+        rag_lib.expand_query("AI chip demand", n=-1)
+    contexts = ["NVDA data center revenue rose on AI demand.", "Apples are red."]
+    answer = "NVDA beat its earnings estimate.\nThe moon is made of cheese."
+    unjudged = rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer)
+    assert unjudged.query == "What drove NVDA's Q4?" and unjudged.judge_calls == 0
+    assert all(getattr(unjudged, m) is None for m in ("context_precision", "context_recall", "faithfulness",
+                                                       "answer_relevancy", "overall_score"))
+    kb = rag_lib.api.default_kb()
+    assert unjudged.error_message == service.evaluate(kb, "What drove NVDA's Q4?", contexts, answer)["error_message"]
+    assert "eval.judge_model" in unjudged.error_message
+    with pytest.raises(ValidationError, match="contexts"):
+        rag_lib.evaluate_rag("What drove NVDA's Q4?", "one context as a string", answer)
+
+    with ChatStub(_verdict) as stub:
+        _reopen_default(monkeypatch, RAG_SEARCH__EXPANSION_MODEL="stub-chat",
+                        RAG_SEARCH__EXPANSION_BASE_URL=stub.base_url, RAG_EVAL__JUDGE_MODEL="judge-1",
+                        RAG_EVAL__JUDGE_BASE_URL=stub.base_url)
+        expanded = rag_lib.expand_query("AI chip demand", n=2)
+        assert expanded.variations == ["NVIDIA accelerator demand", "GPU orders from hyperscalers"]
+        assert expanded.all_queries == ["AI chip demand", *expanded.variations] and expanded.note is None
+        judged = rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer,
+                                      ground_truth="NVDA grew its data center sales. Pears are green.")
+        assert stub.requests and all(r["model"] in ("stub-chat", "judge-1") for r in stub.requests)
+    assert judged.error_message is None and judged.model == "judge-1" and judged.judge_calls == 4
+    assert judged.context_precision == average_precision([True, False])
+    assert judged.faithfulness == judged.answer_relevancy == judged.context_recall == 0.5
+    assert judged.overall_score == overall_score({"a": 1.0, "b": 0.5, "c": 0.5, "d": 0.5})
+    with ChatStub(_verdict, fail=True) as stub:
+        _reopen_default(monkeypatch, RAG_EVAL__JUDGE_BASE_URL=stub.base_url)
+        with pytest.raises(RagError, match="judge model judge-1 failed"):
+            rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer)
