@@ -1135,6 +1135,14 @@ def evaluate_rag(query: str, contexts: Sequence[str], answer: str, ground_truth:
     return RAGEvalResult(**{k: v for k, v in out.items() if k in fields})
 
 
+def get_metrics_collector() -> Any:
+    """Seed 004's `get_metrics_collector()`: `record_search(...)` and `get_summary(days=7)` over the
+    default knowledge base's search metrics (`rag_lib.metrics.MetricsCollector`)."""
+    from rag_lib.metrics import MetricsCollector
+
+    return MetricsCollector(default_kb())
+
+
 def search(query: str, **kwargs: Any) -> SearchResult:
     return default_kb().search(query, **kwargs)
 

@@ -312,3 +312,48 @@ def test_seed_004_expansion_and_evaluation(default_kb, monkeypatch):
         _reopen_default(monkeypatch, RAG_EVAL__JUDGE_BASE_URL=stub.base_url)
         with pytest.raises(RagError, match="judge model judge-1 failed"):
             rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer)
+
+
+def test_seed_004_metrics_collector(default_kb, corpus_copy, tmp_path, monkeypatch):
+    """Seed 004's `get_metrics_collector().record_search(...)` records a search the caller timed (the
+    table; the JSONL log only when one is named) and `get_summary(days)` summarises them."""
+    import json
+
+    from rag_lib.metrics import SearchMetrics
+
+    rag_lib.ingest([corpus_copy(NVDA)])
+    hits = rag_lib.semantic_search("NVDA data center revenue growth")
+    collector = rag_lib.get_metrics_collector()
+    assert collector.enabled and collector.log_path is None  # nothing writes a file that is not named
+    before = collector.get_summary(days=7)
+    metric = collector.record_search(query="NVDA data center revenue growth", strategy="vector", results=hits,
+                                     latency_ms=12, query_type="retrieval")
+    assert isinstance(metric, SearchMetrics) and metric.retrieval_count == len(hits) > 0
+    assert metric.top_similarity == hits[0].similarity and metric.latency_ms == 12 and metric.reranked is False
+    assert metric.query_type == "retrieval" and metric.strategy == "vector" and metric.timestamp
+    after = collector.get_summary(days=7)
+    assert after["searches"] == before["searches"] + 1 and after["strategies"].get("vector") == 1
+    assert after["query_classes"].get("retrieval", 0) == before["query_classes"].get("retrieval", 0) + 1
+    assert collector.record_search("nothing", "hybrid", [], 3).top_similarity is None
+    with pytest.raises(ValidationError):
+        collector.get_summary(days=0)
+    with pytest.raises(ValidationError):
+        collector.record_search("q", "vector", hits, latency_ms=-1)
+
+    log = tmp_path / "logs" / "rag_metrics.jsonl"
+    _reopen_default(monkeypatch, RAG_METRICS=str(log))
+    collector = rag_lib.get_metrics_collector()
+    assert collector.log_path == log
+    collector.record_search("NVDA guidance", "hybrid+rerank", [h.to_dict() for h in hits], 40.6, reranked=True)
+    rag_lib.api.default_kb().metrics.flush()
+    line = json.loads(log.read_text().splitlines()[-1])
+    assert line["query"] == "NVDA guidance" and line["retrieval_count"] == len(hits) and line["reranked"] is True
+    assert line["latency_ms"] == 41 and line["top_similarity"] == pytest.approx(hits[0].similarity)
+    assert line["mode"] == "hybrid" and line["timestamp"] == line["at"]
+
+    _reopen_default(monkeypatch, RAG_METRICS="false")
+    collector = rag_lib.get_metrics_collector()
+    assert not collector.enabled and collector.log_path is None
+    assert collector.record_search("off", "vector", hits, 5).retrieval_count == len(hits)  # returned, not written
+    _reopen_default(monkeypatch, RAG_METRICS=None)
+    assert rag_lib.get_metrics_collector().get_summary(days=1)["searches"] == after["searches"] + 1
