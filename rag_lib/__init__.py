@@ -5,6 +5,7 @@ default instance configured from `rag.yaml` and `RAG_*` environment variables.
 """
 
 from rag_lib.api import (
+    EmbeddingClient,
     EmbedResult,
     ExpandedQuery,
     KnowledgeBase,
@@ -36,6 +37,7 @@ from rag_lib.api import (
 from rag_lib.errors import RagError
 
 __all__ = [
+    "EmbeddingClient",
     "EmbedResult",
     "ExpandedQuery",
     "KnowledgeBase",

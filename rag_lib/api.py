@@ -1143,6 +1143,80 @@ def get_metrics_collector() -> Any:
     return MetricsCollector(default_kb())
 
 
+class EmbeddingClient:
+    """Seed 000's embedding client (§2.3, §5.5 option 5): `EmbeddingClient(config).get_embedding(text)`
+    is the text's vector as a list of floats. `config`: None for the configured provider (the default
+    knowledge base's, the model loaded once), a `Settings`, or the seed's embedding config as a dict
+    (`default_provider`, `fallback_chain`, `timeout_seconds`, `ollama:`/`openrouter:`/`openai:` blocks;
+    or a whole config.yaml with `embedding:`), read as rag.yaml reads it (the rest of the settings
+    from the environment and rag.yaml). A fallback only serves within the primary's vector space."""
+
+    def __init__(self, config: Mapping[str, Any] | Settings | None = None):
+        self._own = config is not None
+        self.kb = default_kb() if config is None else KnowledgeBase(_client_settings(config))
+
+    @property
+    def model(self) -> str:
+        return self.kb.settings.embedding.model
+
+    @property
+    def dimensions(self) -> int:
+        return int(self.kb.settings.embedding.dimensions)
+
+    def get_embedding(self, text: str) -> list[float]:
+        return [float(x) for x in self.kb.embed_text(text)]
+
+    def get_embeddings_batch(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of several texts in one call (seed 004's `get_embeddings_batch`)."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValidationError("texts must be a list of strings")
+        for text in texts:
+            if not isinstance(text, str) or not text.strip():
+                raise ValidationError("texts must be non-empty strings")
+            if problem := text_problem(text):
+                raise ValidationError(f"text {problem}")
+        if not texts:
+            return []
+        with self.kb.recording_metrics():
+            return [[float(x) for x in v] for v in self.kb.provider.embed(list(texts))]
+
+    def close(self) -> None:
+        """Release a client built from its own config (the default knowledge base stays open)."""
+        if self._own:
+            self.kb.close()
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _client_settings(config: Any) -> Settings:
+    """`EmbeddingClient`'s settings from its `config` (see there)."""
+    from pydantic import ValidationError as PydanticValidationError
+
+    from rag_lib.config import seed_config_values, unknown_keys
+
+    if isinstance(config, Settings):
+        return config
+    if not isinstance(config, Mapping):
+        raise ValidationError(f"config must be the seed's embedding config (a dict), a Settings or None, "
+                              f"got {type(config).__name__}")
+    whole = bool(set(config) & (set(Settings.model_fields) | {"features"}))
+    values, ignored = seed_config_values(dict(config) if whole else {"embedding": dict(config)})
+    if unknown := unknown_keys(values, Settings):
+        raise ConfigError("EmbeddingClient config: unknown setting " + "; ".join(
+            key + (f" (did you mean {near}?)" if near else "") for key, near in unknown))
+    for entry in ignored:
+        _warn_once(f"EmbeddingClient config: {entry} is ignored")
+    try:
+        return Settings(**values)
+    except PydanticValidationError as exc:
+        problems = "; ".join(".".join(map(str, e.get("loc", ()))) + ": " + e.get("msg", "invalid") for e in exc.errors())
+        raise ConfigError(f"EmbeddingClient config: {problems}") from exc
+
+
 def search(query: str, **kwargs: Any) -> SearchResult:
     return default_kb().search(query, **kwargs)
 

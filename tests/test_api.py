@@ -357,3 +357,44 @@ def test_seed_004_metrics_collector(default_kb, corpus_copy, tmp_path, monkeypat
     assert collector.record_search("off", "vector", hits, 5).retrieval_count == len(hits)  # returned, not written
     _reopen_default(monkeypatch, RAG_METRICS=None)
     assert rag_lib.get_metrics_collector().get_summary(days=1)["searches"] == after["searches"] + 1
+
+
+def test_seed_000_embedding_client(default_kb, monkeypatch):
+    """Seed 000 §5.5 option 5: `EmbeddingClient(config).get_embedding(text)`. Without a config it is the
+    configured provider's vector (the one searches use); with the seed's embedding config it uses that
+    provider (here an Ollama-style server on 127.0.0.1)."""
+    from openai_stub import OpenAIStub, stub_vector
+
+    from rag_lib import EmbeddingClient
+    from rag_lib.config import Settings
+    from rag_lib.embedding import get_provider
+    from rag_lib.errors import ConfigError
+
+    client = EmbeddingClient()
+    vector = client.get_embedding("NVIDIA data center growth thesis")
+    assert isinstance(vector, list) and len(vector) == client.dimensions == 384 and isinstance(vector[0], float)
+    assert np.allclose(vector, rag_lib.embed_text("NVIDIA data center growth thesis"), atol=1e-6)
+    batch = client.get_embeddings_batch(["NVIDIA data center growth thesis", "AMD market share"])
+    assert len(batch) == 2 and np.allclose(batch[0], vector, atol=1e-5)
+    with pytest.raises(ValidationError):
+        client.get_embedding(" ")
+    with pytest.raises(ValidationError):
+        EmbeddingClient("config.yaml")
+    with pytest.raises(ConfigError, match="did you mean search.top_k"):
+        EmbeddingClient({"embedding": {"model": "all-MiniLM-L6-v2"}, "search": {"top_kk": 3}})
+
+    monkeypatch.setattr(rag_lib.api, "get_provider", get_provider)  # the config's own provider, not the test's
+    with OpenAIStub() as stub:
+        config = {"default_provider": "ollama", "fallback_chain": ["ollama"], "timeout_seconds": 5,
+                  "ollama": {"base_url": stub.base_url.removesuffix("/v1"), "model": "nomic-embed-text",
+                             "dimensions": 768}}
+        with EmbeddingClient(config) as seeded:
+            assert (seeded.model, seeded.dimensions) == ("nomic-embed-text", 768)
+            got = seeded.get_embedding("NVIDIA data center growth thesis")
+        assert stub.requests == 1
+        assert np.allclose(got, stub_vector("nomic-embed-text", "NVIDIA data center growth thesis", 768), atol=1e-6)
+        settings = Settings(embedding={"provider": "openai_compatible", "base_url": stub.base_url,
+                                       "model": "stub-embed", "dimensions": 16, "api_key_env": "RAG_TEST_KEY"})
+        monkeypatch.setenv("RAG_TEST_KEY", "k")
+        with EmbeddingClient(settings) as own:
+            assert np.allclose(own.get_embedding("x"), stub_vector("stub-embed", "x", 16), atol=1e-6)
