@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,6 +61,75 @@ class RAGStats:
     tickers: list[str]
     doc_types: dict[str, int]
     last_embed: Any  # datetime of the last ingest, or None
+
+
+class QueryType(str, enum.Enum):
+    """Seed 004's query types (`analysis.query_type.value`); our query classes."""
+
+    RETRIEVAL = "retrieval"
+    RELATIONSHIP = "relationship"
+    TREND = "trend"
+    COMPARISON = "comparison"
+    GLOBAL = "global"
+
+
+# Seed 001's strategy for each query type (its table; `rag_classify_query`'s `suggested_strategy`).
+SEED_STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "comparison": "vector",
+                 "global": "hybrid"}
+
+
+@dataclasses.dataclass
+class QueryAnalysis:
+    """Seed 004's QueryAnalysis, from our rule-based classifier. `tickers` are those the collection
+    knows (the seed took every upper-case word); `time_constraint` is the month or day the query names,
+    as our search reads it ("2026-02-01/2026-02-28", a day alone for one day), else None (the seed's
+    "recent" is not read). `confidence`: 0.9 when a rule matched, 0.5 for the fallback class."""
+
+    query_type: QueryType
+    confidence: float
+    tickers: list[str]
+    time_constraint: str | None
+    suggested_strategy: str
+    query: str = ""
+    doc_types: list[str] = dataclasses.field(default_factory=list)  # document types the query names
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape `rag_classify_query` returns."""
+        return {"query": self.query, "query_type": self.query_type.value, "tickers": self.tickers,
+                "doc_types": self.doc_types, "suggested_strategy": self.suggested_strategy,
+                "confidence": self.confidence, "time_constraint": self.time_constraint}
+
+
+@dataclasses.dataclass
+class ExpandedQuery:
+    """Seed 004's ExpandedQuery: `all_queries` is the original then its variations. `note` says why
+    there are none when no expander is configured."""
+
+    original: str
+    variations: list[str]
+    all_queries: list[str]
+    note: str | None = None
+
+
+NO_EXPANDER_NOTE = ("no query expander is configured, so there are no variations; set search.expansion_model "
+                    "($RAG_SEARCH__EXPANSION_MODEL) and search.expansion_base_url for an OpenAI-compatible chat server")
+
+
+@dataclasses.dataclass
+class RAGEvalResult:
+    """Seed 004's RAGEvalResult, judged by `eval.judge_model`. Without one every metric is None and
+    `error_message` names the setting (as `rag_evaluate` answers). `context_recall` needs `ground_truth`
+    (None without); `overall_score` is the harmonic mean of the metrics judged."""
+
+    query: str
+    context_precision: float | None
+    context_recall: float | None
+    faithfulness: float | None
+    answer_relevancy: float | None
+    overall_score: float | None
+    model: str | None = None
+    judge_calls: int = 0
+    error_message: str | None = None
 
 
 class _FirstN:
@@ -493,6 +563,29 @@ class KnowledgeBase:
                                        mode=mode, collection=collection, top_k=top_k, references=references)
         return out
 
+    def evaluate_answer(self, query: str, contexts: Sequence[str], answer: str,
+                        ground_truth: str | None = None) -> dict[str, Any]:
+        """RAGAS metrics of one answer to `query` given `contexts` (seed 004's `evaluate_rag`), judged by
+        `eval.judge_model`: context precision, faithfulness, answer relevancy, context recall (with
+        `ground_truth`) and overall_score. Without a judge model every metric is None and
+        `error_message` says what to set."""
+        from rag_lib.eval import NO_JUDGE_NOTE, judge_answer
+
+        if not isinstance(query, str) or not query.strip():
+            raise ValidationError("query is empty")
+        if isinstance(contexts, str) or not isinstance(contexts, Sequence) or not contexts \
+                or not all(isinstance(c, str) for c in contexts):
+            raise ValidationError("contexts must be a non-empty list of strings")
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValidationError("answer is empty")
+        if ground_truth is not None and not isinstance(ground_truth, str):
+            raise ValidationError("ground_truth must be a string")
+        if not self.settings.eval.judge_model:
+            return {"query": query, "model": None, "contexts": len(contexts), "context_precision": None,
+                    "context_recall": None, "faithfulness": None, "answer_relevancy": None, "overall_score": None,
+                    "judge_calls": 0, "error_message": NO_JUDGE_NOTE}
+        return judge_answer(self.settings, query, list(contexts), answer, reference=ground_truth)
+
     def reset(self) -> list[str]:
         """Drop every table and recreate the schema (all data is lost); returns the migrations applied."""
         self.__dict__.pop("engine", None)
@@ -817,6 +910,8 @@ class KnowledgeBase:
         """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
         if not query or not query.strip():
             raise ValidationError("query is empty")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValidationError(f"n must be a whole number, 0 or more, got {n!r}")
         return list(self.expander.expand(query))[:n] if self.expander is not None else []
 
     # ---- data-quality checks over the whole store (the Dagster asset checks report them; the
@@ -1023,6 +1118,127 @@ def get_hybrid_context(ticker: str, query: str, analysis_type: str | None = None
     `graph_context` and `formatted`; `str()` of it is the prompt text seed 000 returns."""
     return default_kb().hybrid_context(query, ticker, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id,
                                        **kwargs)
+
+
+def get_hybrid_context_adaptive(ticker: str, query: str, analysis_type: str | None = None,
+                                exclude_doc_id: str | None = None, **kwargs: Any) -> Any:
+    """Seed 001/004's adaptive hybrid context: our hybrid context is routed by the query's class
+    always (relationship → graph first, comparison → per ticker, trend → time-filtered, else hybrid;
+    `route` says which), so this is `get_hybrid_context` under the seed's other name."""
+    return get_hybrid_context(ticker, query, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id, **kwargs)
+
+
+def classify_query(query: str, collection: str | None = None) -> QueryAnalysis:
+    """Seed 001/004's `classify_query`: a `QueryAnalysis` (query_type, confidence, tickers,
+    time_constraint, suggested_strategy) from the classifier our searches route by."""
+    plan = default_kb().classify_query(query, collection)
+    dates = list(plan.dates)
+    return QueryAnalysis(
+        query_type=QueryType(plan.kind), confidence=0.5 if plan.kind == "retrieval" else 0.9,
+        tickers=list(plan.tickers), suggested_strategy=SEED_STRATEGY.get(plan.kind, "hybrid"), query=query,
+        time_constraint=(dates[0] if dates[0] == dates[-1] else f"{dates[0]}/{dates[-1]}") if dates else None,
+        doc_types=list(plan.doc_types),
+    )
+
+
+def expand_query(query: str, n: int = 3) -> ExpandedQuery:
+    """Seed 004's `expand_query`: up to `n` variations by the configured expander
+    (`search.expansion_model`); without one, none, and `note` says what to set."""
+    kb = default_kb()
+    variations = kb.expand_query(query, n)
+    return ExpandedQuery(original=query, variations=variations, all_queries=[query, *variations],
+                         note=None if kb.expander is not None else NO_EXPANDER_NOTE)
+
+
+def evaluate_rag(query: str, contexts: Sequence[str], answer: str, ground_truth: str | None = None) -> RAGEvalResult:
+    """Seed 004's `evaluate_rag`: the RAGAS metrics of one answer, judged by `eval.judge_model`
+    (without one, every metric None and `error_message` naming the setting; a failing judge server
+    raises `RagError`)."""
+    out = default_kb().evaluate_answer(query, contexts, answer, ground_truth)
+    fields = {f.name for f in dataclasses.fields(RAGEvalResult)}
+    return RAGEvalResult(**{k: v for k, v in out.items() if k in fields})
+
+
+def get_metrics_collector() -> Any:
+    """Seed 004's `get_metrics_collector()`: `record_search(...)` and `get_summary(days=7)` over the
+    default knowledge base's search metrics (`rag_lib.metrics.MetricsCollector`)."""
+    from rag_lib.metrics import MetricsCollector
+
+    return MetricsCollector(default_kb())
+
+
+class EmbeddingClient:
+    """Seed 000's embedding client (§2.3, §5.5 option 5): `EmbeddingClient(config).get_embedding(text)`
+    is the text's vector as a list of floats. `config`: None for the configured provider (the default
+    knowledge base's, the model loaded once), a `Settings`, or the seed's embedding config as a dict
+    (`default_provider`, `fallback_chain`, `timeout_seconds`, `ollama:`/`openrouter:`/`openai:` blocks;
+    or a whole config.yaml with `embedding:`), read as rag.yaml reads it (the rest of the settings
+    from the environment and rag.yaml). A fallback only serves within the primary's vector space."""
+
+    def __init__(self, config: Mapping[str, Any] | Settings | None = None):
+        self._own = config is not None
+        self.kb = default_kb() if config is None else KnowledgeBase(_client_settings(config))
+
+    @property
+    def model(self) -> str:
+        return self.kb.settings.embedding.model
+
+    @property
+    def dimensions(self) -> int:
+        return int(self.kb.settings.embedding.dimensions)
+
+    def get_embedding(self, text: str) -> list[float]:
+        return [float(x) for x in self.kb.embed_text(text)]
+
+    def get_embeddings_batch(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of several texts in one call (seed 004's `get_embeddings_batch`)."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValidationError("texts must be a list of strings")
+        for text in texts:
+            if not isinstance(text, str) or not text.strip():
+                raise ValidationError("texts must be non-empty strings")
+            if problem := text_problem(text):
+                raise ValidationError(f"text {problem}")
+        if not texts:
+            return []
+        with self.kb.recording_metrics():
+            return [[float(x) for x in v] for v in self.kb.provider.embed(list(texts))]
+
+    def close(self) -> None:
+        """Release a client built from its own config (the default knowledge base stays open)."""
+        if self._own:
+            self.kb.close()
+
+    def __enter__(self) -> EmbeddingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _client_settings(config: Any) -> Settings:
+    """`EmbeddingClient`'s settings from its `config` (see there)."""
+    from pydantic import ValidationError as PydanticValidationError
+
+    from rag_lib.config import seed_config_values, unknown_keys
+
+    if isinstance(config, Settings):
+        return config
+    if not isinstance(config, Mapping):
+        raise ValidationError(f"config must be the seed's embedding config (a dict), a Settings or None, "
+                              f"got {type(config).__name__}")
+    whole = bool(set(config) & (set(Settings.model_fields) | {"features"}))
+    values, ignored = seed_config_values(dict(config) if whole else {"embedding": dict(config)})
+    if unknown := unknown_keys(values, Settings):
+        raise ConfigError("EmbeddingClient config: unknown setting " + "; ".join(
+            key + (f" (did you mean {near}?)" if near else "") for key, near in unknown))
+    for entry in ignored:
+        _warn_once(f"EmbeddingClient config: {entry} is ignored")
+    try:
+        return Settings(**values)
+    except PydanticValidationError as exc:
+        problems = "; ".join(".".join(map(str, e.get("loc", ()))) + ": " + e.get("msg", "invalid") for e in exc.errors())
+        raise ConfigError(f"EmbeddingClient config: {problems}") from exc
 
 
 def search(query: str, **kwargs: Any) -> SearchResult:

@@ -351,6 +351,11 @@ class ChatJudge:
         return out
 
 
+# What a caller of `judge_answer` is told instead of scores when no judge model is configured.
+NO_JUDGE_NOTE = ("not judged: the RAGAS metrics need a chat model; set eval.judge_model ($RAG_EVAL__JUDGE_MODEL) and "
+                 "eval.judge_base_url ($RAG_EVAL__JUDGE_BASE_URL or $LLM_BASE_URL) for an OpenAI-compatible server")
+
+
 def judge_from_settings(settings: Any) -> ChatJudge:
     """The configured judge (`eval.judge_model`, `eval.judge_base_url`, or the seeds' LLM_BASE_URL)."""
     import os

@@ -1,6 +1,8 @@
 """Search and embedding metrics, recorded without slowing searches down: callers enqueue a record
 (a few microseconds) and one background thread writes batches to the database (and the JSONL log
 when `search_metrics.jsonl_path` / `$RAG_METRICS` names a file). `flush()` waits; `close()` drains.
+Each JSONL line carries seed 004's `SearchMetrics` fields beside ours (`jsonl_record`), so the old
+system's tooling reads it; `MetricsCollector` is seed 004's `get_metrics_collector()` object.
 
 Embedding calls are recorded by the providers into whichever recorder the calling code bound with
 `bound(recorder)` (a context variable: the knowledge base binds itself around searches and ingests)."""
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import datetime as dt
 import json
 import queue
 import threading
@@ -97,7 +101,7 @@ class MetricsRecorder:
             try:
                 self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
                 with self.jsonl_path.open("a", encoding="utf-8") as fh:
-                    fh.writelines(json.dumps(m.to_dict(), default=str) + "\n" for m in searches)
+                    fh.writelines(json.dumps(jsonl_record(m), default=str) + "\n" for m in searches)
             except OSError as exc:
                 log.warning("could not append metrics to %s: %s", self.jsonl_path, exc)
 
@@ -141,7 +145,99 @@ def search_metric(result: SearchResult, collection: str | None, reranked: bool) 
         latency_ms=float(result.timings_ms.get("total", 0.0)), query_class=kind,
         top_score=max((h.score for h in hits), default=None), reranked=reranked, collection=collection,
         stages_ms={k: v for k, v in result.timings_ms.items() if k != "total"},
+        top_similarity=hits[0].similarity if hits else None,
     )
+
+
+@dataclasses.dataclass
+class SearchMetrics:
+    """Seed 004's record of one search (`rag.metrics.SearchMetrics`), as `MetricsCollector.record_search`
+    returns it and as its fields appear in each line of the JSONL log."""
+
+    query: str
+    query_type: str | None  # our query class (retrieval, relationship, trend, comparison, global)
+    strategy: str
+    retrieval_count: int
+    reranked: bool
+    top_similarity: float | None  # the first hit's cosine with the query; None when none was measured
+    latency_ms: int
+    timestamp: str
+    relevance_feedback: int | None = None  # the seed's "future" fields: always None
+    context_used: bool | None = None
+
+    @classmethod
+    def of(cls, metric: SearchMetric) -> SearchMetrics:
+        return cls(query=metric.query, query_type=metric.query_class, strategy=metric.strategy,
+                   retrieval_count=metric.results, reranked=metric.reranked, top_similarity=metric.top_similarity,
+                   latency_ms=int(round(metric.latency_ms)), timestamp=metric.at.isoformat())
+
+
+def jsonl_record(metric: SearchMetric) -> dict[str, Any]:
+    """One line of the JSONL log: our fields (`SearchMetric.to_dict`) and seed 004's `SearchMetrics`
+    fields. Of the names both use, `query`, `strategy` and `reranked` hold the same value and
+    `latency_ms` the seed's whole milliseconds (the table keeps the fraction)."""
+    return {**metric.to_dict(), **dataclasses.asdict(SearchMetrics.of(metric))}
+
+
+class MetricsCollector:
+    """Seed 004's `get_metrics_collector()` object over a knowledge base's metrics: `record_search`
+    records a search the caller timed itself (the table, and the JSONL log when one is configured),
+    `get_summary(days)` summarises the recorded searches. Searches through the knowledge base are
+    recorded already; nothing here writes a file the settings do not name."""
+
+    def __init__(self, kb: Any):
+        self.kb = kb
+
+    @property
+    def enabled(self) -> bool:
+        """Whether searches are recorded (`search_metrics.enabled`, seed 004's `RAG_METRICS`)."""
+        return self.kb.metrics is not None
+
+    @property
+    def log_path(self) -> Path | None:
+        """The JSONL log searches are appended to (`search_metrics.jsonl_path`; None: the table only)."""
+        return self.kb.settings.search_metrics.jsonl_path if self.enabled else None
+
+    def record_search(self, query: str, strategy: str, results: list, latency_ms: float,
+                      query_type: str | None = None, reranked: bool = False) -> SearchMetrics:
+        """Record one search: `results` its hits, best first (their `similarity` and `score`, as
+        attributes or keys, when they have them). Returns the seed's `SearchMetrics`; with metrics off
+        nothing is written."""
+        from rag_lib.errors import ValidationError
+
+        if not isinstance(query, str) or not isinstance(strategy, str) or not strategy.strip():
+            raise ValidationError("query and strategy must be strings (strategy not empty)")
+        if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)) or latency_ms < 0:
+            raise ValidationError(f"latency_ms must be a number, 0 or more, got {latency_ms!r}")
+        results = list(results or [])
+        first = results[0] if results else None
+        scores = [s for s in (_field(r, "score") for r in results) if isinstance(s, (int, float))]
+        similarity = _field(first, "similarity")
+        base = strategy.split("+", 1)[0].strip().lower()
+        metric = SearchMetric(
+            query=query[:500], mode={"vector": "semantic", "bm25": "lexical"}.get(base, base), strategy=strategy,
+            results=len(results), latency_ms=float(latency_ms), query_class=query_type,
+            top_score=max(scores, default=None), reranked=bool(reranked), collection=self.kb.settings.collection,
+            top_similarity=float(similarity) if isinstance(similarity, (int, float)) else None,
+        )
+        if self.kb.metrics is not None:
+            self.kb.metrics.record(metric)
+        return SearchMetrics.of(metric)
+
+    def get_summary(self, days: float = 7) -> dict[str, Any]:
+        """The summary of `rag metrics` over the last `days` days: p50/p95 latency per mode,
+        zero-result rate, query-class and strategy mix, embedding failure rate and fallback share."""
+        from rag_lib.errors import ValidationError
+
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or not 0 < days <= 3650:
+            raise ValidationError(f"days must be a number between 0 and 3650, got {days!r}")
+        return self.kb.metrics_summary(since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days))
+
+
+def _field(item: Any, name: str) -> Any:
+    if item is None:
+        return None
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
 @contextlib.contextmanager

@@ -356,11 +356,14 @@ class SearchMetric:
     results: int
     latency_ms: float
     query_class: str | None = None
-    top_score: float | None = None
+    top_score: float | None = None  # the highest hit `score` (mode-specific: the fused score in hybrid mode)
     reranked: bool = False
     collection: str | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
     at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    # the first hit's cosine with the query (`SearchHit.similarity`; None when no retriever gave one,
+    # e.g. a lexical search): seed 004's `top_similarity`. In the JSONL log, not the table.
+    top_similarity: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -199,3 +199,202 @@ def test_a_plain_script_stores_text_without_a_main_guard(database_url, tmp_path)
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["script", "start", "embedded"], done.stdout
+
+
+def _reopen_default(monkeypatch, **env: str | None) -> None:
+    """Close the default knowledge base and read the settings again with `env` changed."""
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    rag_lib.close()
+    get_settings.cache_clear()
+
+
+def _verdict(system: str, user: str) -> str:
+    """A judge (and expander) stub: a context or statement is relevant / supported iff it names NVDA."""
+    import re
+
+    if system.startswith("TASK: context relevance"):
+        items = user.split("\n\n", 1)[1]
+    elif "Statements:\n" in user:
+        items = user.split("Statements:\n", 1)[1]
+    else:  # the query expander
+        return "1. NVIDIA accelerator demand\n2. GPU orders from hyperscalers\n3. AI semiconductor spending"
+    return "\n".join(f"{n}: {'yes' if 'nvda' in t.lower() else 'no'}" for n, t in re.findall(r"^(\d+): (.*)$", items, re.M))
+
+
+def test_seed_004_classifier_and_adaptive_context(default_kb, corpus_copy):
+    """Seed 001/004's `classify_query` and `get_hybrid_context_adaptive`, called as the seeds call them;
+    the classification is the one the MCP tool `rag_classify_query` returns."""
+    from rag_lib import QueryType
+    from rag_lib.server import service
+
+    root = corpus_copy(NVDA, AMD, TRADE)
+    rag_lib.ingest([root])
+    analysis = rag_lib.classify_query("Compare NVDA vs AMD earnings")  # seed 001's example
+    assert analysis.query_type == QueryType.COMPARISON and analysis.query_type.value == "comparison"
+    assert analysis.tickers == ["NVDA", "AMD"] and analysis.suggested_strategy == "vector"
+    assert analysis.confidence == 0.9 and analysis.time_constraint is None
+    expected = {"How does NVDA relate to AMD?": ("relationship", "graph"),
+                "NVDA earnings trend over time": ("trend", "vector"),
+                "overview of all trades": ("global", "hybrid"),
+                "NVDA stock analysis from February 2026": ("retrieval", "vector")}
+    kb = rag_lib.api.default_kb()
+    for query, (kind, strategy) in expected.items():
+        got = rag_lib.classify_query(query)
+        assert (got.query_type.value, got.suggested_strategy) == (kind, strategy), query
+        served = service.classify_query(kb, query)
+        assert {k: v for k, v in got.to_dict().items() if k != "time_constraint"} == served, query
+    dated = rag_lib.classify_query("NVDA stock analysis from February 2026")
+    assert dated.time_constraint == "2026-02-01/2026-02-28" and dated.confidence == 0.5
+    assert dated.doc_types == ["stock-analysis"] and dated.tickers == ["NVDA"]
+    with pytest.raises(ValidationError):
+        rag_lib.classify_query("  ")
+
+    # adaptive context: routed by the query's class, as seed 004 routes it; the seed's result names
+    related = rag_lib.get_hybrid_context_adaptive(ticker="NVDA", query="How does NVDA relate to AMD?")
+    assert related.route == "graph-first" and related.kind == "relationship" and related.ticker == "NVDA"
+    assert related.vector_results and related.formatted == str(related)
+    assert isinstance(related.graph_context, dict) and related.graph_context.get("ticker") == "NVDA"
+    compared = rag_lib.get_hybrid_context_adaptive("NVDA", "Compare NVDA vs AMD earnings")
+    assert compared.route == "per-ticker" and {"NVDA", "AMD"} <= {r.ticker for r in compared.vector_results}
+    assert compared.formatted == rag_lib.get_hybrid_context("NVDA", "Compare NVDA vs AMD earnings").formatted
+    doc_id = rag_lib.api.default_kb().show(NVDA)["doc_id"]
+    assert doc_id in {r.doc_id for r in compared.vector_results}
+    without = rag_lib.get_hybrid_context_adaptive("NVDA", "Compare NVDA vs AMD earnings", exclude_doc_id=doc_id,
+                                                  analysis_type=None)
+    assert without.vector_results and doc_id not in {r.doc_id for r in without.vector_results}
+
+
+def test_seed_004_expansion_and_evaluation(default_kb, monkeypatch):
+    """Seed 004's `expand_query` and `evaluate_rag`: without an expander or judge model they say what to
+    set (as the MCP tools do); with one (a local chat server) they return its variations and scores."""
+    from chat_stub import ChatStub
+
+    from rag_lib.errors import RagError
+    from rag_lib.eval import average_precision, overall_score
+    from rag_lib.server import service
+
+    plain = rag_lib.expand_query("AI chip demand", n=3)
+    assert (plain.original, plain.variations, plain.all_queries) == ("AI chip demand", [], ["AI chip demand"])
+    assert "search.expansion_model" in plain.note
+    with pytest.raises(ValidationError):
+        rag_lib.expand_query("AI chip demand", n=-1)
+    contexts = ["NVDA data center revenue rose on AI demand.", "Apples are red."]
+    answer = "NVDA beat its earnings estimate.\nThe moon is made of cheese."
+    unjudged = rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer)
+    assert unjudged.query == "What drove NVDA's Q4?" and unjudged.judge_calls == 0
+    assert all(getattr(unjudged, m) is None for m in ("context_precision", "context_recall", "faithfulness",
+                                                       "answer_relevancy", "overall_score"))
+    kb = rag_lib.api.default_kb()
+    assert unjudged.error_message == service.evaluate(kb, "What drove NVDA's Q4?", contexts, answer)["error_message"]
+    assert "eval.judge_model" in unjudged.error_message
+    with pytest.raises(ValidationError, match="contexts"):
+        rag_lib.evaluate_rag("What drove NVDA's Q4?", "one context as a string", answer)
+
+    with ChatStub(_verdict) as stub:
+        _reopen_default(monkeypatch, RAG_SEARCH__EXPANSION_MODEL="stub-chat",
+                        RAG_SEARCH__EXPANSION_BASE_URL=stub.base_url, RAG_EVAL__JUDGE_MODEL="judge-1",
+                        RAG_EVAL__JUDGE_BASE_URL=stub.base_url)
+        expanded = rag_lib.expand_query("AI chip demand", n=2)
+        assert expanded.variations == ["NVIDIA accelerator demand", "GPU orders from hyperscalers"]
+        assert expanded.all_queries == ["AI chip demand", *expanded.variations] and expanded.note is None
+        judged = rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer,
+                                      ground_truth="NVDA grew its data center sales. Pears are green.")
+        assert stub.requests and all(r["model"] in ("stub-chat", "judge-1") for r in stub.requests)
+    assert judged.error_message is None and judged.model == "judge-1" and judged.judge_calls == 4
+    assert judged.context_precision == average_precision([True, False])
+    assert judged.faithfulness == judged.answer_relevancy == judged.context_recall == 0.5
+    assert judged.overall_score == overall_score({"a": 1.0, "b": 0.5, "c": 0.5, "d": 0.5})
+    with ChatStub(_verdict, fail=True) as stub:
+        _reopen_default(monkeypatch, RAG_EVAL__JUDGE_BASE_URL=stub.base_url)
+        with pytest.raises(RagError, match="judge model judge-1 failed"):
+            rag_lib.evaluate_rag("What drove NVDA's Q4?", contexts, answer)
+
+
+def test_seed_004_metrics_collector(default_kb, corpus_copy, tmp_path, monkeypatch):
+    """Seed 004's `get_metrics_collector().record_search(...)` records a search the caller timed (the
+    table; the JSONL log only when one is named) and `get_summary(days)` summarises them."""
+    import json
+
+    from rag_lib.metrics import SearchMetrics
+
+    rag_lib.ingest([corpus_copy(NVDA)])
+    hits = rag_lib.semantic_search("NVDA data center revenue growth")
+    collector = rag_lib.get_metrics_collector()
+    assert collector.enabled and collector.log_path is None  # nothing writes a file that is not named
+    before = collector.get_summary(days=7)
+    metric = collector.record_search(query="NVDA data center revenue growth", strategy="vector", results=hits,
+                                     latency_ms=12, query_type="retrieval")
+    assert isinstance(metric, SearchMetrics) and metric.retrieval_count == len(hits) > 0
+    assert metric.top_similarity == hits[0].similarity and metric.latency_ms == 12 and metric.reranked is False
+    assert metric.query_type == "retrieval" and metric.strategy == "vector" and metric.timestamp
+    after = collector.get_summary(days=7)
+    assert after["searches"] == before["searches"] + 1 and after["strategies"].get("vector") == 1
+    assert after["query_classes"].get("retrieval", 0) == before["query_classes"].get("retrieval", 0) + 1
+    assert collector.record_search("nothing", "hybrid", [], 3).top_similarity is None
+    with pytest.raises(ValidationError):
+        collector.get_summary(days=0)
+    with pytest.raises(ValidationError):
+        collector.record_search("q", "vector", hits, latency_ms=-1)
+
+    log = tmp_path / "logs" / "rag_metrics.jsonl"
+    _reopen_default(monkeypatch, RAG_METRICS=str(log))
+    collector = rag_lib.get_metrics_collector()
+    assert collector.log_path == log
+    collector.record_search("NVDA guidance", "hybrid+rerank", [h.to_dict() for h in hits], 40.6, reranked=True)
+    rag_lib.api.default_kb().metrics.flush()
+    line = json.loads(log.read_text().splitlines()[-1])
+    assert line["query"] == "NVDA guidance" and line["retrieval_count"] == len(hits) and line["reranked"] is True
+    assert line["latency_ms"] == 41 and line["top_similarity"] == pytest.approx(hits[0].similarity)
+    assert line["mode"] == "hybrid" and line["timestamp"] == line["at"]
+
+    _reopen_default(monkeypatch, RAG_METRICS="false")
+    collector = rag_lib.get_metrics_collector()
+    assert not collector.enabled and collector.log_path is None
+    assert collector.record_search("off", "vector", hits, 5).retrieval_count == len(hits)  # returned, not written
+    _reopen_default(monkeypatch, RAG_METRICS=None)
+    assert rag_lib.get_metrics_collector().get_summary(days=1)["searches"] == after["searches"] + 1
+
+
+def test_seed_000_embedding_client(default_kb, monkeypatch):
+    """Seed 000 §5.5 option 5: `EmbeddingClient(config).get_embedding(text)`. Without a config it is the
+    configured provider's vector (the one searches use); with the seed's embedding config it uses that
+    provider (here an Ollama-style server on 127.0.0.1)."""
+    from openai_stub import OpenAIStub, stub_vector
+
+    from rag_lib import EmbeddingClient
+    from rag_lib.config import Settings
+    from rag_lib.embedding import get_provider
+    from rag_lib.errors import ConfigError
+
+    client = EmbeddingClient()
+    vector = client.get_embedding("NVIDIA data center growth thesis")
+    assert isinstance(vector, list) and len(vector) == client.dimensions == 384 and isinstance(vector[0], float)
+    assert np.allclose(vector, rag_lib.embed_text("NVIDIA data center growth thesis"), atol=1e-6)
+    batch = client.get_embeddings_batch(["NVIDIA data center growth thesis", "AMD market share"])
+    assert len(batch) == 2 and np.allclose(batch[0], vector, atol=1e-5)
+    with pytest.raises(ValidationError):
+        client.get_embedding(" ")
+    with pytest.raises(ValidationError):
+        EmbeddingClient("config.yaml")
+    with pytest.raises(ConfigError, match="did you mean search.top_k"):
+        EmbeddingClient({"embedding": {"model": "all-MiniLM-L6-v2"}, "search": {"top_kk": 3}})
+
+    monkeypatch.setattr(rag_lib.api, "get_provider", get_provider)  # the config's own provider, not the test's
+    with OpenAIStub() as stub:
+        config = {"default_provider": "ollama", "fallback_chain": ["ollama"], "timeout_seconds": 5,
+                  "ollama": {"base_url": stub.base_url.removesuffix("/v1"), "model": "nomic-embed-text",
+                             "dimensions": 768}}
+        with EmbeddingClient(config) as seeded:
+            assert (seeded.model, seeded.dimensions) == ("nomic-embed-text", 768)
+            got = seeded.get_embedding("NVIDIA data center growth thesis")
+        assert stub.requests == 1
+        assert np.allclose(got, stub_vector("nomic-embed-text", "NVIDIA data center growth thesis", 768), atol=1e-6)
+        settings = Settings(embedding={"provider": "openai_compatible", "base_url": stub.base_url,
+                                       "model": "stub-embed", "dimensions": 16, "api_key_env": "RAG_TEST_KEY"})
+        monkeypatch.setenv("RAG_TEST_KEY", "k")
+        with EmbeddingClient(settings) as own:
+            assert np.allclose(own.get_embedding("x"), stub_vector("stub-embed", "x", 16), atol=1e-6)

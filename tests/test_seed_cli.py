@@ -146,7 +146,7 @@ def test_reset_drops_and_recreates(rag, ingested, database_url):
 def test_every_search_is_recorded_and_summarised(rag, ingested, tmp_path, monkeypatch):
     log = tmp_path / "logs" / "rag_metrics.jsonl"
     monkeypatch.setenv("RAG_METRICS", str(log))  # seed 004: logs/rag_metrics.jsonl
-    _results(rag, "NVDA earnings guidance", "--mode", "hybrid")
+    first = _results(rag, "NVDA earnings guidance", "--mode", "hybrid")
     _results(rag, "compare NVDA and NFLX earnings", "--mode", "hybrid")
     _results(rag, "zzqqxx unmatched gibberish", "--mode", "lexical")
     _results(rag, "cloud growth", "--since", "2026-01-01")
@@ -162,7 +162,20 @@ def test_every_search_is_recorded_and_summarised(rag, ingested, tmp_path, monkey
     assert emb["calls"] >= 4 and emb["failure_rate"] == 0.0 and emb["fallback_share"] == 0.0  # ingest + 3 embeds
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["query"] for x in lines][0] == "NVDA earnings guidance" and len(lines) == 4
-    assert {"query_class", "mode", "strategy", "results", "top_score", "latency_ms", "stages_ms"} <= set(lines[0])
+    assert {"query_class", "mode", "strategy", "results", "top_score", "latency_ms", "stages_ms", "at"} <= set(lines[0])
+    # seed 004's SearchMetrics fields beside ours, with the seed's meaning, so its tooling reads the log
+    seed = {"query", "query_type", "strategy", "retrieval_count", "reranked", "top_similarity", "latency_ms",
+            "timestamp", "relevance_feedback", "context_used"}
+    for line in lines:
+        assert seed <= set(line)
+        assert line["query_type"] == line["query_class"] and line["retrieval_count"] == line["results"]
+        assert line["timestamp"] == line["at"] and isinstance(line["latency_ms"], int)
+        assert line["relevance_feedback"] is None and line["context_used"] is None
+    # top_similarity is the first hit's cosine with the query, not the fused score of hybrid mode
+    assert lines[0]["top_similarity"] == pytest.approx(first[0]["similarity"], abs=1e-6)
+    assert 0 < lines[0]["top_similarity"] <= 1 and lines[0]["top_similarity"] != pytest.approx(lines[0]["top_score"])
+    assert lines[1]["query_type"] == "comparison"
+    assert lines[2]["retrieval_count"] == 0 and lines[2]["top_similarity"] is None  # no hit, no similarity
     code, out, _ = rag("metrics", "--since", "2999-01-01", "--json")
     assert json.loads(out)["searches"] == 0
     code, out, _ = rag("metrics", "--since", "7d")
@@ -177,6 +190,23 @@ def test_metrics_can_be_switched_off(rag, ingested, monkeypatch):
     monkeypatch.delenv("RAG_METRICS")
     code, out, _ = rag("metrics", "--json")
     assert json.loads(out)["searches"] == 0
+
+
+def test_metrics_on_write_no_file_that_is_not_named(rag, ingested, tmp_path, monkeypatch):
+    """Seed 004 appended to logs/rag_metrics.jsonl in the working directory whenever metrics were on
+    (its RAG_METRICS defaults to true); here `true` (or nothing) records to the table only."""
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    for value in ("true", None):
+        if value is None:
+            monkeypatch.delenv("RAG_METRICS")
+        else:
+            monkeypatch.setenv("RAG_METRICS", value)
+        _results(rag, "NVDA earnings guidance")
+    code, out, _ = rag("metrics", "--json")
+    assert code == 0 and json.loads(out)["searches"] == 2
+    assert list(workdir.iterdir()) == []
 
 
 def test_embed_dir_and_section_as_seed_000_writes_them(rag, corpus_copy):
