@@ -82,8 +82,8 @@ SEED_STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vecto
 class QueryAnalysis:
     """Seed 004's QueryAnalysis, from our rule-based classifier. `tickers` are those the collection
     knows (the seed took every upper-case word); `time_constraint` is the month or day the query names,
-    as our search reads it ("2026-02-01/2026-02-28", a day alone for one day), else None (the seed's
-    "recent" is not read). `confidence`: 0.9 when a rule matched, 0.5 for the fallback class."""
+    as our search reads it ("2026-02-01/2026-02-28", a day alone for one day), "recent" for a question
+    about the latest (seed 004's value), else None. `confidence`: 0.9 when a rule matched, 0.5 for the fallback class."""
 
     query_type: QueryType
     confidence: float
@@ -906,6 +906,17 @@ class KnowledgeBase:
             raise ValidationError("query is empty")
         return plan_query(self.store, query, self._collection(collection), self.search_caches)
 
+    def query_analysis(self, query: str, collection: str | None = None) -> QueryAnalysis:
+        """Seed 004's `QueryAnalysis` of a query (what `classify_query` and `rag_classify_query` return)."""
+        plan = self.classify_query(query, collection)
+        dates = list(plan.dates)
+        when = (dates[0] if dates[0] == dates[-1] else f"{dates[0]}/{dates[-1]}") if dates else None
+        return QueryAnalysis(
+            query_type=QueryType(plan.kind), confidence=0.5 if plan.kind == "retrieval" else 0.9,
+            tickers=list(plan.tickers), suggested_strategy=SEED_STRATEGY.get(plan.kind, "hybrid"), query=query,
+            time_constraint=when or ("recent" if plan.recent else None), doc_types=list(plan.doc_types),
+        )
+
     def expand_query(self, query: str, n: int = 3) -> list[str]:
         """Up to `n` alternative phrasings by the configured expander ([] when none is configured)."""
         if not query or not query.strip():
@@ -1131,14 +1142,7 @@ def get_hybrid_context_adaptive(ticker: str, query: str, analysis_type: str | No
 def classify_query(query: str, collection: str | None = None) -> QueryAnalysis:
     """Seed 001/004's `classify_query`: a `QueryAnalysis` (query_type, confidence, tickers,
     time_constraint, suggested_strategy) from the classifier our searches route by."""
-    plan = default_kb().classify_query(query, collection)
-    dates = list(plan.dates)
-    return QueryAnalysis(
-        query_type=QueryType(plan.kind), confidence=0.5 if plan.kind == "retrieval" else 0.9,
-        tickers=list(plan.tickers), suggested_strategy=SEED_STRATEGY.get(plan.kind, "hybrid"), query=query,
-        time_constraint=(dates[0] if dates[0] == dates[-1] else f"{dates[0]}/{dates[-1]}") if dates else None,
-        doc_types=list(plan.doc_types),
-    )
+    return default_kb().query_analysis(query, collection)
 
 
 def expand_query(query: str, n: int = 3) -> ExpandedQuery:

@@ -21,7 +21,6 @@ from anyio import CapacityLimiter
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.errors import DocumentConflictError, NotFoundError, ValidationError
-from rag_lib.eval import judge_answer
 from rag_lib.log import get_logger
 from rag_lib.models import SearchHit
 from rag_lib.server import uploads
@@ -32,15 +31,10 @@ log = get_logger(__name__)
 
 DEFAULT_MODE = "hybrid"
 # Seed 001's strategy for each query class (rag_classify_query's `suggested_strategy`).
-STRATEGY = {"retrieval": "vector", "relationship": "graph", "trend": "vector", "comparison": "vector",
-            "global": "hybrid"}
 # What a client that asked for reranking is told when no reranker is configured.
 RERANK_NOTE = ("no reranker is configured, so the results keep the hybrid order; set search.rerank_model_path "
                "(a local CrossEncoder folder, $RAG_SEARCH__RERANK_MODEL_PATH) or search.rerank_base_url "
                "(a /rerank server, $RAG_SEARCH__RERANK_BASE_URL) to turn reranking on")
-JUDGED = ("context_precision", "context_recall", "faithfulness", "answer_relevancy", "overall_score")
-NO_JUDGE = ("not judged: the RAGAS metrics need a chat model; set eval.judge_model ($RAG_EVAL__JUDGE_MODEL) and "
-            "eval.judge_base_url ($RAG_EVAL__JUDGE_BASE_URL or $LLM_BASE_URL) for an OpenAI-compatible server")
 FORMATS = {"markdown": (".md", ".markdown"), "yaml": (".yaml", ".yml"), "jsonl": (".jsonl",)}
 
 
@@ -151,11 +145,7 @@ def search_expanded(kb: KnowledgeBase, query: str, *, n_expansions: int = 3, top
 def classify_query(kb: KnowledgeBase, query: str, collection: str | None = None) -> dict[str, Any]:
     """Seed 004's classification: query_type, tickers, suggested_strategy (+ the doc types named)."""
     check_query(kb, query)
-    plan = kb.classify_query(query, collection)
-    return {"query": query, "query_type": plan.kind, "tickers": plan.tickers, "doc_types": plan.doc_types,
-            "suggested_strategy": STRATEGY.get(plan.kind, "hybrid"),
-            # rule-based: a matched rule is confident; the fallback class is a guess
-            "confidence": 0.5 if plan.kind == "retrieval" else 0.9}
+    return kb.query_analysis(query, collection).to_dict()
 
 
 def expand_query(kb: KnowledgeBase, query: str, n: int = 3) -> dict[str, Any]:
@@ -379,10 +369,7 @@ def evaluate(kb: KnowledgeBase, query: str, contexts: list[str], answer: str,
     """Seed 004's `rag_evaluate`: RAGAS context precision / recall and faithfulness of an answer,
     judged by the configured chat model."""
     check_query(kb, query)
-    if not kb.settings.eval.judge_model:  # say what to set instead of failing with a hidden 500
-        return {"query": query, "model": None, "contexts": len(contexts), **{m: None for m in JUDGED},
-                "judge_calls": 0, "error_message": NO_JUDGE}
-    return judge_answer(kb.settings, query, contexts, answer, reference=ground_truth)
+    return kb.evaluate_answer(query, contexts, answer, ground_truth)
 
 
 # ---- seed 003's `/rag/*` shapes over the same functions --------------------------------------
