@@ -117,7 +117,7 @@ def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     assert len(err.strip().splitlines()) == 1
 
     code, _, err = rag("search", "x", "--from", "last tuesday")
-    assert code == 2 and "--from must be a date" in err
+    assert code == 2 and "--from/--since must be a date" in err
 
     code, _, err = rag("search", "x", "--mode", "psychic")  # a usage error, like a bad --from
     assert code == 2 and "--mode must be one of semantic, lexical, hybrid, got 'psychic'" in err

@@ -163,3 +163,55 @@ def test_a_failing_batch_is_retried_file_by_file_so_only_one_file_fails(settings
         stub.clear_script()
         again = kb.ingest([root])  # the next run picks the failed file up
         assert [o.status for o in again.outcomes].count("new") == 1
+
+
+def test_texts_another_thread_is_embedding_wait_for_it_and_are_embedded_again_if_it_fails(settings):
+    """Two threads embedding the same text (an ingest's overlapping rounds, two files sharing a
+    section): the second waits for the first instead of spinning, and embeds the text itself when the
+    first fails. It used to borrow again and again while the first ran: a RecursionError, and a file
+    failed that had nothing wrong with it (seen under load in the file-by-file retry)."""
+    import threading
+
+    import numpy as np
+
+    from rag_lib.ingest.stages import Embedder
+
+    release = threading.Event()
+
+    class FirstCallFailsLate:
+        name = label = model = "fake"
+        dimensions, space = 4, "fake:4"
+        calls = 0
+
+        def start_counted(self, texts):
+            self.calls += 1
+            first = self.calls == 1
+
+            def pending():
+                if first:
+                    release.wait(10)
+                    raise EmbeddingError("the first call fails after a while")
+                return np.full((len(texts), 4), 0.5, dtype=np.float32), []
+            return pending
+
+    provider = FirstCallFailsLate()
+    with open_kb(settings) as kb:
+        embedder = Embedder(settings, kb.store, provider, model="fake", dimensions=4)
+        texts = {"h-shared": "a section two files share"}
+        first = embedder.start(texts)
+        errors: list[BaseException] = []
+        runner = threading.Thread(target=lambda: errors.append(
+            pytest.raises(EmbeddingError, embedder.finish, first).value))
+        runner.start()
+        second = embedder.start(texts)
+        assert set(second.borrowed) == {"h-shared"} and not second.missing  # taken from the running call
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(embedder.finish(second)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not got  # waiting for the other thread's call, not spinning
+        release.set()
+        waiter.join(10)
+        runner.join(10)
+        assert got and np.allclose(got[0].vectors["h-shared"], 0.5) and provider.calls == 2
+        assert errors and "fails after a while" in str(errors[0])

@@ -31,6 +31,9 @@ from rag_lib.versions import fingerprint, stage_versions
 
 log = get_logger(__name__)
 
+# How long a call waits for another thread's call that is embedding the same texts before embedding
+# them itself (a stuck call costs duplicate work, never a hang)
+BORROW_WAIT_SECONDS = 300.0
 EMBED_BATCH_CHUNKS = 512  # chunks per provider call group: large batches keep the encoder busy
 
 
@@ -165,6 +168,7 @@ class Call:
     pending: Callable[[], tuple[np.ndarray, list]] | None = None
     error: Exception | None = None
     fresh: dict[str, np.ndarray] = field(default_factory=dict)  # once finished: what the provider made
+    done: threading.Event = field(default_factory=threading.Event)  # set once finished or abandoned
 
 
 @dataclass(eq=False)
@@ -224,16 +228,16 @@ class Embedder:
         self.run_id = run_id or f"{kind}-{uuid.uuid4().hex[:12]}"
         return self.run_id
 
-    def vectors(self, texts: dict[str, str]) -> CachedVectors:
+    def vectors(self, texts: dict[str, str], borrow: bool = True) -> CachedVectors:
         """Vectors for texts by content hash, from the cache where possible; the rest from the
         provider, checked (size, NaN, zero) and then cached. Bad vectors raise, nothing is cached."""
-        return self.finish(self.start(texts))
+        return self.finish(self.start(texts, borrow))
 
-    def start(self, texts: dict[str, str]) -> Call:
+    def start(self, texts: dict[str, str], borrow: bool = True) -> Call:
         """Look `texts` up in the cache and start the provider on the rest (`provider.start_counted`:
         the local model queues them for its workers and returns); `finish` waits for them. A text
         that a call started before and not finished yet is embedding is taken from that call, not
-        sent twice. Never raises: an error is raised by `finish`."""
+        sent twice (`borrow` False: sent anyway). Never raises: an error is raised by `finish`."""
         call = Call(texts)
         try:
             call.cached = self.store.cache_get(list(texts), self.settings.embedding.cache_model(self.model),
@@ -242,10 +246,10 @@ class Embedder:
                 for h in texts:
                     if h in call.cached:
                         continue
-                    other = self._in_flight.get(h)
+                    other = self._in_flight.get(h) if borrow else None
                     if other is None:
                         call.missing.append(h)
-                        self._in_flight[h] = call
+                        self._in_flight.setdefault(h, call)
                     else:
                         call.borrowed[h] = other
             if call.missing:
@@ -269,6 +273,7 @@ class Embedder:
             for h in call.missing:
                 if self._in_flight.get(h) is call:
                     del self._in_flight[h]
+        call.done.set()
 
     def _finish(self, call: Call) -> CachedVectors:
         if call.error is not None:
@@ -290,14 +295,17 @@ class Embedder:
             self.store.cache_put(new, self.settings.embedding.cache_model(self.model), self.dimensions)
             cached.update(new)
             call.fresh = new
-        # texts another call was embedding: it is finished by now (calls finish in the order they
-        # started), or failed, and then they are looked up or embedded again here
+        # texts another call was embedding: wait for it (on another thread it may still be running),
+        # then take its vectors, or embed them here when it failed or was abandoned. Never borrowed
+        # again: a failing call's texts would otherwise be borrowed from its retry, and so on
+        for other in {id(o): o for o in call.borrowed.values()}.values():
+            other.done.wait(BORROW_WAIT_SECONDS)
         again = {h: call.texts[h] for h, other in call.borrowed.items() if h not in other.fresh}
         cached.update((h, other.fresh[h]) for h, other in call.borrowed.items() if h in other.fresh)
         self._record(len(call.texts) - len(missing) - len(again), len(missing), usage)
         if not again:
             return CachedVectors(cached, missing, usage)
-        more = self.vectors(again)
+        more = self.vectors(again, borrow=False)
         cached.update(more.vectors)
         return CachedVectors(cached, missing + more.fresh, usage + more.usage)
 
