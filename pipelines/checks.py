@@ -54,6 +54,15 @@ def skipped_inputs(context: AssetCheckExecutionContext, rag: RagResource) -> Ass
     return quality_check(rag, "skipped")
 
 
+# Lowest priority: it looks at every stage's final outcome in this run.
+@asset_check(asset=vector_table, op_tags={"dagster/priority": "-1"},
+             description="Files whose latest run failed in some stage (error): they serve their previous version "
+                         "or nothing. A many-file run succeeds when some of its files fail (Dagster cannot mark "
+                         "one partition of it failed); this check lists them, with the error and what to do.")
+def failed_files(context: AssetCheckExecutionContext, rag: RagResource) -> AssetCheckResult:
+    return quality_check(rag, "failed")
+
+
 @asset_check(asset=raw_documents, op_tags={"dagster/priority": "-1"},
              description="Documents ingested without some of their metadata (a date that is not one, a ticker "
                          "that is not a symbol), listed with the field and why (warning).")
@@ -75,5 +84,5 @@ def retrieval_quality(context: AssetCheckExecutionContext, rag: RagResource) -> 
     return quality_check(rag, "retrieval")
 
 
-CHECKS = [embeddings_valid, vector_table_orphans, chunk_sizes, skipped_inputs, metadata_warnings, hnsw_recall,
-          retrieval_quality]
+CHECKS = [embeddings_valid, vector_table_orphans, failed_files, chunk_sizes, skipped_inputs, metadata_warnings,
+          hnsw_recall, retrieval_quality]

@@ -937,7 +937,7 @@ class KnowledgeBase:
 
     def quality_check(self, name: str) -> Any:
         """Run one data-quality check (`rag_lib.quality`) over the whole store: embeddings,
-        vector_table, chunks, skipped, metadata, hnsw or retrieval. Returns a `QualityResult`."""
+        vector_table, chunks, skipped, failed, metadata, hnsw or retrieval. Returns a `QualityResult`."""
         from rag_lib import quality
 
         checks = {
@@ -945,6 +945,7 @@ class KnowledgeBase:
             "vector_table": lambda: quality.check_vector_table(self.store, self.provider.space),
             "chunks": lambda: quality.check_chunks(self.store, self.settings, self.provider.max_tokens),
             "skipped": lambda: quality.check_skipped(self.store),
+            "failed": lambda: quality.check_failed(self.store),
             "metadata": lambda: quality.check_metadata(self.store),
             "hnsw": lambda: quality.check_hnsw(self.store, self.settings, self.provider.space,
                                                self.settings.embedding.dimensions),

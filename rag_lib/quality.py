@@ -377,6 +377,25 @@ def check_chunks(store: Store, settings: Settings, model_limit: int, preload: bo
     )
 
 
+def check_failed(store: Store) -> QualityResult:
+    """Files whose latest run failed in some stage (an error, not a bad file: those are skipped): an
+    error, as each one serves its previous version or nothing. Dagster cannot mark one partition of a
+    many-file run failed (dagster-io/dagster#17836), so this check is where such a run says so."""
+    rows = store.failed_outputs()
+    files = sorted({(r["collection"], r["path"]) for r in rows})
+    named = ", ".join(path for _, path in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    return QualityResult(
+        passed=not rows,
+        severity="error",
+        description="no file failed in its latest run" if not rows else
+        f"{len(files)} files failed in their latest run and serve their previous version or nothing: {named}; "
+        "fix the cause, then `rag materialize PATH` or let nightly_reconcile retry them",
+        metadata={"failed_files": len(files), "paths": [p for _, p in files[:100]]},
+        markdown={"failed_files": markdown_table(rows, ["collection", "path", "stage", "error", "updated_at"])}
+        if rows else {},
+    )
+
+
 def check_skipped(store: Store) -> QualityResult:
     """Skipped inputs, counted and listed by reason (a warning: bad files never stop the rest)."""
     rows = store.list_skipped()

@@ -271,7 +271,7 @@ def test_assets_and_checks_show_their_metadata(operator: Operator):
     assert index and index[0]["metadata"].get("valid") is True and index[0]["metadata"].get("rows_indexed", 0) > 0, index
     expected = {"raw_documents": {"skipped_inputs", "metadata_warnings"}, "chunks": {"chunk_sizes"},
                 "embeddings": {"embeddings_valid"},
-                "vector_table": {"vector_table_orphans"}, "hnsw_index": {"hnsw_recall", "retrieval_quality"}}
+                "vector_table": {"vector_table_orphans", "failed_files"}, "hnsw_index": {"hnsw_recall", "retrieval_quality"}}
     for asset, names in expected.items():
         checks = ui.checks(asset)
         assert names <= set(checks), (asset, checks)

@@ -107,10 +107,10 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         assert mats[("hnsw_index", None)]["valid"].value is True
         assert "rag_chunks" in mats[("hnsw_index", None)]["tables_analyzed"].value  # a first load: statistics
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
-        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "chunk_sizes", "skipped_inputs",
-                               "metadata_warnings", "hnsw_recall", "retrieval_quality"}
-        assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "chunk_sizes", "hnsw_recall",
-                                              "retrieval_quality"))  # no eval set configured: passes unmeasured
+        assert set(checks) == {"embeddings_valid", "vector_table_orphans", "failed_files", "chunk_sizes",
+                               "skipped_inputs", "metadata_warnings", "hnsw_recall", "retrieval_quality"}
+        assert all(checks[n].passed for n in ("embeddings_valid", "vector_table_orphans", "failed_files", "chunk_sizes",
+                                              "hnsw_recall", "retrieval_quality"))  # no eval set: passes unmeasured
         assert not checks["skipped_inputs"].passed and checks["skipped_inputs"].severity.value == "WARN"
         # undated.md's front matter date: a warning, listed with the file and the field
         meta_check = checks["metadata_warnings"]
@@ -159,11 +159,18 @@ def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, databas
         with open(root / RELS[0], "a") as fh:
             fh.write("\nextra_note: changed underneath the run\n")
         rest = [a for a in ASSETS if a.key.to_user_string() != "raw_documents"]
-        result = materialize(rest, instance=instance, resources={"rag": rag}, tags=tags,
+        from pipelines.checks import failed_files
+
+        result = materialize([*rest, failed_files], instance=instance, resources={"rag": rag}, tags=tags,
                              selection=[a.key for a in rest])
         assert result.success  # a many-file run carries on
         assert _statuses(result, "flattened_sections") == {FILES[0]: "failed", FILES[1]: "ok"}
         assert _statuses(result, "vector_table") == {FILES[0]: "upstream_failed", FILES[1]: "ok"}
+        # ... and says so where an operator looks: the failed_files check fails, naming the file and the fix
+        check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "failed_files")
+        assert not check.passed and check.severity.value == "ERROR"
+        assert RELS[0] in check.description and "rag materialize PATH" in check.description
+        assert "changed after raw_documents" in check.metadata["failed_files"].value
         with _kb(database_url, tmp_path, provider) as kb:
             failures = kb.status()["failures"]
             assert any(f["partition"] == FILES[0] and "changed after raw_documents" in f["message"] for f in failures)

@@ -113,6 +113,15 @@ class StageStore:
             ).fetchall()
         return {(c, p): (h, s, f) for c, p, h, s, f in rows}
 
+    def failed_outputs(self, collection: str | None = None) -> list[dict[str, Any]]:
+        """Files whose latest output of a stage failed (not `upstream_failed`: the stage before is the
+        cause): collection, path, stage, error, when; a file that fails again keeps one row per stage."""
+        with self.db.connection() as conn:
+            return _dicts(conn.execute(
+                "SELECT collection, path, stage, payload->>'error' AS error, updated_at FROM rag_stage_outputs"
+                " WHERE payload->>'status' = 'failed' AND (%(c)s::text IS NULL OR collection = %(c)s)"
+                " ORDER BY collection, path, stage", {"c": collection}))
+
     def metadata_warnings(self, collection: str | None = None) -> list[dict[str, Any]]:
         """Per document, the metadata it was ingested without (`Document.warnings`, kept in its file's
         raw_documents output): collection, path, warning."""
