@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
 
-from rag_lib.corpus_files import Digests, ReadLimits, path_refusal
+from rag_lib.corpus_files import Digests, ReadLimits, file_gone, path_refusal
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
@@ -167,8 +167,13 @@ def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[s
             continue
         if root.name not in present:
             continue
+        target = pmap.target(key)
+        if not file_gone(target.path):  # listed as gone, but there: an unreadable folder, a link loop
+            log.warning("%s is not listed under its root but its file is there (an unreadable folder or a link "
+                        "loop?): its documents are kept; make it readable, or delete it", key)
+            continue
         try:
-            removed = forget(pmap.target(key))
+            removed = forget(target)
             log.info("deleted %s: %d document(s) removed", key, len(removed))
         except RagError as exc:
             log.warning("could not delete rows of %s (partition kept, retried next sync): %s", key, exc)

@@ -117,6 +117,22 @@ def walk(root: Path) -> list[WalkEntry]:
     return entries
 
 
+def file_gone(path: str | os.PathLike | None) -> bool:
+    """Whether a file is known to be gone: no entry at its path, or a component of the path is no
+    longer a folder. A path that cannot be checked (an unreadable folder, a link loop, a stale mount)
+    is not gone: a walk leaves such files out, and deleting their documents would lose data that is
+    still there."""
+    if path is None:
+        return True
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 

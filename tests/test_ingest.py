@@ -148,6 +148,45 @@ def test_prune_deletes_only_within_what_was_named(kb, corpus_copy, tmp_path):
         kb.ingest([root / LEARNING], root=root / LEARNING)
 
 
+def test_prune_keeps_documents_whose_files_it_cannot_see_but_are_there(kb, tmp_path, monkeypatch):
+    """A folder the walk cannot read (permissions, a stale mount) and a file written after the walk
+    listed its folder (another ingest, an editor) are not gone: prune used to delete their documents."""
+    import os
+
+    from rag_lib import corpus_files, documents
+
+    root = tmp_path / "desk"
+    (root / "sub").mkdir(parents=True)
+    for rel in ("a.md", "sub/b.md", "c.md"):
+        (root / rel).write_text(f"# {rel}\n\n## Body\n\nThe desk's note {rel} on rates.\n")
+    kb.ingest([root])
+    sub, late = str(root / "sub"), str(root / "c.md")
+    real_scandir, real_lstat, real_walk = os.scandir, os.lstat, corpus_files.walk
+
+    def scandir(path="."):  # `sub` unreadable, as chmod 000 makes it for anyone but root
+        if os.fspath(path) == sub:
+            raise PermissionError(13, "Permission denied", sub)
+        return real_scandir(path)
+
+    def lstat(path, *args, **kwargs):
+        if os.fspath(path).startswith(sub + os.sep):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_lstat(path, *args, **kwargs)
+
+    def walk(folder):  # c.md written after this ingest listed the folder
+        return [e for e in real_walk(folder) if os.path.join(os.fspath(folder), e.rel) != late]
+
+    monkeypatch.setattr(corpus_files.os, "scandir", scandir)
+    monkeypatch.setattr(corpus_files.os, "lstat", lstat)
+    monkeypatch.setattr(documents, "walk", walk)  # what lists an ingest's files
+    report = kb.ingest([root], prune=True)
+    assert report.pruned == []
+    assert {d["path"] for d in kb.list_documents()} == {"a.md", "sub/b.md", "c.md"}
+    monkeypatch.undo()
+    (root / "c.md").unlink()  # really gone: pruned as before
+    assert kb.ingest([root], prune=True).pruned == ["c.md"]
+
+
 def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(kb, tmp_path):
     first, second = tmp_path / "desk_a", tmp_path / "desk_b"
     for folder, metal in ((first, "lithium"), (second, "copper")):

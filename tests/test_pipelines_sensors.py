@@ -31,6 +31,7 @@ from pipelines.partitions import (  # noqa: E402
     decode_key,
     encode_key,
     plan_ranges,
+    sync_partitions,
 )
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
@@ -101,6 +102,25 @@ def test_keys_name_their_root(tmp_path):
         assert "..." not in key and "|" not in key
     with pytest.raises(Exception, match="no registered corpus root"):
         pmap.target("gone/x.md")
+
+
+def test_a_file_the_scan_missed_but_is_there_keeps_its_documents(tmp_path, monkeypatch):
+    """The sensor, the reconcile and `rag materialize` delete the rows of files a scan no longer
+    lists; a file in a folder the scan could not read is still there and keeps them."""
+    import pipelines.partitions as partitions
+
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    for rel in ("a.md", "sub/b.md", "c.md"):
+        (root / rel).write_text("# Note\n")
+    pmap = PartitionMap([CorpusRoot(root, "default", "corpus")])
+    keys = {rel: pmap.key(pmap.roots[0], rel) for rel in ("a.md", "sub/b.md", "c.md")}
+    (root / "c.md").unlink()
+    real = partitions.file_gone
+    monkeypatch.setattr(partitions, "file_gone", lambda p: False if "/sub/" in str(p) else real(p))  # unreadable
+    forgotten = []
+    sync = sync_partitions(list(keys.values()), pmap, [keys["a.md"]], lambda t: forgotten.append(t.rel) or ["doc"])
+    assert forgotten == ["c.md"] and sync.removed == [keys["c.md"]] and sync.delete == [keys["c.md"]]
 
 
 @pytest.mark.slow

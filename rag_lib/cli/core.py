@@ -60,6 +60,9 @@ def print_ingest_report(report: IngestReport) -> None:
         for path, warning in warned:
             table.add_row(path, warning)
         console.print(table)
+    if report.pruned:  # what --prune deleted, by name: a count alone hides a surprise
+        shown = ", ".join(report.pruned[:20]) + (f" and {len(report.pruned) - 20} more" if len(report.pruned) > 20 else "")
+        console.print(f"pruned (their files are gone): {escape(shown)}", soft_wrap=True, highlight=False)
 
 
 @app.command("embed", help="Same as `ingest` (the name the design brief uses).")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rag_lib.corpus_files import path_refusal
+from rag_lib.corpus_files import file_gone, path_refusal
 from rag_lib.documents import file_of, iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.overlap import overlapped
@@ -80,8 +80,8 @@ class PruneScope:
         """A stored document (its path and the file it was read from) is within this argument."""
         if not self.covers_file(file_of(doc_path)):
             return False
-        if source is None or not os.path.exists(source):
-            return True  # its file is gone
+        if file_gone(source):
+            return True
         return Path(source).is_relative_to(self.place) if self.folder else Path(source) == self.place
 
 
@@ -175,12 +175,21 @@ def ingest(
 
 def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str]) -> list[str]:
     """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
-    the stage rows of such files (a file put back later starts afresh); returns the paths deleted."""
+    the stage rows of such files (a file put back later starts afresh); returns the paths deleted.
+    A document whose file this ingest did not list is deleted only when the file is known to be gone
+    (`file_gone`): not when it sits in a folder the walk could not read, nor when another process
+    wrote it after this ingest listed its folder."""
     sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
     # a registered root whose folder is missing (an unmounted disk) has not lost its files
     away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
     gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
-                  and not (src and any(Path(src).is_relative_to(a) for a in away)))
+                  and not (src and any(Path(src).is_relative_to(a) for a in away))
+                  and (file_of(p) in on_disk or file_gone(src)))
+    kept = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
+                  and p not in gone and file_of(p) not in on_disk and src and not file_gone(src))
+    if kept:
+        log.warning("prune kept %d document(s) whose file this ingest could not list but that is not gone "
+                    "(an unreadable folder, or written meanwhile): %s", len(kept), ", ".join(kept[:10]))
     for path in gone:
         store.delete_document(collection, path)
     kept = set(sources) - set(gone)
