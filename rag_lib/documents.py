@@ -19,6 +19,7 @@ from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_re
 from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
+from rag_lib.errors import LONE_SURROGATE
 from rag_lib.models import Document, Skipped, is_text_or_texts
 
 log = get_logger(__name__)
@@ -343,11 +344,59 @@ def load_source(
         log.exception("loading %s failed", path)
         items = [Skipped(collection, rel, "load_error", f"cannot parse the file ({type(exc).__name__}: "
                                                         f"{str(exc)[:200]}); see the log for details")]
+    items = [_storable(item) for item in items]
     try:
         return items, digest()
     except OSError as exc:  # gone or unreadable since: the next scan sees it
         log.warning("hashing %s failed: %s", path, exc)
         return items, refused_digest("unreadable", None)
+
+
+def _shown_key(key: Any) -> str:
+    """A key as a user can read it in a one-line error (a NUL or surrogate in it written as an escape)."""
+    return str(key).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\0")[:80]
+
+
+def _text_flaw(text: str) -> str | None:
+    if "\x00" in text:
+        return "holds a NUL character (an escape such as \\0 or \\u0000)"
+    if LONE_SURROGATE.search(text):
+        return "holds an unpaired surrogate (an escape such as \\ud800)"
+    return None
+
+
+def _unstorable(value: Any, where: str) -> str | None:
+    """'<where> holds ...' for the first string of a parsed document PostgreSQL cannot store (a NUL,
+    an unpaired surrogate: YAML's "\\0" or JSON's "\\u0000" and "\\ud800" escapes make them), or None."""
+    if isinstance(value, str):
+        problem = _text_flaw(value)
+        return f"{where} {problem}" if problem else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{where}.{_shown_key(key)}" if where else _shown_key(key)
+            if isinstance(key, str) and (problem := _text_flaw(key)):
+                return f"key '{name}' {problem}"
+            if found := _unstorable(item, name):
+                return found
+    elif isinstance(value, (list, tuple)):
+        for n, item in enumerate(value):
+            if found := _unstorable(item, f"{where}[{n}]"):
+                return found
+    return None
+
+
+def _storable(item: Document | Skipped) -> Document | Skipped:
+    """A document with a value PostgreSQL cannot store is this file's (or JSONL record's) skip: it
+    used to stop the whole ingest when its stage row was written, and every file after it."""
+    if isinstance(item, Skipped):
+        return item
+    fields = {"title": item.title, "ticker": item.ticker, "doc_type": item.doc_type, "doc_id": item.doc_id,
+              "version": item.version, "metadata": item.metadata}
+    problem = _unstorable(fields, "") or _unstorable(item.body, "the text" if isinstance(item.body, str) else "")
+    if problem is None:
+        return item
+    return Skipped(item.collection, item.path, "invalid_character",
+                   f"{problem}, which cannot be stored; remove it from the file", item.content_hash)
 
 
 def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: ParseLimits,

@@ -22,7 +22,7 @@ from rag_lib.models import Document, Skipped
 REASONS = {
     "unknown_format", "too_large", "empty", "binary", "not_utf8", "malformed_yaml", "unsupported_structure",
     "template", "too_deep", "yaml_aliases", "too_many_nodes", "line_too_long", "value_too_long",
-    "section_too_large", "malformed_json", "missing_id", "invalid_id", "duplicate_id",
+    "section_too_large", "malformed_json", "missing_id", "invalid_id", "duplicate_id", "invalid_character",
 }  # not `load_error`: that is an unexpected exception, which the fuzzer must not find
 LIMITS = ParseLimits(max_depth=12, max_nodes=300, max_document_chars=5000, max_section_chars=3000,
                      max_line_chars=20_000, max_value_chars=1000, max_id_chars=40)

@@ -189,3 +189,34 @@ def test_migration_moves_records_stored_at_their_bare_id_under_their_file(kb, da
     again = kb.ingest([root])
     assert {o.status for o in again.outcomes} == {"unchanged"}, again.to_dict()
     assert kb.search("cholesterol", top_k=1).hits[0].unit_id == "corpus.jsonl#1#text"
+
+
+def test_values_and_names_postgres_cannot_store_skip_their_file_not_the_ingest(kb, tmp_path: Path):
+    """A NUL or an unpaired surrogate written as an escape (YAML "\\0", JSON "\\u0000" / "\\ud800") in a
+    value, a key or front matter, and a file name that is not UTF-8: each used to stop the whole
+    ingest (every later file with it, and every re-run) with an unexpected database error."""
+    import os
+
+    root = tmp_path / "desk"
+    root.mkdir()
+    write_good(root)
+    (root / "nul_value.yaml").write_text('_meta:\n  type: research\nsummary: "before\\0after"\n')
+    (root / "nul_key.yaml").write_text('_meta:\n  type: research\n"k\\0ey": value\n')
+    (root / "front.md").write_text('---\ntitle: "bad\\0title"\n---\n# T\n\n## Body\n\nText.\n')
+    (root / "recs.jsonl").write_text('{"_id": "r1", "text": "nul \\u0000 here"}\n'
+                                     '{"_id": "r2", "text": "a fine record about rates"}\n'
+                                     '{"_id": "r3", "text": "lone \\ud800"}\n')
+    with open(os.path.join(os.fsencode(root), b"latin\xe9name.md"), "w") as fh:
+        fh.write("# Note\n\n## Body\n\nA note in a file named in Latin-1.\n")
+    report = kb.ingest([root])
+    by_path = {o.path: o for o in report.outcomes}
+    for path, where in (("nul_value.yaml", "summary holds a NUL"), ("nul_key.yaml", "key 'k\\0ey' holds a NUL"),
+                        ("front.md", "title holds a NUL"), ("recs.jsonl#r1", "the text holds a NUL"),
+                        ("recs.jsonl#r3", "the text holds an unpaired surrogate")):
+        assert (by_path[path].status, by_path[path].reason) == ("skipped", "invalid_character"), by_path[path]
+        assert by_path[path].detail.startswith(where), by_path[path].detail
+    named = by_path["latin\ufffdname.md"]
+    assert (named.status, named.reason) == ("skipped", "bad_file_name") and "rename it" in named.detail
+    stored = {d["path"] for d in kb.list_documents()}
+    assert set(GOOD_FILES) | {"recs.jsonl#r2"} <= stored and not stored & {"nul_value.yaml", "front.md"}
+    assert kb.ingest([root]).count("failed") == 0  # and again: a re-run is not stuck on them
