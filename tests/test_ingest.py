@@ -379,3 +379,37 @@ def test_a_file_that_crashes_its_stage_fails_alone(kb, corpus_copy):
     hits = kb.search("loss aversion before earnings", top_k=5).hits
     assert any(h.path == LEARNING for h in hits)
     assert not rows(kb, "SELECT 1 FROM rag_documents WHERE path LIKE '%%aaa-deep%%'")
+
+
+def test_a_publish_that_deadlocks_with_another_ingest_is_run_again(kb, tmp_path, monkeypatch):
+    """Two ingests of one collection write shared graph nodes and lexeme counts: PostgreSQL may end
+    one transaction as a deadlock. It rolled back whole, so it is run again (once seen as a failed
+    file, with a multi-line PostgreSQL message); a conflict that persists names the file in one line."""
+    import psycopg.errors
+
+    root = tmp_path / "desk"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\n## Body\n\nThe desk's note on rates.\n")
+    store = type(kb.store)
+    real, calls = store._publish, []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise psycopg.errors.DeadlockDetected("deadlock detected\nDETAIL:  Process 1 waits for ShareLock")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(store, "_publish", flaky)
+    report = kb.ingest([root])
+    assert [o.status for o in report.outcomes] == ["new"] and len(calls) == 2
+    assert {d["path"] for d in kb.list_documents()} == {"a.md"}
+
+    def always(self, *args, **kwargs):
+        raise psycopg.errors.DeadlockDetected("deadlock detected\nDETAIL:  Process 1 waits for ShareLock")
+
+    monkeypatch.setattr(store, "_publish", always)
+    (root / "a.md").write_text("# A\n\n## Body\n\nThe desk's note on rates, revised.\n")
+    (outcome,) = kb.ingest([root]).outcomes
+    assert outcome.status == "failed" and "publishing failed 3 times on a conflict with another ingest" in outcome.detail
+    assert "\n" not in outcome.detail and "ShareLock" not in outcome.detail
+    assert kb.search("rates", mode="lexical").hits[0].text.rstrip().endswith("note on rates.")  # the previous version stays live

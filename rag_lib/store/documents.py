@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import difflib
 import json
+import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import psycopg
+import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
                             did_you_mean)
+from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
 from rag_lib.store.lexical import change_lexeme_frequencies, lexeme_counts
 
+log = get_logger(__name__)
+PUBLISH_ATTEMPTS = 3  # a publish that deadlocks with another ingest's is run again this many times in all
 PATHS_COMPARED = 20_000  # document paths a mistyped path is compared with by spelling (`paths_like`)
 
 
@@ -55,14 +61,26 @@ class DocumentStore:
                 f"{doc.path}: vectors have {vectors.shape[1]} dimensions, space {space} has {dimensions}; "
                 "nothing was written"
             )
-        try:
-            self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint, graph)
-            self.held_vectors.recheck()
-        except psycopg.Error as exc:
-            raise DatabaseError(
-                f"{doc.path}: publishing failed ({exc.__class__.__name__}: {str(exc).strip()}); "
-                "the previous version stays live"
-            ) from exc
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                self._publish(doc, sections, chunks, vectors, space, dimensions, fingerprint, graph)
+                self.held_vectors.recheck()
+                return
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                # two ingests of one collection write the same graph nodes and lexeme counts in
+                # different orders; the transaction rolled back whole, so it is simply run again
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise DatabaseError(f"{doc.path}: publishing failed {attempt} times on a conflict with another "
+                                        f"ingest ({type(exc).__name__}); the previous version stays live, run it "
+                                        "again") from exc
+                log.info("publishing %s met another ingest (%s); trying again", doc.path, type(exc).__name__)
+                time.sleep(random.uniform(0.05, 0.3) * attempt)
+            except psycopg.Error as exc:
+                first = (str(exc).strip().splitlines() or [""])[0]  # the DETAIL / CONTEXT lines go to the log
+                log.debug("publishing %s failed", doc.path, exc_info=True)
+                raise DatabaseError(
+                    f"{doc.path}: publishing failed ({exc.__class__.__name__}: {first}); the previous version stays live"
+                ) from exc
 
     def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint, graph=None) -> None:
         with self.db.connection() as conn, conn.transaction():
