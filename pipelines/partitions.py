@@ -145,18 +145,20 @@ class PartitionSync:
 
 
 def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[str],
-                    forget: Callable[[FileTarget], list[str]], log: logging.Logger | None = None,
+                    forget: Callable[[FileTarget], list[str]] | None, log: logging.Logger | None = None,
                     also_gone: Iterable[str] = ()) -> PartitionSync:
     """Decide the partition changes for the files now on disk. A file gone from a present root
     loses its rows (`forget`) BEFORE its partition is deleted; if deleting rows fails, the
     partition stays for the next sync. A partition whose root was unregistered is dropped with
-    its rows kept. Nothing under a root whose folder is missing is touched."""
+    its rows kept. Nothing under a root whose folder is missing is touched. `forget` None: new
+    files are added and nothing is removed (schedules: a schedule's "Test" in the UI evaluates it,
+    and must change nothing; deletions are the corpus sensor's and `rag materialize`'s)."""
     log = log or logging.getLogger(__name__)
     on_disk = list(on_disk)
     disk, known = set(on_disk), set(existing)
     present = {r.name for r in pmap.present_roots()}
     sync = PartitionSync(add=[k for k in on_disk if k not in known])
-    for key in list(existing) + [k for k in also_gone if k not in known]:
+    for key in (list(existing) + [k for k in also_gone if k not in known]) if forget is not None else []:
         if key in disk:
             continue
         root = pmap.root_of(key)

@@ -19,12 +19,14 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     files the library's reconcile plan names: missing/failed/stale, or only stale."""
     pmap = rag.partition_map()
     existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
-    if not pmap.roots and not existing:
+    if not pmap.roots:
         return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
-                          "or pipeline.roots in rag.yaml)")
+                          "or pipeline.roots in rag.yaml)" + (f"; {len(existing)} partitions of roots no longer "
+                                                             "registered keep their documents" if existing else ""))
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
-    sync = sync_partitions(existing, pmap, files, lambda target: rag.runner().forget(target), context.log)
+    # new files become partitions (a run needs them); nothing is removed here (sync_partitions)
+    sync = sync_partitions(existing, pmap, files, None, context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
     plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())

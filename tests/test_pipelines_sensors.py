@@ -305,6 +305,19 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": bumped}, scheduled_execution_time=when) as ctx:
         (run,) = reembed_schedule(ctx)
     assert run.job_name == "reembed" and run.tags["rag/stale"] == "2"
+    # Evaluating a schedule (the UI's "Test schedule") changes nothing: a deleted file keeps its
+    # partition and documents until the corpus sensor or `rag materialize` sees it (it once deleted them)
+    documents = {d["path"] for d in kb.list_documents()}
+    (root / RELS[0]).unlink()
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        nightly_reconcile(ctx)
+    assert sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
+    assert {d["path"] for d in kb.list_documents()} == documents
+    # no registered root: said so, not "all 0 files are current"
+    kb.remove_root(root)
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        none = reembed_schedule(ctx)
+    assert none.skip_message.startswith("no corpus roots registered") and "2 partitions" in none.skip_message
 
 
 @pytest.mark.slow
