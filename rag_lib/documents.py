@@ -88,6 +88,36 @@ def parse_yaml(text: str):
     return yaml.load(text, Loader=YamlLoader)  # noqa: S506 (a safe loader)
 
 
+class _NotingLoader(YamlLoader):  # type: ignore[misc, valid-type]
+    """The safe loader, noting the keys a mapping gives twice: YAML keeps the last value without a
+    word, so the first one's text would be lost silently."""
+
+    def __init__(self, stream: str, first_line: int = 1):
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+        self.first_line = first_line
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
+                line = key_node.start_mark.line + self.first_line
+                if key_node.value in lines:
+                    self.duplicates.append(f"key '{key_node.value[:80]}' appears twice (lines {lines[key_node.value]} "
+                                           f"and {line}); only the last value was kept: rename or merge them")
+                lines.setdefault(key_node.value, line)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml_noting(text: str, first_line: int = 1) -> tuple[Any, list[str]]:
+    """`parse_yaml` and a warning for each key a mapping gives twice (lines counted from `first_line`)."""
+    loader = _NotingLoader(text, first_line)
+    try:
+        return loader.get_single_data(), loader.duplicates
+    finally:
+        loader.dispose()
+
+
 def normalise_type(raw: str | None) -> str | None:
     """Canonical document type for a `_meta.type` spelling (e.g. `stock_analysis`)."""
     if not raw or not isinstance(raw, str):
@@ -264,7 +294,8 @@ def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) 
         # for any metadata that cannot be used; its text is still indexed in _intro.
         lost = "its type, id, date and title were not read; fix the front matter"
         try:
-            loaded = parse_yaml(front_text)
+            loaded, duplicates = parse_yaml_noting(front_text, first_line=2)  # after the `---` line
+            warnings += [f"front matter: {d}" for d in duplicates]
             front = loaded if isinstance(loaded, dict) else {}
             if loaded is not None and not isinstance(loaded, dict):
                 warnings.append(f"front matter is not a mapping of fields (it is a {type(loaded).__name__}); {lost}")
@@ -439,7 +470,7 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
     if problem:
         return skip(problem.reason, problem.detail, digest)
     try:
-        body = parse_yaml(text)
+        body, duplicates = parse_yaml_noting(text)
     except yaml.YAMLError as exc:
         return skip("malformed_yaml", _yaml_error_detail(exc), digest)
     except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp like 2024-02-30
@@ -451,6 +482,7 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
     if is_template(body):
         return skip("template", "template with {PLACEHOLDER} values, not a real document", digest)
     meta = _yaml_metadata(body, rel)
+    meta["warnings"] = duplicates + meta["warnings"]
     return [Document(path=rel, format="yaml", content_hash=digest, body=body, key_lines=key_lines(text),
                      **meta, **common)]
 

@@ -87,6 +87,20 @@ def test_metadata_that_cannot_be_used_is_a_warning_not_a_silent_loss(tmp_path: P
     assert real and not [d.warnings for d in real if d.warnings]
 
 
+def test_a_key_given_twice_is_a_warning_not_a_silent_loss(tmp_path: Path):
+    """YAML keeps the last of two equal keys without a word: the first value's text was lost."""
+    (tmp_path / "dup.yaml").write_text("_meta:\n  type: stock-analysis\nticker: NVDA\nthesis:\n"
+                                       "  bull: strong datacenter demand\n  bull: weak gaming\nticker: AMD\n")
+    (tmp_path / "dup.md").write_text("---\ntitle: One\ntitle: Two\n---\n# X\n\n## Body\n\nText.\n")
+    (doc,) = load_file(tmp_path / "dup.yaml", tmp_path, "c", 10**6)
+    assert isinstance(doc, Document) and doc.ticker == "AMD"
+    assert doc.warnings[:2] == ["key 'ticker' appears twice (lines 3 and 7); only the last value was kept: rename or merge them",
+                                "key 'bull' appears twice (lines 5 and 6); only the last value was kept: rename or merge them"]
+    (note,) = load_file(tmp_path / "dup.md", tmp_path, "c", 10**6)
+    assert note.title == "Two" and note.warnings == [
+        "front matter: key 'title' appears twice (lines 2 and 3); only the last value was kept: rename or merge them"]
+
+
 def test_markdown_document_metadata():
     rel = "tradegent-docs/.claude/rules/05-database-access.md"
     doc = load_one(SHARED_CORPUS / rel, SHARED_CORPUS)
