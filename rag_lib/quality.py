@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_lib.corpus_files import file_gone
 from rag_lib.config import Settings
 from rag_lib.log import get_logger
 from rag_lib.store import Store
@@ -92,7 +93,7 @@ def check_vector_table(store: Store, space: str) -> QualityResult:
     whose file is gone) and no duplicate chunks in the serving table."""
     found = store.serving_orphans(space)
     gone = [f"{d['collection']}:{d['path']}" for d in store.document_sources()
-            if d["source_path"] and not os.path.exists(d["source_path"])]
+            if d["source_path"] and file_gone(d["source_path"])]
     found["documents_without_file"] = {"count": len(gone), "ids": gone[:50]}
     problems = {k: v for k, v in found.items() if isinstance(v, dict) and v["count"]}
     meta: dict[str, Any] = {"chunks": found["chunks"], "vectors": found["vectors"], "space": space}
@@ -101,11 +102,22 @@ def check_vector_table(store: Store, space: str) -> QualityResult:
             meta[name] = value["count"]
             if value["count"]:
                 meta[f"{name}_ids"] = value["ids"]
+                if value.get("documents"):
+                    meta[f"{name}_documents"] = value["documents"]
+
+    def said(name: str, value: dict[str, Any]) -> str:
+        docs = value.get("documents") or []
+        where = f" (in {', '.join(docs[:3])}{' and more' if len(docs) > 3 else ''})" if docs else ""
+        return f"{value['count']} {name.replace('_', ' ')}{where}"
+
+    damaged = any(value.get("documents") for value in problems.values())
     return QualityResult(
         passed=not problems,
         severity="error",
         description="no orphaned or duplicate rows" if not problems else
-        "; ".join(f"{v['count']} {k.replace('_', ' ')}" for k, v in problems.items()),
+        "; ".join(said(k, v) for k, v in problems.items()) + (
+            "; publish those documents again: `rag ingest PATH --force`, or materialize their partitions with the "
+            "rag resource's `force: true` (an unchanged file is otherwise skipped)" if damaged else ""),
         metadata=meta,
     )
 

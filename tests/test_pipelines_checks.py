@@ -122,6 +122,10 @@ def test_vector_table_check(staged):
     assert not bad.passed
     assert bad.metadata["chunks_without_vector"] == 1 and bad.metadata["chunks_without_vector_ids"] == ["orphan-1"]
     assert bad.metadata["chunks_with_stale_hash"] == 1 and bad.metadata["duplicate_chunks"] == 1
+    # which documents, and what to do: an operator cannot act on chunk hashes alone
+    assert bad.metadata["chunks_without_vector_documents"] == [f"default:{FILES[0]}"]
+    assert f"1 chunks without vector (in default:{FILES[0]})" in bad.description
+    assert "`rag ingest PATH --force`" in bad.description and "force: true" in bad.description
 
 
 @pytest.mark.slow

@@ -102,7 +102,7 @@ def main() -> None:
             raise
         log.debug("command failed", exc_info=True)  # the whole message (a statement too) with --debug
         err_console.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(first_line(exc))} "
-                          "(rerun with --debug)", highlight=False, soft_wrap=True)
+                          "(for the traceback: rag --debug COMMAND ...)", highlight=False, soft_wrap=True)
         sys.exit(1)
     finally:
         if STATE["kb"] is not None:

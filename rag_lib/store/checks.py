@@ -76,18 +76,19 @@ class CheckStore:
         100k chunks, sorted in SQL, the stale-hash join walked the chunk index (0.3 s of the check's
         1 s) and the duplicates' sort spilled to disk."""
         queries = {
-            "chunks_without_vector": """SELECT c.chunk_id FROM rag_chunks c WHERE NOT EXISTS
+            "chunks_without_vector": """SELECT c.chunk_id, c.collection || ':' || c.path FROM rag_chunks c WHERE NOT EXISTS
                 (SELECT 1 FROM rag_chunk_vectors v WHERE v.chunk_id = c.chunk_id AND v.space = %(s)s)""",
             "vectors_without_chunk": """SELECT v.chunk_id FROM rag_chunk_vectors v WHERE NOT EXISTS
                 (SELECT 1 FROM rag_chunks c WHERE c.chunk_id = v.chunk_id)""",
             # one pass for both: a chunk whose document row is gone, or holds another version
-            "chunks_off_document": """SELECT c.chunk_id, d.path IS NULL FROM rag_chunks c
+            "chunks_off_document": """SELECT c.chunk_id, d.path IS NULL, c.collection || ':' || c.path FROM rag_chunks c
                 LEFT JOIN rag_documents d USING (collection, path)
                 WHERE d.path IS NULL OR c.doc_hash <> d.content_hash""",
             "duplicate_chunks": """SELECT min(chunk_id) || ' x' || count(*) FROM rag_chunks
                 GROUP BY collection, path, section, content_hash HAVING count(*) > 1""",
         }
         found: dict[str, list[str]] = {}
+        documents: dict[str, set[str]] = {}  # the documents (collection:path) the chunks belong to
         with self.db.connection() as conn, conn.transaction():
             conn.execute("SET LOCAL work_mem = '64MB'")  # the duplicates' grouping in memory, not on disk
             for name, query in queries.items():
@@ -95,12 +96,18 @@ class CheckStore:
                 if name == "chunks_off_document":
                     found["chunks_with_stale_hash"] = [r[0] for r in rows if not r[1]]
                     found["chunks_without_document"] = [r[0] for r in rows if r[1]]
+                    documents["chunks_with_stale_hash"] = {r[2] for r in rows if not r[1]}
+                    documents["chunks_without_document"] = {r[2] for r in rows if r[1]}
                 else:
                     found[name] = [r[0] for r in rows]
+                    if name == "chunks_without_vector":
+                        documents[name] = {r[1] for r in rows}
             chunks, vectors = conn.execute(
                 "SELECT (SELECT count(*) FROM rag_chunks),"
                 " (SELECT count(*) FROM rag_chunk_vectors WHERE space = %s)", (space,)).fetchone()
-        out: dict[str, Any] = {name: {"count": len(ids), "ids": sorted(ids)[:ID_LIMIT]} for name, ids in found.items()}
+        out: dict[str, Any] = {name: {"count": len(ids), "ids": sorted(ids)[:ID_LIMIT],
+                                      **({"documents": sorted(documents[name])[:ID_LIMIT]} if name in documents else {})}
+                               for name, ids in found.items()}
         out["chunks"], out["vectors"] = chunks, vectors
         return out
 
