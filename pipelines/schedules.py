@@ -1,7 +1,7 @@
 """Schedules (cron strings from settings.pipeline.schedules). Plain @schedule functions returning
 run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 
-from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import AssetKey, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
 
@@ -30,7 +30,12 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
     plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())
-    wanted = plan.stale if only_stale else plan.keys
+    # files the library holds but this instance never saw materialized (a terminated run, a new
+    # instance): their partitions show Missing until a run confirms them, as `rag materialize` does
+    unmaterialized = [] if only_stale else sorted(
+        {t.key for t in on_disk} - set(context.instance.get_materialized_partitions(AssetKey("vector_table")))
+        - set(plan.keys))
+    wanted = plan.stale if only_stale else sorted(set(plan.keys) | set(unmaterialized))
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current" + (
             f" (embedded with {rag.kb().settings.embedding.model}, embed_version "
@@ -40,7 +45,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
         RunRequest(run_key=run_key(trigger, wanted + [tick, start, end]), job_name=job_name,
                    tags={**range_tags(start, end), "rag/trigger": trigger,
                          "rag/missing": str(len(plan.missing)), "rag/failed": str(len(plan.failed)),
-                         "rag/stale": str(len(plan.stale))})
+                         "rag/stale": str(len(plan.stale)), "rag/unmaterialized": str(len(unmaterialized))})
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
 

@@ -313,11 +313,18 @@ def test_schedules_reconcile_and_reembed(env):
         nightly_reconcile(ctx)
     assert sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
     assert {d["path"] for d in kb.list_documents()} == documents
+    # a file the library ingested but this instance never materialized (a terminated run, a new
+    # instance) shows Missing in the UI: the reconcile runs it, as `rag materialize` does
+    (root / "extra.md").write_text("# Extra\n\n## Body\n\nA note on rates.\n")
+    assert kb.ingest([root / "extra.md"], root=root).count("new") == 1
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        (run,) = nightly_reconcile(ctx)
+    assert run.tags["rag/unmaterialized"] == "1" and run.tags["rag/missing"] == "0"
     # no registered root: said so, not "all 0 files are current"
     kb.remove_root(root)
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         none = reembed_schedule(ctx)
-    assert none.skip_message.startswith("no corpus roots registered") and "2 partitions" in none.skip_message
+    assert none.skip_message.startswith("no corpus roots registered") and "3 partitions" in none.skip_message
 
 
 @pytest.mark.slow
