@@ -304,8 +304,10 @@ def hnsw_index(context: AssetExecutionContext, rag: RagResource) -> MaterializeR
     return MaterializeResult(metadata={
         "index": state["index"], "space": space, "created_now": built["created"], "valid": state["valid"],
         "tables_analyzed": ", ".join(built["analyzed"]) or "none (few changes)",
-        "size_bytes": state["size_bytes"], "rows_indexed": int(last.get("rows_indexed") or 0),
-        "build_seconds": round(float(last.get("build_seconds") or 0.0), 3),
+        "size_bytes": state["size_bytes"], "rows": state["rows"],
+        # the last build's own figures: rows added later went in one by one
+        "rows_at_last_build": int(last.get("rows_indexed") or 0),
+        "built_at": str(last.get("built_at") or ""), "build_seconds": round(float(last.get("build_seconds") or 0.0), 3),
         "m": kb.settings.search.hnsw_m, "ef_construction": kb.settings.search.hnsw_ef_construction,
     })
 

@@ -268,7 +268,8 @@ def test_assets_and_checks_show_their_metadata(operator: Operator):
     assert "chunk_size_histogram" in chunk_meta and "preview" in chunk_meta, chunk_meta
     assert "tokens" in chunk_meta["preview"] and chunk_meta["chunk_size_histogram"].strip(), chunk_meta
     index = ui.materializations("hnsw_index")
-    assert index and index[0]["metadata"].get("valid") is True and index[0]["metadata"].get("rows_indexed", 0) > 0, index
+    assert index and index[0]["metadata"].get("valid") is True and index[0]["metadata"].get("rows_at_last_build", 0) > 0, index
+    assert index[0]["metadata"]["rows"] >= index[0]["metadata"]["rows_at_last_build"], index
     expected = {"raw_documents": {"skipped_inputs", "metadata_warnings"}, "chunks": {"chunk_sizes"},
                 "embeddings": {"embeddings_valid"},
                 "vector_table": {"vector_table_orphans", "failed_files"}, "hnsw_index": {"hnsw_recall", "retrieval_quality"}}

@@ -140,11 +140,14 @@ class CheckStore:
             build = _dicts(conn.execute(
                 "SELECT m, ef_construction, rows_indexed, build_seconds, built_at FROM rag_index_builds"
                 " WHERE index_name = %s ORDER BY id DESC LIMIT 1", (name,)))
+            # the index holds every vector of its space (rows added since its build went in one by one)
+            rows = conn.execute("SELECT count(*) FROM rag_chunk_vectors WHERE space = %s", (space,)).fetchone()[0]
         return {
             "index": name,
             "exists": row is not None,
             "valid": bool(row and row[0] and row[1]),
             "size_bytes": int(row[2]) if row else 0,
+            "rows": int(rows) if row else 0,
             "last_build": build[0] if build else None,
         }
 
