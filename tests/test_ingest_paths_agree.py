@@ -87,7 +87,14 @@ def count_parses(monkeypatch) -> list[int]:
         calls[0] += 1
         return real(text)
 
+    real_noting = rag_lib.documents.parse_yaml_noting  # the loader's (it notes keys given twice)
+
+    def counted_noting(text: str, first_line: int = 1):
+        calls[0] += 1
+        return real_noting(text, first_line)
+
     monkeypatch.setattr(rag_lib.documents, "parse_yaml", counted)
+    monkeypatch.setattr(rag_lib.documents, "parse_yaml_noting", counted_noting)
     monkeypatch.setattr(rag_lib.graph.extract, "parse_yaml", counted)
     return calls
 

@@ -110,10 +110,10 @@ def test_files_named_like_jsonl_records_are_refused(tmp_path: Path):
 def test_any_loader_exception_is_that_files_skip(exc: BaseException, tmp_path: Path, monkeypatch):
     import rag_lib.documents as documents
 
-    def explode(text):
+    def explode(text, first_line=1):
         raise exc
 
-    monkeypatch.setattr(documents, "parse_yaml", explode)
+    monkeypatch.setattr(documents, "parse_yaml_noting", explode)
     (tmp_path / "a.yaml").write_text("a: 1\n")
     [item] = load_file(tmp_path / "a.yaml", tmp_path, "c", 10**6)
     assert isinstance(item, Skipped) and item.path == "a.yaml"
