@@ -152,6 +152,7 @@ class KnowledgeBase:
 
     @cached_property
     def store(self) -> Store:
+        self.__dict__.pop("_closed", None)  # used again after close(): its metrics are written again
         return Store(self.settings)
 
     @cached_property
@@ -198,6 +199,7 @@ class KnowledgeBase:
             self.store.close()
             del self.__dict__["store"]
             self.__dict__.pop("engine", None)
+        self.__dict__["_closed"] = True
 
     def __enter__(self) -> KnowledgeBase:
         return self
@@ -530,7 +532,9 @@ class KnowledgeBase:
             return None
 
         def write(searches: list, embeds: list) -> None:
-            if "store" in self.__dict__:  # never reopen a closed store just for metrics
+            # a store not opened yet is opened (a caller recording searches it timed, seed 004's
+            # record_search, may touch nothing else first); a closed one is never reopened for metrics
+            if not self.__dict__.get("_closed"):
                 self.store.insert_metrics(searches, embeds)
 
         return MetricsRecorder(write, cfg.jsonl_path)

@@ -171,7 +171,7 @@ class SearchSettings(BaseModel):
     # Vectors of this many recent query texts are kept per process (a repeated query skips the
     # model: ~1.5 kB each at 384 dimensions); 0 turns the cache off
     query_cache_size: int = Field(1024, ge=0)
-    # hybrid retrieval (rag_lib.search): reciprocal rank fusion of semantic and lexical candidates
+    # search.fusion rrf: a hit at rank r of a list scores weight / (rrf_k + r); a larger k flattens the ranks
     rrf_k: int = 60
     candidate_depth: int = 50  # chunks per candidate list (hnsw.ef_search is raised to at least this)
     semantic_weight: float = 1.0  # the semantic list's weight in fusion (times convex_alpha under convex fusion)
@@ -183,7 +183,8 @@ class SearchSettings(BaseModel):
     expansion_model: str | None = None  # OpenAI-compatible chat model for query expansion (off when unset)
     expansion_base_url: str | None = None  # the expansion model's OpenAI-compatible server (None: OpenAI)
     expansion_api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the expansion server's key
-    # second-stage reranking: None = on when a reranker is configured (rerank_provider / rerank_model_path)
+    # second-stage reranking: None = on when a reranker is configured (rerank_provider, rerank_base_url or
+    # rerank_model_path)
     rerank: bool | None = None
     # none | local (CrossEncoder at rerank_model_path) | http (OpenAI-compatible / TEI `/rerank`)
     rerank_provider: str | None = None
@@ -211,7 +212,7 @@ class SearchSettings(BaseModel):
     # 0.6/1.0 grid, margin 0.10 / boost 1.0 best on both (README, Retrieval).
     entity_linking: bool = True
     link_threshold: float = 0.2  # the best profile's cosine at least this to link (see entity_linking)
-    link_margin: float = 0.1  # and its hubness-corrected score this far above the next profile's
+    link_margin: float = 0.1  # the best profile's hubness-corrected score must be this far above the next one's to link
     link_max: int = 1  # tickers linked per query at most
     # soft boost for results about a linked ticker (like hint_boost for a named one); 1.0 under RRF,
     # 0.5 since convex fusion (dev 0.718 -> 0.727, dev2 0.576 -> 0.578; README, Retrieval)
@@ -305,7 +306,7 @@ class EvalSettings(BaseModel):
     judge_base_url: str | None = None  # its OpenAI-compatible server (None: OpenAI)
     judge_api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding its key
     judge_timeout: float = 30.0  # seconds per judge request
-    # The `retrieval_quality` check (Dagster, after hnsw_index; `rag quality retrieval`): runs this
+    # The `retrieval_quality` check (Dagster, after hnsw_index; `KnowledgeBase.quality_check("retrieval")`): runs this
     # BEIR set when both files are set, records nDCG@10 / recall@10 / MRR@10 per query type, warns
     # when nDCG@10 falls more than `max_drop` below the last accepted run, errors below `ndcg_floor`.
     queries: Path | None = None

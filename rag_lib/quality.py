@@ -396,14 +396,18 @@ def check_failed(store: Store) -> QualityResult:
     rows = store.failed_outputs()
     files = sorted({(r["collection"], r["path"]) for r in rows})
     named = ", ".join(path for _, path in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    # `rag materialize` takes the folder a file is under (a registered root) and retries only what needs it
+    roots = sorted({str(r.path) for r in store.list_roots() if r.collection in {c for c, _ in files}})
+    retry = f"`rag materialize {' '.join(roots)}`" if roots else "`rag ingest` of their folder"
     return QualityResult(
         passed=not rows,
         severity="error",
         description="no file failed in its latest run" if not rows else
-        f"{len(files)} files failed in their latest run and serve their previous version or nothing: {named}; "
-        "fix the cause, then `rag materialize PATH` or let nightly_reconcile retry them",
+        f"{len(files)} file{'s' if len(files) != 1 else ''} failed in {'their' if len(files) != 1 else 'its'} latest "
+        f"run and serve{'s' if len(files) == 1 else ''} the previous version or nothing: {named}; fix the cause, "
+        f"then {retry} (it retries only what needs it) or let nightly_reconcile retry them",
         metadata={"failed_files": len(files), "paths": [p for _, p in files[:100]]},
-        markdown={"failed_files": markdown_table(rows, ["collection", "path", "stage", "error", "updated_at"])}
+        markdown={"failures": markdown_table(rows, ["collection", "path", "stage", "error", "updated_at"])}
         if rows else {},
     )
 

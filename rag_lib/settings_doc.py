@@ -171,10 +171,21 @@ def setting_values(settings: Settings | None = None) -> list[SettingValue]:
         if "[]" in doc.name:
             continue  # shown inside its list's value
         value = _get(data, doc.name)[1]
+        source = _source(doc, file_values, seed_values)
+        if source == "default" and value != _plain(doc.default):
+            # e.g. embedding.model under EMBED_PROVIDER=ollama: the provider's own default
+            source = "embedding.provider's default" if doc.section == "embedding" else "derived from other settings"
         if doc.name in SECRET_SETTINGS and isinstance(value, str):
             value = redacted_url(value)
-        out.append(SettingValue(doc, value, _source(doc, file_values, seed_values)))
+        out.append(SettingValue(doc, value, source))
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A default as `model_dump(mode="json")` writes values (paths as strings)."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))
 
 
 def _shown(value: Any) -> str:

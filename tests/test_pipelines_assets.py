@@ -169,8 +169,9 @@ def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, databas
         # ... and says so where an operator looks: the failed_files check fails, naming the file and the fix
         check = next(c for c in result.get_asset_check_evaluations() if c.check_name == "failed_files")
         assert not check.passed and check.severity.value == "ERROR"
-        assert RELS[0] in check.description and "rag materialize PATH" in check.description
-        assert "changed after raw_documents" in check.metadata["failed_files"].value
+        assert RELS[0] in check.description and f"`rag materialize {root.resolve()}`" in check.description
+        assert check.metadata["failed_files"].value == 1  # one label, always a count: Dagster plots it
+        assert "changed after raw_documents" in check.metadata["failures"].value
         with _kb(database_url, tmp_path, provider) as kb:
             failures = kb.status()["failures"]
             assert any(f["partition"] == FILES[0] and "changed after raw_documents" in f["message"] for f in failures)

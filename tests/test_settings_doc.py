@@ -54,6 +54,13 @@ def test_rag_config_shows_value_source_and_redacts(tmp_path, monkeypatch):
 
         out = CliRunner().invoke(app, ["config", "serch"])
         assert out.exit_code == 2 and "did you mean 'search'" in out.output
+        # a value another setting chose (the provider's model and size) is not called a default
+        get_settings.cache_clear()
+        monkeypatch.setenv("EMBED_PROVIDER", "ollama")
+        rows = {r["name"]: r for r in json.loads(CliRunner().invoke(app, ["config", "--changed", "--json"]).output)}
+        assert rows["embedding.dimensions"]["value"] == 768 and rows["embedding.dimensions"]["default"] == 384
+        assert rows["embedding.dimensions"]["source"] == "embedding.provider's default"
+        assert "home" not in rows  # a path default is compared as the value it is
     finally:
         get_settings.cache_clear()
 

@@ -41,13 +41,22 @@ def config_command(
         return
     if len(values) == 1:
         v = values[0]
-        console.print(f"[bold]{escape(v.doc.name)}[/] = {escape(repr(v.value))}  ({escape(v.source)})", soft_wrap=True)
-        console.print(f"default {escape(repr(v.doc.default))}; variable {v.doc.env}; type {escape(v.doc.type)}", soft_wrap=True)
+        console.print(f"[bold]{escape(v.doc.name)}[/] = {escape(_shown(v.value))}  ({escape(v.source)})", soft_wrap=True)
+        console.print(f"default {escape(_shown(v.doc.default))}; variable {v.doc.env}; type {escape(v.doc.type)}",
+                      soft_wrap=True)
         console.print(escape(v.doc.description), soft_wrap=True, highlight=False)
+        return
+    if not values:
+        console.print("every setting has its default" if changed else "no settings")
         return
     table = Table("setting", "value", "source", box=None, show_edge=False)
     for v in values:
-        table.add_row(escape(v.doc.name), escape(repr(v.value)), escape(v.source))
+        table.add_row(escape(v.doc.name), escape(_shown(v.value)), escape(v.source))
     console.print(table)
-    if not values:
-        console.print("every setting has its default" if changed else "no settings")
+
+
+def _shown(value: object) -> str:
+    """A value as it is written in rag.yaml or a variable (JSON; a path as its text)."""
+    import json
+
+    return json.dumps(value, default=str)
