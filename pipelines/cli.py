@@ -73,7 +73,8 @@ def _print_summary(summary, as_json: bool) -> None:
     if summary.removed:
         console.print(f"removed {len(summary.removed)} files that are gone")
     if summary.failed_partitions:
-        console.print(f"[red]{len(summary.failed_partitions)} files failed[/] (see `rag status`): "
+        failed = len(summary.failed_partitions)
+        console.print(f"[red]{failed} file{'s' if failed != 1 else ''} failed[/] (see `rag status`): "
                       + ", ".join(summary.failed_partitions[:10]))
     for step in summary.failed_steps:  # a step that raised (a check's included) emits no result of its own
         console.print(f"[red]step {escape(step['step'])} failed[/] in run {step['run_id']}: {escape(step['error'])}",
