@@ -33,6 +33,7 @@ def test_rag_config_shows_value_source_and_redacts(tmp_path, monkeypatch):
     (tmp_path / "rag.yaml").write_text("search:\n  convex_alpha: 0.6\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAG_CONFIG", raising=False)
+    monkeypatch.delenv("RAG_HOME", raising=False)  # the suite's workers set it
     monkeypatch.setenv("RAG_SEARCH__TOP_K", "7")
     monkeypatch.setenv("RAG_DATABASE_URL", "postgresql://reader:s3cret@db.example/rag")
     from rag_lib.config import get_settings
