@@ -79,20 +79,17 @@ def check_rel_path(rel: str) -> None:
     """Raise `FileRefused` for a path under a root that cannot be a key: too long, or not valid UTF-8
     (a name in another encoding: PostgreSQL cannot store it, and every row of the file is keyed by it)."""
     try:
-        rel.encode("utf-8")
+        size = len(rel.encode("utf-8"))
     except UnicodeEncodeError:
-        shown = rel.encode("utf-8", "surrogateescape" if not _foreign_surrogate(rel) else "replace")
+        try:  # the name's own bytes (surrogateescape), with U+FFFD for those that are not UTF-8
+            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:  # a surrogate no byte stands for
+            shown = rel.encode("utf-8", "replace").decode("utf-8")
         raise FileRefused("bad_file_name", "the file's name is not valid UTF-8 (shown with \ufffd for the bytes that "
-                          "are not); rename it", display_path(shown.decode("utf-8", "replace"))) from None
-    size = len(rel.encode("utf-8", "surrogateescape"))
+                          "are not); rename it", display_path(shown)) from None
     if size > MAX_PATH_BYTES:
         raise FileRefused("path_too_long", f"path under the root is {size} bytes, over the {MAX_PATH_BYTES}-byte "
                           "limit; move the file to a shorter path", display_path(rel))
-
-
-def _foreign_surrogate(text: str) -> bool:
-    """A surrogate that no undecodable byte stands for (only U+DC80-U+DCFF do, from surrogateescape)."""
-    return any("\ud800" <= c <= "\udfff" and not "\udc80" <= c <= "\udcff" for c in text)
 
 
 def walk(root: Path) -> list[WalkEntry]:

@@ -19,7 +19,7 @@ from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_re
 from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
-from rag_lib.errors import LONE_SURROGATE
+from rag_lib.errors import unstorable_char
 from rag_lib.models import Document, Skipped, is_text_or_texts
 
 log = get_logger(__name__)
@@ -388,12 +388,14 @@ def _shown_key(key: Any) -> str:
     return str(key).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\0")[:80]
 
 
+# what a file wrote to get such a character (`unstorable_char`): an escape, as raw NULs mark it binary
+_FILE_TEXT_PROBLEMS = {"nul": "holds a NUL character (an escape such as \\0 or \\u0000)",
+                       "surrogate": "holds an unpaired surrogate (an escape such as \\ud800)"}
+
+
 def _text_flaw(text: str) -> str | None:
-    if "\x00" in text:
-        return "holds a NUL character (an escape such as \\0 or \\u0000)"
-    if LONE_SURROGATE.search(text):
-        return "holds an unpaired surrogate (an escape such as \\ud800)"
-    return None
+    kind = unstorable_char(text)
+    return _FILE_TEXT_PROBLEMS[kind] if kind else None
 
 
 def _unstorable(value: Any, where: str) -> str | None:

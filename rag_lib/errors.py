@@ -20,13 +20,23 @@ def did_you_mean(options: list[str]) -> str:
     return f" (did you mean {' or '.join(options)}?)" if options else ""
 
 
+def unstorable_char(text: str) -> str | None:
+    """"nul" or "surrogate" when PostgreSQL or the tokenizer cannot take `text`, else None."""
+    if "\x00" in text:
+        return "nul"
+    if LONE_SURROGATE.search(text):
+        return "surrogate"
+    return None
+
+
+_TEXT_PROBLEMS = {"nul": "holds a NUL character; remove it",
+                  "surrogate": "holds an unpaired surrogate (text that is not valid Unicode); send it as UTF-8"}
+
+
 def text_problem(text: str) -> str | None:
     """Why PostgreSQL or the tokenizer cannot take `text` (a NUL, an unpaired surrogate), or None."""
-    if "\x00" in text:
-        return "holds a NUL character; remove it"
-    if LONE_SURROGATE.search(text):
-        return "holds an unpaired surrogate (text that is not valid Unicode); send it as UTF-8"
-    return None
+    kind = unstorable_char(text)
+    return _TEXT_PROBLEMS[kind] if kind else None
 
 
 class RagError(Exception):
