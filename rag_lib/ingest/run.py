@@ -182,18 +182,15 @@ def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_
     sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
     # a registered root whose folder is missing (an unmounted disk) has not lost its files
     away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
-    gone = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
-                  and not (src and any(Path(src).is_relative_to(a) for a in away))
-                  and (file_of(p) in on_disk or file_gone(src)))
-    kept = sorted(p for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
-                  and p not in gone and file_of(p) not in on_disk and src and not file_gone(src))
-    if kept:
+    unseen = {p: src for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
+              and not (src and any(Path(src).is_relative_to(a) for a in away))}
+    gone = sorted(p for p, src in unseen.items() if file_of(p) in on_disk or file_gone(src))
+    if unlisted := sorted(set(unseen) - set(gone)):
         log.warning("prune kept %d document(s) whose file this ingest could not list but that is not gone "
-                    "(an unreadable folder, or written meanwhile): %s", len(kept), ", ".join(kept[:10]))
+                    "(an unreadable folder, or written meanwhile): %s", len(unlisted), ", ".join(unlisted[:10]))
     for path in gone:
         store.delete_document(collection, path)
-    kept = set(sources) - set(gone)
-    kept_files = {file_of(p) for p in kept}
+    kept_files = {file_of(p) for p in set(sources) - set(gone)}
     for (c, rel) in store.stage_index(RAW):
         if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in scopes):
             store.forget_file(c, rel, [])
