@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
@@ -23,6 +24,9 @@ from rag_lib.corpus_files import Digests, ReadLimits, file_gone, path_refusal
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
+
+if TYPE_CHECKING:
+    from rag_lib.ingest.state import ReconcilePlan
 
 CORPUS_FILES = "corpus_files"
 corpus_files = DynamicPartitionsDefinition(name=CORPUS_FILES)
@@ -217,15 +221,22 @@ def run_key(prefix: str, items: list[str]) -> str:
     return f"{prefix}-" + hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
 
 
-def keys_needing_runs(instance, kb, targets: list[FileTarget]) -> list[str]:
-    """The files a run would change: missing, failed or stale for the library (as the nightly
-    reconcile plans), or never materialized on this Dagster instance (e.g. a new one)."""
+def plan_runs(instance, kb, targets: list[FileTarget]) -> tuple[ReconcilePlan, list[str]]:
+    """The library's reconcile plan for `targets` (missing, failed or stale files), and the other
+    files never materialized on this Dagster instance (a new one, a terminated run's: their
+    partitions show Missing until a run confirms them)."""
     from dagster import AssetKey
 
     from rag_lib.ingest.state import plan_reconcile
 
+    plan = plan_reconcile(kb.store, kb.settings, targets, kb.settings.pipeline_fingerprint())
+    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table"))) if targets else set()
+    return plan, sorted({t.key for t in targets} - materialized - set(plan.keys))
+
+
+def keys_needing_runs(instance, kb, targets: list[FileTarget]) -> list[str]:
+    """The files a run would change (`plan_runs`: the plan's and the never materialized)."""
     if not targets:
         return []
-    plan = plan_reconcile(kb.store, kb.settings, targets, kb.settings.pipeline_fingerprint())
-    materialized = set(instance.get_materialized_partitions(AssetKey("vector_table")))
-    return sorted(set(plan.keys) | ({t.key for t in targets} - materialized))
+    plan, unmaterialized = plan_runs(instance, kb, targets)
+    return sorted(set(plan.keys) | set(unmaterialized))

@@ -1,12 +1,13 @@
 """Schedules (cron strings from settings.pipeline.schedules). Plain @schedule functions returning
 run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 
-from dagster import AssetKey, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import CORPUS_FILES, plan_ranges, range_tags, record_refused, run_key, sync_partitions
+from pipelines.partitions import (CORPUS_FILES, plan_ranges, plan_runs, range_tags, record_refused, run_key,
+                                  sync_partitions)
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import plan_reconcile
 
@@ -29,12 +30,11 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     sync = sync_partitions(existing, pmap, files, None, context.log)
     sync.apply(context.instance)
     on_disk = [pmap.target(k) for k in files]
-    plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())
-    # files the library holds but this instance never saw materialized (a terminated run, a new
-    # instance): their partitions show Missing until a run confirms them, as `rag materialize` does
-    unmaterialized = [] if only_stale else sorted(
-        {t.key for t in on_disk} - set(context.instance.get_materialized_partitions(AssetKey("vector_table")))
-        - set(plan.keys))
+    if only_stale:
+        plan = plan_reconcile(rag.kb().store, rag.kb().settings, on_disk, rag.kb().settings.pipeline_fingerprint())
+        unmaterialized: list[str] = []
+    else:  # also files never materialized on this instance, as `rag materialize` runs them
+        plan, unmaterialized = plan_runs(context.instance, rag.kb(), on_disk)
     wanted = plan.stale if only_stale else sorted(set(plan.keys) | set(unmaterialized))
     if not wanted:
         return SkipReason(f"all {len(on_disk)} files are current" + (
