@@ -30,7 +30,6 @@ from rag_lib.server.security import safe_relative
 log = get_logger(__name__)
 
 DEFAULT_MODE = "hybrid"
-# Seed 001's strategy for each query class (rag_classify_query's `suggested_strategy`).
 # What a client that asked for reranking is told when no reranker is configured.
 RERANK_NOTE = ("no reranker is configured, so the results keep the hybrid order; set search.rerank_model_path "
                "(a local CrossEncoder folder, $RAG_SEARCH__RERANK_MODEL_PATH) or search.rerank_base_url "
@@ -400,9 +399,8 @@ def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_thresh
         filters["formats"] = filters.pop("source_type")
     if span := filters.pop("date_range", None):
         filters["date_from"], filters["date_to"] = span.get("from") or span.get("from_"), span.get("to")
-    tags = {**(filters.pop("tags", None) or {}),
-            **({"category": filters.pop("category")} if filters.get("category") is not None else {})}
-    filters.pop("category", None)
+    category = filters.pop("category", None)
+    tags = {**(filters.pop("tags", None) or {}), **({"category": category} if category is not None else {})}
     if tags:
         filters["tags"] = tags
     found = search(kb, query, mode=mode or "semantic", filters=filters, top_k=top_k,
