@@ -22,7 +22,8 @@ from rag_lib.errors import ConfigError, NotFoundError, ValidationError, text_pro
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import get_logger, setup_logging
-from rag_lib.models import CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult, collection_problem
+from rag_lib.models import (CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult, collection_problem,
+                            is_number)
 from rag_lib.ingest.stages import Engine
 from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
@@ -487,7 +488,7 @@ class KnowledgeBase:
         overrides = {k: v for k, v in (("semantic_weight", semantic_weight), ("lexical_weight", lexical_weight),
                                         ("rerank_depth", rerank_depth)) if v is not None}
         for name, value in overrides.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < (1 if name == "rerank_depth" else 0):
+            if not is_number(value) or value < (1 if name == "rerank_depth" else 0):
                 raise ValidationError(f"{name} must be a number, {'1' if name == 'rerank_depth' else '0'} or more, got {value!r}")
         if overrides:
             options = dataclasses.replace(SearchOptions.from_settings(self.settings), **overrides)
@@ -667,7 +668,7 @@ class KnowledgeBase:
     def cache_prune(self, older_than_days: float = 30.0, include_referenced: bool = False,
                     model: str | None = None) -> int:
         """Delete embedding-cache entries unused for `older_than_days` (0 or more); returns how many."""
-        if isinstance(older_than_days, bool) or not isinstance(older_than_days, (int, float)) or older_than_days < 0:
+        if not is_number(older_than_days) or older_than_days < 0:
             raise ValidationError(f"older_than_days must be a number of days, 0 or more, got {older_than_days!r}")
         return self.store.cache_prune(older_than_days, include_referenced, model)
 

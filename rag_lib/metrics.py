@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_lib.log import get_logger
-from rag_lib.models import EmbedMetric, SearchMetric, SearchResult
+from rag_lib.models import EmbedMetric, SearchMetric, SearchResult, is_number
 
 log = get_logger("metrics")
 
@@ -207,7 +207,7 @@ class MetricsCollector:
 
         if not isinstance(query, str) or not isinstance(strategy, str) or not strategy.strip():
             raise ValidationError("query and strategy must be strings (strategy not empty)")
-        if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)) or latency_ms < 0:
+        if not is_number(latency_ms) or latency_ms < 0:
             raise ValidationError(f"latency_ms must be a number, 0 or more, got {latency_ms!r}")
         results = list(results or [])
         first = results[0] if results else None
@@ -229,7 +229,7 @@ class MetricsCollector:
         zero-result rate, query-class and strategy mix, embedding failure rate and fallback share."""
         from rag_lib.errors import ValidationError
 
-        if isinstance(days, bool) or not isinstance(days, (int, float)) or not 0 < days <= 3650:
+        if not is_number(days) or not 0 < days <= 3650:
             raise ValidationError(f"days must be a number between 0 and 3650, got {days!r}")
         return self.kb.metrics_summary(since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days))
 

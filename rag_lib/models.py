@@ -19,6 +19,11 @@ def is_text_or_texts(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (which Python counts as an int): what a numeric argument takes."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def collection_problem(name: str) -> str | None:
     """Why `name` cannot be a collection's name, or None."""
     if not isinstance(name, str) or not re.fullmatch(COLLECTION_PATTERN, name) or len(name) > 200:

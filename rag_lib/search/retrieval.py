@@ -21,7 +21,7 @@ import numpy as np
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.flatten import load_mapping
 from rag_lib.errors import ValidationError, text_problem
-from rag_lib.models import SearchFilters, SearchHit, SearchResult, is_text_or_texts
+from rag_lib.models import SearchFilters, SearchHit, SearchResult, is_number, is_text_or_texts
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
@@ -207,7 +207,7 @@ def _validate(query: str, mode: str, top_k: int, filters: SearchFilters, min_sim
         raise ValidationError(f"unknown search mode '{mode}'; use one of {', '.join(MODES)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1000:
         raise ValidationError(f"top_k must be a whole number between 1 and 1000, got {top_k!r}")
-    if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) or not 0 <= min_similarity <= 1:
+    if not is_number(min_similarity) or not 0 <= min_similarity <= 1:
         raise ValidationError(f"min_similarity must be a number between 0 and 1 (a cosine), got {min_similarity!r}")
     for name in ("doc_type", "ticker"):
         value = getattr(filters, name)
