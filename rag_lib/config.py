@@ -37,6 +37,10 @@ PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# What `provider` names once `ollama` and `openrouter` are mapped onto `openai_compatible` (PROVIDER_DEFAULTS)
+PROVIDERS = ("local", "openai", "openai_compatible")
+
+
 class ProviderSettings(BaseModel):
     """One embedding backend: `local`, `openai` or `openai_compatible` (`ollama` and `openrouter` are
     `openai_compatible` with their defaults), with its limits and retries."""
@@ -62,7 +66,7 @@ class ProviderSettings(BaseModel):
     @classmethod
     def _known_provider(cls, value: str) -> str:
         """A mistyped provider fails when the settings are read, not at the first search."""
-        if value not in ("local", "openai", "openai_compatible"):  # ollama / openrouter are mapped above
+        if value not in PROVIDERS:
             raise ValueError(f"unknown embedding provider {value!r}; use local, openai, openai_compatible, ollama "
                              "or openrouter")
         return value
@@ -526,7 +530,7 @@ def seed_env_values(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         ("RAG_SEARCH_DATABASE_URL", "search.database_url", "RAG_SEARCH__DATABASE_URL", str),
     ]
     provider = (env.get("EMBED_PROVIDER") or "").strip().lower()
-    if provider and provider not in ("local", "openai", "ollama", "openrouter", "openai_compatible"):
+    if provider and provider not in SEED_PROVIDERS:
         from rag_lib.errors import ConfigError
 
         raise ConfigError(f"$EMBED_PROVIDER={provider!r}: unknown provider; use ollama, openrouter, openai or local")

@@ -21,14 +21,13 @@ Then `rag reembed --to text-embedding-3-large:1024` fills that space beside the 
 
 from __future__ import annotations
 
-from rag_lib.config import ProviderSettings, Settings
+from rag_lib.config import PROVIDERS, ProviderSettings, Settings
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.errors import ConfigError
 from rag_lib.log import get_logger
 
 log = get_logger("embedding")
 
-PROVIDERS = ("local", "openai", "openai_compatible")
 OPENAI_DEFAULT_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 
 
