@@ -305,10 +305,7 @@ class KnowledgeBase:
         """Without `doc_id`: the vector of `text` in the configured space (nothing stored). With it
         (seed 000's `embed_text(text, doc_id, doc_type, ticker)`): the text is stored as a searchable
         document with that id, as `POST /api/rag/embed-text` does, and an `EmbedResult` returned."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValidationError("text is empty")
-        if problem := text_problem(text):
-            raise ValidationError(f"text {problem}")
+        check_text_to_embed(text)
         if doc_id is None:
             if any(v is not None for v in (doc_type, ticker, title, doc_date)):
                 raise ValidationError("doc_type, ticker, title and doc_date describe a stored text: give doc_id too")
@@ -983,6 +980,15 @@ def _refuse_nested_root(folder: Path, collection: str, roots: list[Path], allow_
 _WARNED: set[str] = set()
 
 
+def check_text_to_embed(text: Any, name: str = "text") -> None:
+    """The one check of a text to embed (`embed_text`, `EmbeddingClient`): a string with some
+    non-blank character and none that PostgreSQL or the model cannot take; `name` says which text."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValidationError(f"{name} is empty")
+    if problem := text_problem(text):
+        raise ValidationError(f"{name} {problem}")
+
+
 def _warn_once(message: str) -> None:
     """Log a warning once per process (settings are read again and again)."""
     if message not in _WARNED:
@@ -1204,11 +1210,8 @@ class EmbeddingClient:
         """Vectors of several texts in one call (seed 004's `get_embeddings_batch`)."""
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise ValidationError("texts must be a list of strings")
-        for text in texts:
-            if not isinstance(text, str) or not text.strip():
-                raise ValidationError("texts must be non-empty strings")
-            if problem := text_problem(text):
-                raise ValidationError(f"text {problem}")
+        for n, text in enumerate(texts):
+            check_text_to_embed(text, f"texts[{n}]")
         if not texts:
             return []
         with self.kb.recording_metrics():
@@ -1227,10 +1230,11 @@ class EmbeddingClient:
 
 
 def _client_settings(config: Any) -> Settings:
-    """`EmbeddingClient`'s settings from its `config` (see there)."""
+    """`EmbeddingClient`'s settings from its `config` (see there), read by rag.yaml's reader: a key
+    naming no setting is refused with the same message."""
     from pydantic import ValidationError as PydanticValidationError
 
-    from rag_lib.config import seed_config_values, unknown_keys
+    from rag_lib.config import settings_file_values
 
     if isinstance(config, Settings):
         return config
@@ -1238,12 +1242,7 @@ def _client_settings(config: Any) -> Settings:
         raise ValidationError(f"config must be the seed's embedding config (a dict), a Settings or None, "
                               f"got {type(config).__name__}")
     whole = bool(set(config) & (set(Settings.model_fields) | {"features"}))
-    values, ignored = seed_config_values(dict(config) if whole else {"embedding": dict(config)})
-    if unknown := unknown_keys(values, Settings):
-        raise ConfigError("EmbeddingClient config: unknown setting " + "; ".join(
-            key + (f" (did you mean {near}?)" if near else "") for key, near in unknown))
-    for entry in ignored:
-        _warn_once(f"EmbeddingClient config: {entry} is ignored")
+    values = settings_file_values(dict(config) if whole else {"embedding": dict(config)}, "EmbeddingClient config")
     try:
         return Settings(**values)
     except PydanticValidationError as exc:

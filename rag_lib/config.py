@@ -782,20 +782,29 @@ class ConfigFileSource(PydanticBaseSettingsSource):
             raise ConfigError(f"{self.path}: cannot read the settings file ({exc})") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{self.path}: the settings file must be a mapping of setting names")
-        values, ignored = seed_config_values(data)
-        unknown = unknown_keys(values, Settings) + [
-            (key, _seed_suggestion(key)) for key in ignored if "." in key and " (" not in key and key not in _IGNORED_WHY]
-        if unknown:  # a typo in a section would otherwise leave its default in force without a word
-            named = "; ".join(f"{key}" + (f" (did you mean {near}?)" if near else "") for key, near in unknown)
-            raise ConfigError(f"{self.path}: unknown setting {named}: correct or remove it (README, Configuration)")
-        for entry in ignored:
-            key, _, why = entry.partition(" (")
-            why = why[:-1] if why else _IGNORED_WHY.get(key, "no setting of ours matches it")
-            note = f"{self.path}: {key} is ignored ({why})"
-            if note not in _LOGGED_IGNORED:
-                _LOGGED_IGNORED.add(note)
-                _log.warning("%s", note)
-        return values
+        return settings_file_values(data, str(self.path))
+
+
+def settings_file_values(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The settings a config mapping (rag.yaml, a seed config.yaml, `EmbeddingClient`'s dict) gives, in
+    our format or the seeds'. A key that names no setting is a `ConfigError` naming `source`, the key
+    and the closest real one; seed keys with nothing to map onto are logged once as ignored."""
+    from rag_lib.errors import ConfigError
+
+    values, ignored = seed_config_values(data)
+    unknown = unknown_keys(values, Settings) + [
+        (key, _seed_suggestion(key)) for key in ignored if "." in key and " (" not in key and key not in _IGNORED_WHY]
+    if unknown:  # a typo in a section would otherwise leave its default in force without a word
+        named = "; ".join(f"{key}" + (f" (did you mean {near}?)" if near else "") for key, near in unknown)
+        raise ConfigError(f"{source}: unknown setting {named}: correct or remove it (README, Configuration)")
+    for entry in ignored:
+        key, _, why = entry.partition(" (")
+        why = why[:-1] if why else _IGNORED_WHY.get(key, "no setting of ours matches it")
+        note = f"{source}: {key} is ignored ({why})"
+        if note not in _LOGGED_IGNORED:
+            _LOGGED_IGNORED.add(note)
+            _log.warning("%s", note)
+    return values
 
 
 def config_file() -> Path:

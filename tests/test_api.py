@@ -383,8 +383,13 @@ def test_seed_000_embedding_client(default_kb, monkeypatch):
     assert np.allclose(vector, rag_lib.embed_text("NVIDIA data center growth thesis"), atol=1e-6)
     batch = client.get_embeddings_batch(["NVIDIA data center growth thesis", "AMD market share"])
     assert len(batch) == 2 and np.allclose(batch[0], vector, atol=1e-5)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="^text is empty$"):
         client.get_embedding(" ")
+    # a batch checks each text as embed_text does, naming which one
+    with pytest.raises(ValidationError, match=r"^texts\[1\] is empty$"):
+        client.get_embeddings_batch(["AMD market share", " "])
+    with pytest.raises(ValidationError, match=r"^texts\[0\] holds a NUL"):
+        client.get_embeddings_batch(["AMD\x00"])
     with pytest.raises(ValidationError):
         EmbeddingClient("config.yaml")
     with pytest.raises(ConfigError, match="did you mean search.top_k"):

@@ -315,3 +315,22 @@ def test_a_mistyped_or_unparsable_setting_variable_is_a_config_error(monkeypatch
     monkeypatch.setenv("RAG_PIPELINE__ROOTS", '[{"path": "/tmp", "collection": "x"}]')
     monkeypatch.setenv("RAG_SEARCH__TOP_K", "3")
     assert config.get_settings.__wrapped__().search.top_k == 3
+
+
+def test_embedding_client_config_is_read_as_the_settings_file_is(monkeypatch, tmp_path):
+    """A mistyped key in `EmbeddingClient`'s seed config is refused with rag.yaml's message (it was a
+    warning, leaving the default in force), by the one reader both use."""
+    from rag_lib import EmbeddingClient
+
+    seed = {"default_provider": "ollama", "timeout_secnods": 5}
+    with pytest.raises(ConfigError) as client:
+        EmbeddingClient(seed)
+    path = tmp_path / "rag.yaml"
+    path.write_text("embedding:\n  default_provider: ollama\n  timeout_secnods: 5\n")
+    monkeypatch.setenv("RAG_CONFIG", str(path))
+    with pytest.raises(ConfigError) as file:
+        Settings()
+    problem = ("unknown setting embedding.timeout_secnods (did you mean embedding.timeout_seconds?): "
+               "correct or remove it (README, Configuration)")
+    assert str(client.value) == f"EmbeddingClient config: {problem}"
+    assert str(file.value) == f"{path}: {problem}"
