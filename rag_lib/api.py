@@ -838,6 +838,10 @@ class KnowledgeBase:
                       doc_types=counts["by_type"], last_embed=counts["last_ingest"])
         return counts
 
+    def chunk_total(self, collection: str | None = None) -> int:
+        """Chunks in the collection a search of `collection` runs over (default: settings.collection)."""
+        return self.store.chunk_total(self._collection(collection))
+
     def empty_collection_note(self, collection: str | None = None) -> str | None:
         """Why a search of `collection` finds nothing when it holds no documents (a name mistyped, or
         the documents ingested into another collection), naming the collections that hold some; None

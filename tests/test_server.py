@@ -541,6 +541,13 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     assert all(h["relevance_score"] >= 0.7 for h in got["results"])
     assert got["results"][0]["metadata"]["heading"] == "Backtesting"
     assert got["total_chunks_searched"] > 1000 and got["search_time_ms"] >= 0
+    # the chunks of the collection searched (settings.collection when none is named), not of every collection
+    other = client.post("/rag/index", json={"source_path": "docs/ARCHITECTURE.md", "collection": "other"})
+    assert other.status_code == 200 and other.json()["chunks_created"] >= 2, other.text
+    for collection in (None, "other"):
+        searched = client.post("/rag/retrieve", json={"query": "backtesting splits", "collection": collection})
+        counts = client.get("/api/rag/status", params={"collection": collection or "default"}).json()
+        assert searched.json()["total_chunks_searched"] == counts["chunks"], collection
     yaml_only = client.post("/rag/retrieve", json={"query": "backtesting splits", "top_k": 5,
                                                    "filters": {"source_type": ["yaml"]}}).json()["results"]
     assert yaml_only and all(h["source_path"].endswith((".yaml", ".yml")) for h in yaml_only)
@@ -576,6 +583,12 @@ def test_seed003_index_retrieve_sources_delete(client: TestClient, roots):
     dated = client.post("/rag/retrieve", json={"query": "NVDA earnings", "top_k": 5, "filters": {
         "date_range": {"from": "2025-01-01", "to": "2025-01-31"}, "ticker": "NVDA"}}).json()["results"]
     assert dated and all("2025-01" in h["source_path"] or "202501" in h["source_path"] for h in dated), dated
+    # a reversed date_range is named as the client sent it, not as the search's date_from/date_to
+    reversed_range = client.post("/rag/retrieve", json={"query": "NVDA earnings", "filters": {
+        "date_range": {"from": "2026-01-01", "to": "2025-01-01"}}})
+    assert reversed_range.status_code == 422 and reversed_range.json()["error"]["code"] == "invalid_input"
+    assert reversed_range.json()["error"]["message"] == ("date_range: from 2026-01-01 is after to 2025-01-01, "
+                                                         "so no document can match; swap them or drop one")
 
     shown = client.get("/api/rag/sources/docs/ARCHITECTURE.md").json()
     assert shown["tags"] == {"category": "documentation", "version": "1.0.0"} and "source_path" not in shown

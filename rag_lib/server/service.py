@@ -391,6 +391,16 @@ def index_source(kb: KnowledgeBase, source_path: str, *, metadata: dict[str, Any
             "status": status, "content_hash": out.get("content_hash"), "metadata": metadata or {}}
 
 
+def _date_range(span: dict[str, Any]) -> tuple[dt.date | None, dt.date | None]:
+    """Seed 003's `date_range` as (date_from, date_to); a reversed one is refused under the name the
+    client used (the search would name date_from/date_to, which it never sent)."""
+    start, end = span.get("from") or span.get("from_"), span.get("to")
+    if start and end and start > end:
+        raise ValidationError(f"date_range: from {start} is after to {end}, so no document can match; "
+                              "swap them or drop one")
+    return start, end
+
+
 def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_threshold: float = 0.0,
              filters: dict[str, Any] | None = None, mode: str | None = None,
              collection: str | None = None) -> dict[str, Any]:
@@ -398,7 +408,7 @@ def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_thresh
     if "source_type" in filters:
         filters["formats"] = filters.pop("source_type")
     if span := filters.pop("date_range", None):
-        filters["date_from"], filters["date_to"] = span.get("from") or span.get("from_"), span.get("to")
+        filters["date_from"], filters["date_to"] = _date_range(span)
     category = filters.pop("category", None)
     tags = {**(filters.pop("tags", None) or {}), **({"category": category} if category is not None else {})}
     if tags:
@@ -408,7 +418,7 @@ def retrieve(kb: KnowledgeBase, query: str, *, top_k: int = 5, similarity_thresh
     hits = found["results"]
     timings = found["timings_ms"]
     embed_ms = float(timings.get("embed", 0.0))
-    total = status(kb, collection)["chunks"]
+    total = kb.chunk_total(collection)  # one count, not the whole status report (eight queries)
     tagged = kb.tags_of([h["path"] for h in hits], collection) if hits else {}
     return {
         "results": [{"chunk_id": h["chunk_id"], "source_id": h["doc_id"], "source_path": h["path"],

@@ -57,6 +57,14 @@ class StatusStore:
             "embedding_usage": self.usage_summary() if hasattr(self, "usage_summary") else None,
         }
 
+    def chunk_total(self, collection: str) -> int:
+        """Chunks of the collection's documents (what `status_counts` reports as `chunks`), in one
+        query: for reporting how many chunks a search ran over."""
+        with self.db.reading() as conn:
+            row = conn.execute("SELECT coalesce(sum(chunk_count), 0) FROM rag_documents WHERE collection = %s",
+                               (collection,)).fetchone()
+        return int(row[0])
+
     def ping(self) -> bool:
         """One round trip to the database."""
         with self.db.connection() as conn:
