@@ -31,7 +31,7 @@ SUPPORTED_SUFFIXES = YAML_SUFFIXES | MARKDOWN_SUFFIXES | JSONL_SUFFIXES
 
 PLACEHOLDER = re.compile(r"\{[A-Z][A-Z0-9_\-]*\}")
 TICKER = re.compile(r"^[A-Z][A-Z0-9.\-]{0,9}$")
-FILE_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T\d{4}")
+FILE_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})")  # NVDA_20250115T1000: date and time of day
 
 # Real spellings seen in the corpus, normalised to one canonical name per type.
 TYPE_ALIASES = {

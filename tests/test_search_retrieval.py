@@ -180,6 +180,10 @@ def test_trend_orders_by_date(corpus_kb):
     assert res.plan["kind"] == "trend"
     dated = [h.doc_date for h in res.hits if h.doc_date]
     assert len(set(dated)) >= 2 and dated == sorted(dated, reverse=True)
+    # two analyses of 2026-02-21: the one written at 11:45 before the one of 11:30
+    stock = "tradegent/knowledge/analysis/stock/"
+    paths = list(dict.fromkeys(h.path for h in res.hits))
+    assert paths.index(stock + "MSFT_20260221T1145.yaml") < paths.index(stock + "MSFT_20260221T1130.yaml")
 
 
 def test_ticker_hint_is_a_soft_boost(corpus_kb):

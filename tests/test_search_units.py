@@ -12,7 +12,7 @@ from rag_lib.search.classify import classify
 from rag_lib.search.context import assemble, quote_in_text
 from rag_lib.search.fusion import Candidates, boost, date_boost, rrf
 from rag_lib.search.lexical import exact_tokens, is_websearch
-from rag_lib.search.results import excerpt, group_by_unit
+from rag_lib.search.results import by_date, excerpt, group_by_unit
 
 KNOWN = {"NVDA", "AMD", "PFE", "META", "GOOGL", "NFLX"}
 
@@ -135,3 +135,20 @@ def test_a_month_or_day_the_query_names_is_a_soft_boost():
     ranked = date_boost([feb, undated, jan], ["2025-01-01", "2025-01-31"], 0.15)
     assert [h.chunk_id for h in ranked] == ["jan", "feb", "undated"]  # raised, nothing dropped
     assert jan.score == pytest.approx(0.575) and feb.score == 0.55 and undated.score == 0.52
+
+
+def test_trend_order_reads_a_day_by_time_of_day():
+    """"The latest" reads newest first by the time of day a file name carries (two trades of one day),
+    a date-only document at the start of its day; undated results stay last in rank order."""
+    morning = hit("morning", "trades/2025/01/NVDA_20250115T1000.yaml", date=dt.date(2025, 1, 15))
+    afternoon = hit("afternoon", "trades/2025/01/NVDA_20250115T1430.yaml", date=dt.date(2025, 1, 15))
+    date_only = hit("date_only", "learnings/sizing.yaml", date=dt.date(2025, 1, 15))
+    # the name's timestamp is of another day than the document's date: only the date counts
+    renamed = hit("renamed", "stock/NVDA_20250110T2300.yaml", date=dt.date(2025, 1, 15))
+    day_before = hit("day_before", "stock/NVDA_20250114T2300.yaml", date=dt.date(2025, 1, 14))
+    undated = hit("undated", "notes/ideas.md")
+    ranked = [morning, undated, renamed, date_only, day_before, afternoon]
+    assert [h.chunk_id for h in by_date(ranked, newest_first=True)] == \
+        ["afternoon", "morning", "renamed", "date_only", "day_before", "undated"]
+    assert [h.chunk_id for h in by_date(ranked)] == \
+        ["day_before", "renamed", "date_only", "morning", "afternoon", "undated"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
+from rag_lib.documents import FILE_DATE
 from rag_lib.models import SearchHit
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -28,12 +30,26 @@ def first_by(hits: Iterable[SearchHit], key: Callable[[SearchHit], str]) -> list
     return out
 
 
+def written_at(hit: SearchHit) -> dt.datetime | None:
+    """When the hit's document was written: its date at the time of day its file name carries
+    (`NVDA_20250115T1000.yaml`, the corpus's naming) when the name is of that date, else at the
+    start of the day; None when the document is undated."""
+    if hit.doc_date is None:
+        return None
+    stamp = FILE_DATE.search(Path(hit.path).name)
+    if stamp:
+        year, month, day, hour, minute = map(int, stamp.groups())
+        if (year, month, day) == (hit.doc_date.year, hit.doc_date.month, hit.doc_date.day) and hour < 24 and minute < 60:
+            return dt.datetime(year, month, day, hour, minute)
+    return dt.datetime.combine(hit.doc_date, dt.time.min)
+
+
 def by_date(hits: list[SearchHit], newest_first: bool = False) -> list[SearchHit]:
-    """Trend questions read best oldest to newest, questions about the latest newest first; undated
-    results keep their order at the end."""
-    if newest_first:
-        return sorted(hits, key=lambda h: (h.doc_date is None, -(h.doc_date or dt.date.min).toordinal()))
-    return sorted(hits, key=lambda h: (h.doc_date is None, h.doc_date or dt.date.max))
+    """Trend questions read best oldest to newest, questions about the latest newest first, by date
+    and time of day (`written_at`: two trades of one day in the order they were made); results
+    written at the same time keep their rank order, undated ones theirs at the end."""
+    dated = sorted((h for h in hits if h.doc_date is not None), key=written_at, reverse=newest_first)
+    return dated + [h for h in hits if h.doc_date is None]
 
 
 def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
