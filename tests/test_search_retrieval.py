@@ -186,6 +186,27 @@ def test_trend_orders_by_date(corpus_kb):
     assert paths.index(stock + "MSFT_20260221T1145.yaml") < paths.index(stock + "MSFT_20260221T1130.yaml")
 
 
+def test_time_filtered_context_reads_in_date_order_with_learnings_after(corpus_kb):
+    """A trend question's hybrid context keeps its dated passages in date order (oldest first, or
+    newest first for "the latest") and puts the learnings it adds after them under their own heading,
+    not between two dated documents."""
+    from rag_lib.graph.hybrid import LEARNING_TYPES, OUTSIDE_TIMELINE
+
+    for query, newest_first in (("NVDA earnings trend over time", False), ("latest NVDA analysis", True)):
+        for budget in (1500, 4000):
+            out = corpus_kb.hybrid_context(query, token_budget=budget)
+            assert out.route == "time-filtered" and out.tokens <= budget
+            timeline, _, outside = out.markdown.partition(OUTSIDE_TIMELINE)
+            assert outside, (query, budget)  # learnings are added, labelled
+            cited = {c.ref: c for c in out.passages.citations}
+            dated = [cited[ref] for ref in re.findall(r"^(\[\d+\]) ", timeline, re.M)]
+            later = [cited[ref] for ref in re.findall(r"^(\[\d+\]) ", outside, re.M)]
+            dates = [c.doc_date for c in dated]
+            assert dated and None not in dates and dates == sorted(dates, reverse=newest_first), (query, dates)
+            assert not any(c.doc_type in LEARNING_TYPES for c in dated)
+            assert later and all(c.doc_type in LEARNING_TYPES or c.doc_date is None for c in later)
+
+
 def test_ticker_hint_is_a_soft_boost(corpus_kb):
     # NVDA's own documents hold more than 30 sections about its earnings: look deep enough to see others
     res = corpus_kb.search("NVDA earnings reaction history", mode="hybrid", top_k=100)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
 LEARNING_TYPES = ("learning", "post-trade-review")
 GRAPH_SHARE = 0.35  # most of the budget goes to passages; graph facts are terse
+# Under a time-filtered context's dated passages: what has no place in their order
+OUTSIDE_TIMELINE = "## Outside the timeline: learnings and undated passages"
 _YEAR = re.compile(r"\b(since|from|after|in|during)\s+(20\d\d)\b", re.I)
 
 
@@ -99,8 +102,10 @@ def _time_filter(query: str) -> dict[str, Any]:
 
 
 def _render(kb, query: str, kind: str, route: str, tickers: list[str], related: list[str], hits: list[SearchHit],
-            graph: list[dict[str, Any]], token_budget: int) -> HybridContext:
-    """Graph facts first (at most a share of the budget), then the best passages in what is left."""
+            graph: list[dict[str, Any]], token_budget: int,
+            after: Callable[[SearchHit], bool] | None = None) -> HybridContext:
+    """Graph facts first (at most a share of the budget), then the best passages in what is left;
+    passages `after` accepts go last, under `OUTSIDE_TIMELINE`."""
     store, provider = kb.search_context()
     count = provider.tokenizer().count
     graph_md = ""
@@ -115,7 +120,8 @@ def _render(kb, query: str, kind: str, route: str, tickers: list[str], related: 
     positions = store.chunk_positions([h.chunk_id for h in hits])
     available = max(0, token_budget - used)
     while True:
-        passages = assemble(query, route, hits, count, available, positions)
+        passages = assemble(query, route, hits, count, available, positions, after,
+                            OUTSIDE_TIMELINE if after is not None else "")
         parts = [p for p in (graph_md, heading + passages.context if passages.context else "") if p]
         markdown = "\n\n".join(parts)
         tokens = count(markdown) if markdown else 0
@@ -131,8 +137,9 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
                    collection: str | None = None, analysis_type: str | None = None,
                    exclude_doc_id: str | None = None) -> HybridContext:
     """Context for `query` routed by its class: relationship → graph first (related tickers, then search
-    across them); comparison → one list per ticker; trend → time filter, oldest first; else hybrid
-    search. Relevant learnings are always added. `analysis_type` limits the passages (not the
+    across them); comparison → one list per ticker; trend → time filter, oldest first (the latest:
+    newest first); else hybrid search. Relevant learnings are always added (on the time-filtered
+    route after the dated passages, under `OUTSIDE_TIMELINE`, with any undated passage). `analysis_type` limits the passages (not the
     learnings) to one document type; `exclude_doc_id` leaves a document out (seed 004: the analysis
     being written)."""
     if not query or not query.strip():
@@ -173,9 +180,13 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
         graph = _graph_contexts(kb, collection, tickers[:1])
         hits = search(query, ticker=tickers[:1] or None)
     learnings = kb.search(query, mode="hybrid", collection=collection, doc_type=list(LEARNING_TYPES), top_k=2).hits
-    # Learnings go after the passages of the first few documents so a tight budget still keeps one.
+    # Learnings are picked after the passages of the first few documents so a tight budget still keeps one.
+    after = None
+    if route == "time-filtered":  # ...but read after the dated passages, whose order is the point
+        timeline = {h.chunk_id for h in hits if h.doc_date is not None}
+        after = lambda h: h.chunk_id not in timeline  # noqa: E731
     hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
-    out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget)
+    out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget, after)
     out.note = _thin_context_note(kb, collection, ticker, hits, out, analysis_type)
     return out
 

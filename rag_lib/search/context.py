@@ -107,14 +107,20 @@ def assemble(
     count: Callable[[str], int],
     token_budget: int,
     positions: dict[str, tuple[int, int]] | None = None,
+    after: Callable[[SearchHit], bool] | None = None,
+    after_heading: str = "",
 ) -> ContextResult:
     """Pick passages best first (skipping duplicates and what does not fit), then order them by
-    document (best document first) and position in the document; never exceeds `token_budget`."""
+    document (best document first) and position in the document; never exceeds `token_budget`.
+    Passages `after` accepts go last, under `after_heading` (a timeline's learnings and undated
+    passages: picked in rank order, but not read between the dated ones)."""
     chosen: list[SearchHit] = []
     seen_text: set[str] = set()
     seen_shingles: set[tuple[str, ...]] = set()
     dropped = {"duplicate": 0, "over_budget": 0}
     used = 0
+    heading_cost = count(after_heading) + 2 if after_heading else 0
+    last: set[str] = set()  # chunk ids of the chosen passages that go after the others
     for hit in hits:
         key = _normalise(hit.text)
         shingles = _shingles(hit.text)
@@ -122,10 +128,15 @@ def assemble(
             dropped["duplicate"] += 1
             continue
         cost = count(header("[00]", hit) + "\n" + hit.text) + 2
+        later = after is not None and after(hit)
+        if later and not last:
+            cost += heading_cost  # the first passage after the others brings their heading
         if used + cost > token_budget:
             dropped["over_budget"] += 1
             continue
         chosen.append(hit)
+        if later:
+            last.add(hit.chunk_id)
         used += cost
         seen_text.add(key)
         seen_shingles |= shingles
@@ -133,17 +144,19 @@ def assemble(
     for n, hit in enumerate(chosen):
         doc_rank.setdefault(hit.path, n)
     positions = positions or {}
-    chosen.sort(key=lambda h: (doc_rank[h.path], positions.get(h.chunk_id, (0, 0))))
+    chosen.sort(key=lambda h: (h.chunk_id in last, doc_rank[h.path], positions.get(h.chunk_id, (0, 0))))
     citations: list[Citation] = []
     blocks: list[str] = []
     for n, hit in enumerate(chosen, 1):
         ref = f"[{n}]"
-        block = header(ref, hit) + "\n" + hit.text
+        block = passage = header(ref, hit) + "\n" + hit.text
+        if after_heading and hit.chunk_id in last and (n == 1 or chosen[n - 2].chunk_id not in last):
+            block = after_heading + "\n\n" + block  # dropped with its first passage if that must go
         blocks.append(block)
         citations.append(Citation(
             ref=ref, unit_id=hit.unit_id, doc_id=hit.doc_id, path=hit.path, section=hit.section,
             section_path=hit.section_path, chunk_id=hit.chunk_id, doc_type=hit.doc_type, score=round(hit.score, 6),
-            text=hit.text, ticker=hit.ticker, doc_date=hit.doc_date, tokens=count(block),
+            text=hit.text, ticker=hit.ticker, doc_date=hit.doc_date, tokens=count(passage),
         ))
     text = "\n\n".join(blocks)
     tokens = count(text) if text else 0
