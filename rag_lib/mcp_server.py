@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import Field
 from pydantic import ValidationError as PydanticValidationError
 
 from rag_lib.api import KnowledgeBase
-from rag_lib.config import Settings, get_settings
+from rag_lib.config import ServerSettings, Settings, get_settings
 from rag_lib.errors import ConfigError, DatabaseError, RagError
 from rag_lib.server import schemas as s
 from rag_lib.server import service
@@ -107,7 +108,19 @@ def _json_safe(value: Any) -> Any:
 class StrictMCPServer(MCPServer):
     """An argument a tool does not take is an error naming the ones it does: the SDK ignores it, so an
     agent passing `filters` to `rag_search` (which takes `ticker`, `date_from`…) got unfiltered
-    results as if they were filtered."""
+    results as if they were filtered. The tools' input schemas publish the limits settings.server
+    enforces (`schemas.bound_schema`), read from `limits()` when the tools are first listed."""
+
+    limits: Callable[[], ServerSettings | None] | None = None
+
+    async def list_tools(self) -> list[Any]:
+        if self.limits is not None:
+            server = await anyio.to_thread.run_sync(self.limits)
+            if server is not None:  # None: no knowledge base yet (bound at the next listing)
+                for tool in self._tool_manager.list_tools():
+                    s.bound_schema(tool.parameters, server)
+                self.limits = None
+        return await super().list_tools()
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
         schema = self._tool_input_schema(name)
@@ -128,9 +141,11 @@ class StrictMCPServer(MCPServer):
             raise
 
 
-def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False) -> MCPServer:
+def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False,
+               settings: Settings | None = None) -> MCPServer:
     """Build the MCP server. `kb_factory()` returns the (shared, long-lived) knowledge base; it is
-    called on the first tool call so the server answers `initialize` at once."""
+    called on the first tool call so the server answers `initialize` at once. The tools' schemas show
+    `settings`' limits (default: the knowledge base's, read when the tools are first listed)."""
     keyring = keys or KeyRing()
     lock = threading.Lock()
     holder: dict[str, KnowledgeBase] = {}
@@ -148,7 +163,17 @@ def create_mcp(kb_factory, keys: KeyRing | None = None, read_only: bool = False)
         if ctx.headers is not None:  # over HTTP: a read-only key may not write
             _call(keyring.authorize, key_from_headers(ctx.headers), Scope.WRITE)
 
+    def limits() -> ServerSettings | None:
+        if settings is not None:
+            return settings.server
+        try:
+            base = kb()
+        except ToolError:  # e.g. the database is down: listed unbounded now, bound at the next listing
+            return None
+        return base.settings.server if isinstance(base, KnowledgeBase) else None
+
     server = StrictMCPServer("rag-kb", instructions=INSTRUCTIONS, version="1.0.0", log_level="WARNING")
+    server.limits = limits
     readonly_hint = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     @server.tool(annotations=readonly_hint)
@@ -401,7 +426,7 @@ def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: st
         return base
 
     if transport == "stdio":
-        create_mcp(factory, keys, read_only).run("stdio")
+        create_mcp(factory, keys, read_only, settings).run("stdio")
         return
     if transport != "http":
         raise ValueError(f"unknown transport '{transport}'; use stdio or http")
@@ -411,7 +436,7 @@ def run_mcp(settings: Settings | None = None, transport: str = "stdio", host: st
     port = port if port is not None else settings.server.port
     check_bind(host, keys)
     kb = factory()  # load once, before the first session
-    server = create_mcp(lambda: kb, keys, read_only)
+    server = create_mcp(lambda: kb, keys, read_only, settings)
     # loopback mode: explicit DNS-rebinding protection with our loopback rule (the SDK's own default
     # covers only 127.0.0.1/localhost/::1, not e.g. 127.0.0.2)
     security = None if keys.enabled else HostPolicy.from_settings(settings, host, port).transport_security()

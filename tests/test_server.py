@@ -617,6 +617,54 @@ def test_compatibility_routes_are_tagged_in_openapi(client: TestClient):
     assert Settings().server.port == 8081
 
 
+def test_published_request_limits_are_the_settings_in_force(client: TestClient, api_settings: Settings, provider):
+    """The OpenAPI document and the MCP tools' input schemas advertise the limits settings.server
+    enforces (they advertised the schema's ceilings: top_k up to 1000 where 100 was refused), and a
+    value at the published limit is accepted, one above it refused."""
+    import anyio
+    from mcp import Client
+
+    from rag_lib.mcp_server import create_mcp
+
+    server = api_settings.server
+    server.max_top_k, server.max_query_chars, server.max_token_budget, server.max_text_chars = 7, 300, 900, 5000
+    spec = client.get("/openapi.json").json()["components"]["schemas"]
+
+    def bound(schema: dict, name: str, keyword: str) -> int:
+        field = schema["properties"][name]
+        return next(part[keyword] for part in [field, *field.get("anyOf", [])] if keyword in part)
+
+    expected = {("RetrieveRequest", "top_k", "maximum"): 7, ("SearchRequest", "top_k", "maximum"): 7,
+                ("SimilarRequest", "top_k", "maximum"): 7, ("RetrieveRequest", "query", "maxLength"): 300,
+                ("SearchRequest", "query", "maxLength"): 300, ("ContextRequest", "token_budget", "maximum"): 900,
+                ("HybridContextRequest", "token_budget", "maximum"): 900,
+                ("HybridContextRequest", "query", "maxLength"): 300, ("EmbedTextRequest", "text", "maxLength"): 5000}
+    assert {key: bound(spec[key[0]], key[1], key[2]) for key in expected} == expected
+    # the published limit is the one in force
+    assert client.post("/rag/retrieve", json={"query": "NVDA thesis", "top_k": 7}).status_code == 200
+    over = client.post("/rag/retrieve", json={"query": "NVDA thesis", "top_k": 8})
+    assert over.status_code == 422 and over.json()["error"]["message"] == "top_k must be at most 7, got 8"
+    assert client.post("/api/rag/search", json={"query": "q" * 301}).status_code == 422
+    hybrid = client.post("/api/rag/hybrid-context", json={"query": "NVDA risks", "token_budget": 901})
+    assert hybrid.status_code == 422 and hybrid.json()["error"]["message"] == "token_budget must be at most 900, got 901"
+    assert client.post("/api/rag/hybrid-context", json={"query": "q" * 301}).status_code == 422
+
+    kb = KnowledgeBase(api_settings, provider=provider)
+
+    async def tool_schemas() -> dict[str, dict]:
+        async with Client(create_mcp(lambda: kb)) as mcp_client:
+            return {t.name: t.input_schema for t in (await mcp_client.list_tools()).tools}
+    try:
+        tools = anyio.run(tool_schemas)
+    finally:
+        kb.close()
+    assert bound(tools["rag_search"], "top_k", "maximum") == bound(tools["rag_similar"], "top_k", "maximum") == 7
+    assert bound(tools["rag_search"], "query", "maxLength") == bound(tools["rag_hybrid_context"], "query", "maxLength") == 300
+    assert bound(tools["rag_context"], "token_budget", "maximum") == bound(tools["rag_hybrid_context"], "token_budget",
+                                                                           "maximum") == 900
+    assert bound(tools["rag_embed_text"], "text", "maxLength") == 5000
+
+
 def test_search_response_carries_the_plan(client: TestClient, api_settings: Settings, provider):
     """What the query was classified as, and which tickers it routed to, reach HTTP and MCP clients:
     the library's SearchResult carries it, and the response models once dropped it."""

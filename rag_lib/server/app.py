@@ -392,4 +392,12 @@ def create_app(settings: Settings | None = None, kb: KnowledgeBase | None = None
         return {"source_id": out["doc_id"], "chunks_deleted": out["chunks_deleted"], "status": "deleted"}
 
     app.include_router(graph_router(get_kb, read))  # knowledge graph: /api/rag/graph, /api/rag/hybrid-context
+
+    def openapi() -> dict[str, Any]:
+        """The generated document, its request limits those settings.server enforces (one source)."""
+        if app.openapi_schema is None:
+            s.bound_openapi(type(app).openapi(app), settings.server)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from rag_lib.api import KnowledgeBase
 from rag_lib.log import request_id_var
+from rag_lib.server import service
 from rag_lib.server.schemas import CollectionName, Request
 
 
@@ -62,9 +63,9 @@ def graph_router(get_kb: Callable[[], KnowledgeBase], read: list) -> APIRouter:
     @router.post("/api/rag/hybrid-context")
     def hybrid_context(body: HybridContextRequest, kb: KB) -> dict[str, Any]:
         """Passages with citations and knowledge-graph facts for a question, within a token budget."""
-        out = kb.hybrid_context(body.query, ticker=body.ticker, token_budget=body.token_budget,
-                                collection=body.collection, analysis_type=body.analysis_type,
-                                exclude_doc_id=body.exclude_doc_id)
+        out = service.hybrid_context(kb, body.query, ticker=body.ticker, token_budget=body.token_budget,
+                                     collection=body.collection, analysis_type=body.analysis_type,
+                                     exclude_doc_id=body.exclude_doc_id)
         return {**_safe(out.to_dict()), "request_id": request_id_var.get()}
 
     return router

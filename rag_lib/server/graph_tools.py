@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from rag_lib.server import service
 from rag_lib.server.graph_routes import _safe
 
 Collection = Annotated[str | None, Field(max_length=200, description="Collection name (default: the configured one).")]
@@ -35,8 +36,8 @@ def register_graph_tools(server, kb: Callable[[], Any], _call: Callable[..., Any
         (related tickers, then search across them); comparisons get one list per ticker; trend
         questions are time-ordered; learnings are always included. Seed 004's names are there too:
         vector_results (the hits used), graph_context and formatted (the markdown)."""
-        out = _call(kb().hybrid_context, query, ticker=ticker, token_budget=token_budget, collection=collection,
-                    analysis_type=analysis_type, exclude_doc_id=exclude_doc_id).to_dict()
+        out = _call(service.hybrid_context, kb(), query, ticker=ticker, token_budget=token_budget,
+                    collection=collection, analysis_type=analysis_type, exclude_doc_id=exclude_doc_id).to_dict()
         # seed 001's names for the same parts: context (markdown), citations, query_type, strategy
         out.update(context=out["markdown"], citations=out["hits"], query_type=out["kind"], strategy=out["route"])
         return _safe(out)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
+from rag_lib.config import ServerSettings
 from rag_lib.errors import LONE_SURROGATE
 from rag_lib.models import COLLECTION_PATTERN, SEARCH_HIT_DOCS, SEED_HIT_NAMES, FileOutcome, SearchHit, collection_problem
 from rag_lib.search.classify import QueryPlan
@@ -19,6 +20,13 @@ from rag_lib.search.context import Citation as ContextCitation
 # Hard ceilings of the schema; settings.server can only tighten them (checked in the routes).
 MAX_QUERY = 4000
 MAX_TEXT = 100_000
+# Request fields settings.server bounds (checked in `service` for every route and tool taking them),
+# with the JSON-schema keyword that publishes the bound: `bound_schema` makes the published schemas
+# (OpenAPI, MCP tool inputs) show the setting in force, not the ceiling above it.
+SETTING_BOUNDS: dict[str, tuple[str, str]] = {
+    "query": ("maxLength", "max_query_chars"), "top_k": ("maximum", "max_top_k"),
+    "token_budget": ("maximum", "max_token_budget"), "text": ("maxLength", "max_text_chars"),
+}
 MAX_NAME = 512
 Name = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 Mode = Literal["semantic", "lexical", "hybrid"]
@@ -42,6 +50,30 @@ CollectionName = typing.Annotated[str, Field(min_length=1, max_length=200, json_
     "pattern": COLLECTION_PATTERN}, description="Collection (default: settings.collection)."),
     AfterValidator(check_collection)]
 
+
+
+def bound_schema(schema: dict[str, Any], server: ServerSettings) -> None:
+    """Tighten, in place, the `SETTING_BOUNDS` fields of one request's JSON schema (a request body or
+    a tool's input) to what `server` accepts: the setting or the schema's ceiling, the lower."""
+    for name, (keyword, setting) in SETTING_BOUNDS.items():
+        field = schema.get("properties", {}).get(name)
+        if field is None:
+            continue
+        limit = getattr(server, setting)
+        for part in [field, *field.get("anyOf", [])]:  # `int | None` puts the bound in a branch
+            if part.get("type") == ("integer" if keyword == "maximum" else "string"):
+                part[keyword] = min(part.get(keyword, limit), limit)
+
+
+def bound_openapi(spec: dict[str, Any], server: ServerSettings) -> None:
+    """`bound_schema` on every JSON request body of an OpenAPI document."""
+    schemas = spec.get("components", {}).get("schemas", {})
+    for operations in spec.get("paths", {}).values():
+        for operation in operations.values():
+            body = (operation.get("requestBody") or {}).get("content", {}).get("application/json", {})
+            ref = body.get("schema", {}).get("$ref", "")
+            if ref.startswith("#/components/schemas/"):
+                bound_schema(schemas[ref.rsplit("/", 1)[1]], server)
 
 
 def invalid_value(value: Any) -> str | None:

@@ -164,6 +164,13 @@ def context(kb: KnowledgeBase, query: str, *, token_budget: int = 2000, mode: st
     return result.to_dict()
 
 
+def hybrid_context(kb: KnowledgeBase, query: str, *, token_budget: int = 4000, **kwargs: Any) -> Any:
+    """`KnowledgeBase.hybrid_context` within the server's query and token-budget limits."""
+    check_query(kb, query)
+    _limit(token_budget, kb.settings.server.max_token_budget, "token_budget")
+    return kb.hybrid_context(query, token_budget=token_budget, **kwargs)
+
+
 def similar(kb: KnowledgeBase, ref: str, *, top_k: int = 10, collection: str | None = None) -> dict[str, Any]:
     """Documents most similar to a stored unit / chunk / document."""
     _limit(top_k, kb.settings.server.max_top_k, "top_k")
