@@ -64,7 +64,8 @@ def _refuse_takeover(t: FileTarget, sources: dict[str, str | None]) -> None:
     relative path would otherwise overwrite each other's document on every run); a file that moved
     (the old one is known to be gone, `file_gone`) takes over, and one that cannot be checked (an
     unreadable folder, a link loop) does not."""
-    mine = {str(t.path), str(t.path.resolve())}  # the entry itself, or where its link leads (what loading records)
+    # the entry itself, or where its link leads (what loading records); realpath, as a link loop makes resolve() raise
+    mine = {str(t.path), os.path.realpath(t.path)}
     for path, source in sources.items():
         if source and source not in mine and not file_gone(source):
             raise DocumentConflictError(
@@ -377,7 +378,7 @@ class StageRunner:
             # A file whose recorded source is gone was moved with its folder: it is read from here now,
             # also when its bytes are unchanged (the conflict check below relies on the sources). Gone
             # as prune means it: a source that cannot be checked (an unreadable folder) is still there.
-            moves = {path: str(here[rel].path.resolve()) for (cc, rel), sources in claims.items() if cc == c
+            moves = {path: os.path.realpath(here[rel].path) for (cc, rel), sources in claims.items() if cc == c
                      for path, source in sources.items() if source and file_gone(source)}
             if moves:
                 self.store.move_document_sources(c, moves)
