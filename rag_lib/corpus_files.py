@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shlex
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,6 +147,15 @@ def file_gone(path: str | os.PathLike | None) -> bool:
     except OSError:
         return False
     return False
+
+
+def empty_folder_warning(folder: Path, collection: str, documents: int) -> str:
+    """The one line saying why the documents of a folder that lists no files at all are kept (prune,
+    the corpus sensor), and the command that deletes them on purpose."""
+    return (f"kept {documents} document(s) of {folder} (collection '{collection}'): the folder lists no files at "
+            f"all, as an unmounted disk or mount point leaves it; if its files were deleted on purpose, delete "
+            f"their documents with: rag ingest {shlex.quote(str(folder))} --collection {shlex.quote(collection)} "
+            "--prune-empty")
 
 
 def _inside(path: str, root: str) -> bool:
