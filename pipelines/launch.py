@@ -95,7 +95,7 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
             refused.append(skip)
     # forgetting a gone file needs the database only (the runner loads the model on first stage)
     sync = sync_partitions(instance.get_dynamic_partitions(CORPUS_FILES), pmap, files,
-                           lambda target: stage_runner(kb, force).forget(target))
+                           lambda target: stage_runner(kb, force).forget(target), holding=kb.store.documents_under)
     sync.apply(instance)
     targets = [pmap.target(k) for k in files if pmap.root_of(k).name in chosen]
     return targets, sync.ordered, sync.removed

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
 
-from rag_lib.corpus_files import Digests, ReadLimits, file_gone, path_refusal
+from rag_lib.corpus_files import Digests, ReadLimits, empty_folder_warning, file_gone, path_refusal
 from rag_lib.errors import RagError, ValidationError
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
@@ -150,17 +150,21 @@ class PartitionSync:
 
 def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[str],
                     forget: Callable[[FileTarget], list[str]] | None, log: logging.Logger | None = None,
-                    also_gone: Iterable[str] = ()) -> PartitionSync:
+                    also_gone: Iterable[str] = (), holding: Callable[[CorpusRoot], int] | None = None) -> PartitionSync:
     """Decide the partition changes for the files now on disk. A file gone from a present root
     loses its rows (`forget`) BEFORE its partition is deleted; if deleting rows fails, the
     partition stays for the next sync. A partition whose root was unregistered is dropped with
-    its rows kept. Nothing under a root whose folder is missing is touched. `forget` None: new
+    its rows kept. Nothing under a root whose folder is missing is touched, nor under one that
+    lists no files at all while it holds documents (`holding(root)`: how many; None counts as
+    some), with a warning: an unmounted disk leaves an empty folder. `forget` None: new
     files are added and nothing is removed (schedules: a schedule's "Test" in the UI evaluates it,
     and must change nothing; deletions are the corpus sensor's and `rag materialize`'s)."""
     log = log or logging.getLogger(__name__)
     on_disk = list(on_disk)
     disk, known = set(on_disk), set(existing)
     present = {r.name for r in pmap.present_roots()}
+    listing = {k.partition("/")[0] for k in disk}  # roots that list a file (a root's name needs no encoding)
+    emptied: dict[str, bool] = {}  # root name → it lists no files but holds documents: left alone
     sync = PartitionSync(add=[k for k in on_disk if k not in known])
     for key in (list(existing) + [k for k in also_gone if k not in known]) if forget is not None else []:
         if key in disk:
@@ -173,6 +177,11 @@ def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[s
             continue
         if root.name not in present:
             continue
+        if root.name not in listing:
+            if root.name not in emptied:
+                emptied[root.name] = _keeps_empty_root(root, holding, log)
+            if emptied[root.name]:
+                continue
         target = pmap.target(key)
         if not file_gone(target.path):  # listed as gone, but there: an unreadable folder, a link loop
             log.warning("%s is not listed under its root but its file is there (an unreadable folder or a link "
@@ -190,6 +199,18 @@ def sync_partitions(existing: list[str], pmap: PartitionMap, on_disk: Iterable[s
     dropped = set(sync.delete)
     sync.ordered = [k for k in existing if k not in dropped] + sync.add
     return sync
+
+
+def _keeps_empty_root(root: CorpusRoot, holding: Callable[[CorpusRoot], int] | None, log: logging.Logger) -> bool:
+    """Whether a root whose folder lists no files holds documents (then they are kept, with a
+    warning naming the command that deletes them on purpose)."""
+    documents = holding(root) if holding is not None else None
+    if documents == 0:
+        return False
+    log.warning("corpus root %s: %s", root.name, empty_folder_warning(
+        root.path, root.collection, documents) if documents is not None else
+        f"{root.path} lists no files at all; its documents are kept (an unmounted disk?)")
+    return True
 
 
 def plan_ranges(wanted: list[str], ordered: list[str], parallel: int = 1) -> list[tuple[str, str]]:

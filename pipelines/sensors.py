@@ -62,7 +62,8 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
             shrunk.add(target.collection)
         return removed
 
-    sync = sync_partitions(existing, pmap, files, forget, context.log, also_gone=result.deleted)
+    sync = sync_partitions(existing, pmap, files, forget, context.log, also_gone=result.deleted,
+                           holding=rag.kb().store.documents_under)
     for collection in sorted(shrunk):
         # Entity linking would otherwise keep linking questions to a deleted file's ticker until the
         # next knowledge_graph run. The rows are gone already, and the next tick would not find this

@@ -27,6 +27,7 @@ from rag_lib.models import (CorpusRoot, IngestReport, ParsedFile, SearchFilters,
 from rag_lib.ingest.stages import Engine
 from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
+from rag_lib.store.roots import refuse_nested_root
 
 log = get_logger(__name__)
 
@@ -227,9 +228,11 @@ class KnowledgeBase:
         progress: ProgressFn | None = None,
         parsed: Mapping[str, ParsedFile] | None = None,
         max_request_chunks: int | None = None,
+        prune_empty: bool = False,
     ) -> IngestReport:
         """Ingest files/folders incrementally; see `rag_lib.ingest` (`parsed`: files the caller
-        loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits).
+        loaded and flattened already; `max_request_chunks`: refuse, not skip, over the chunk limits;
+        `prune_empty`: prune also a folder that lists no files at all, which `prune` leaves).
         The roots ingested are registered (see `register_ingested_roots`), so the Dagster code
         location watches them."""
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]  # one path is a list of one
@@ -237,19 +240,27 @@ class KnowledgeBase:
         if root is None:
             root = self._registered_root_of(paths, name)
         elif Path(root).is_dir():  # a --root inside or holding a root of the collection: its files again, other paths
-            _refuse_nested_root(Path(root).expanduser().resolve(), name, self._roots_of(name))
+            refuse_nested_root(Path(root).expanduser().resolve(), name, self._roots_of(name))
+        # Claimed before anything is written: the nested-root check and the registration are one step
+        # under the registry's lock, so an ingest of a folder inside (or holding) a root another ingest
+        # is registering meanwhile is refused, not published a second time under other paths.
+        claimed = self.register_ingested_roots(paths, name, root, new_only=True)
         self.engine.embedder.begin_run("ingest")  # one accounting run per ingest (cache hits, tokens, cost)
         with self.recording_metrics():
-            report = run_ingest(
-                self.engine, paths, name,
-                prune=prune, force=force, root=Path(root) if root else None, progress=progress,
-                parsed=parsed, max_request_chunks=max_request_chunks,
-            )
+            try:
+                report = run_ingest(
+                    self.engine, paths, name,
+                    prune=prune, force=force, root=Path(root) if root else None, progress=progress,
+                    parsed=parsed, max_request_chunks=max_request_chunks, prune_empty=prune_empty,
+                )
+            except BaseException:
+                self._release_roots(claimed)  # a refused or failed ingest registers nothing, as before
+                raise
             changed = bool(report.count("new") or report.count("changed") or report.pruned)
             if changed:
                 self.search_caches.clear()
             report.profiles = self.rebuild_profiles(report.collection, changed=changed) or {}
-        self.register_ingested_roots(paths, name, root)
+        self.register_ingested_roots(paths, name, root)  # again (idempotent): a failed ingest beside may have released it
         return report
 
     def rebuild_profiles(self, collection: str | None = None, *, changed: bool = True) -> dict[str, Any] | None:
@@ -363,11 +374,10 @@ class KnowledgeBase:
         for configured in self.settings.pipeline.roots:
             path = Path(configured.path).expanduser().resolve()
             try:  # the rules of `rag roots add`; a settings file is read by every process, so a warning
-                _refuse_nested_root(path, configured.collection, self._roots_of(configured.collection))
+                refuse_nested_root(path, configured.collection, self._roots_of(configured.collection))
+                self.store.register_root(path, configured.collection, source="config")
             except ValidationError as exc:
                 _warn_once(f"pipeline.roots entry {path} is not registered: {exc}")
-                continue
-            self.store.register_root(path, configured.collection, source="config")
         return self.store.list_roots()
 
     def registered_roots(self) -> list[CorpusRoot]:
@@ -385,7 +395,7 @@ class KnowledgeBase:
             raise ValidationError(f"{path}: inside the HTTP API's upload folder {self.upload_folder()}, "
                                   "which is not a corpus root")
         name = self._collection(collection)
-        _refuse_nested_root(resolved, name, self._roots_of(name))
+        refuse_nested_root(resolved, name, self._roots_of(name))
         return self.store.register_root(resolved, name, source=source)
 
     def _registered_root_of(self, paths: list[Path], collection: str) -> Path | None:
@@ -398,7 +408,7 @@ class KnowledgeBase:
             return None
         spelled = [Path(os.path.abspath(p)) for p in paths]
         for folder in (p.resolve() for p in spelled if p.is_dir()):
-            _refuse_nested_root(folder, collection, roots, allow_inside=True)
+            refuse_nested_root(folder, collection, roots, allow_inside=True)
         holders = {r for r in roots for p in spelled if p.resolve().is_relative_to(r) or p.is_relative_to(r)}
         covering = [r for r in holders if all(p.resolve().is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
         return max(covering, key=lambda r: len(r.parts)) if covering else None
@@ -423,18 +433,36 @@ class KnowledgeBase:
         return removed
 
     def register_ingested_roots(self, paths: Iterable[str | Path], collection: str,
-                                root: str | Path | None = None) -> list[CorpusRoot]:
+                                root: str | Path | None = None, new_only: bool = False) -> list[CorpusRoot]:
         """Register what an ingest read: `root` if given, else every directory argument (a directory
         is its own root). A single file without `root` registers nothing (its folder was not named
-        as a corpus), and nothing under the upload folder is registered (uploads belong to the API)."""
+        as a corpus), and nothing under the upload folder is registered (uploads belong to the API).
+        A folder inside or holding another root of the collection is refused (`ValidationError`).
+        Returns the roots registered (`new_only`: only those not registered before)."""
         candidates = [Path(root)] if root else [Path(p) for p in paths if Path(p).is_dir()]
         uploads = self.upload_folder()
-        registered = []
-        for candidate in candidates:
-            resolved = candidate.expanduser().resolve()
-            if resolved.is_dir() and not resolved.is_relative_to(uploads):
-                registered.append(self.store.register_root(resolved, collection, source="ingest"))
+        registered: list[CorpusRoot] = []
+        try:
+            for candidate in candidates:
+                resolved = candidate.expanduser().resolve()
+                if resolved.is_dir() and not resolved.is_relative_to(uploads):
+                    entry, new = self.store.claim_root(resolved, collection, source="ingest")
+                    if new or not new_only:
+                        registered.append(entry)
+        except ValidationError:
+            self._release_roots([r for r in registered if new_only])  # all or none of an ingest's roots
+            raise
         return registered
+
+    def _release_roots(self, roots: list[CorpusRoot]) -> None:
+        """Unregister roots an ingest claimed and did not ingest (it failed); a failure here is logged,
+        not raised over the ingest's own error."""
+        for r in roots:
+            try:
+                self.store.unregister_root(r.path, r.collection)
+            except Exception as exc:  # noqa: BLE001 - the ingest's error is the one to raise
+                log.warning("could not unregister corpus root %s after a failed ingest (`rag roots remove %s`): %s",
+                            r.path, r.path, exc)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -960,25 +988,6 @@ class KnowledgeBase:
         if name not in checks:
             raise ValidationError(f"unknown quality check '{name}'; use one of {', '.join(checks)}")
         return checks[name]()
-
-
-def _refuse_nested_root(folder: Path, collection: str, roots: list[Path], allow_inside: bool = False) -> None:
-    """A `ValidationError` when `folder` lies inside another of `roots` (the collection's; unless
-    `allow_inside`) or holds one: each file would be a document twice, under two paths."""
-    for root in roots:
-        if root == folder:
-            continue
-        if folder.is_relative_to(root) and not allow_inside:
-            raise ValidationError(
-                f"{folder} is inside {root}, a corpus root of collection '{collection}': its files are "
-                f"documents there already (as '{folder.relative_to(root).as_posix()}/…'); a root of its own "
-                "would add each one again under another path. Use that root, or another collection")
-        if root.is_relative_to(folder):
-            raise ValidationError(
-                f"{folder} holds {root}, a corpus root of collection '{collection}': its files are documents "
-                f"of that root already; as a root of its own it would add each one again under a longer path. "
-                f"Remove that root first (`rag roots remove {root}`, then delete its documents), or use "
-                "another collection")
 
 
 _WARNED: set[str] = set()

@@ -4,8 +4,8 @@ Every caller (`rag ingest`, the library, the Dagster sensor, `rag materialize`, 
 re-embed runs, `rag validate`, graph extraction) goes through here, so one rule holds everywhere:
 
 - a file is read only if, after following links, it is a regular file inside its (resolved) root:
-  a link out of the root (`outside_root`) or to a FIFO, device or socket (`not_regular_file`) is
-  refused without being opened for reading. The check is repeated on the opened descriptor
+  a link out of the root (`outside_root`), to a FIFO, device or socket (`not_regular_file`) or
+  back to itself (`link_loop`) is refused without being opened for reading. The check is repeated on the opened descriptor
   (`O_NONBLOCK`, so opening a FIFO never waits for a writer; `fstat`), so a file swapped for a
   link or a pipe after the walk is refused too;
 - the size comes from `fstat` before any byte is read, and a read never takes more than its limit
@@ -18,8 +18,10 @@ re-embed runs, `rag validate`, graph extraction) goes through here, so one rule 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shlex
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,8 +98,8 @@ def walk(root: Path) -> list[WalkEntry]:
     """Every non-directory entry under `root`, sorted by path (VCS/cache folders ignored, links to
     folders not followed, unreadable folders left out: what `os.walk` lists). Entries are listed,
     not opened: reading them goes through `read_file` or `file_digest`, which refuse what is not a
-    regular file inside the root, and whoever keys them checks `check_rel_path`. A dangling link is
-    as good as gone and is left out. Paths under the root are built as they are found (the corpus
+    regular file inside the root (a link loop: `link_loop`), and whoever keys them checks
+    `check_rel_path`. A dangling link is as good as gone and is left out. Paths under the root are built as they are found (the corpus
     sensor walks every root every tick: `os.walk` and `relpath` took half of an idle tick)."""
     entries: list[WalkEntry] = []
     folders = [("", os.fspath(root))]  # (path under the root with its trailing "/", path)
@@ -119,8 +121,13 @@ def walk(root: Path) -> list[WalkEntry]:
                     continue
                 try:
                     st = os.stat(entry.path)
-                except OSError:
-                    continue  # a dangling link, or gone between listing and stat: the next scan sees it
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        continue  # a dangling link, or gone between listing and stat: the next scan sees it
+                    try:  # a link loop is listed (the link's own stat), so reading it records why it is skipped
+                        st = os.lstat(entry.path)
+                    except OSError:
+                        continue
                 entries.append(WalkEntry(root, prefix + entry.name, st))
     entries.sort(key=lambda e: e.rel)
     return entries
@@ -140,6 +147,15 @@ def file_gone(path: str | os.PathLike | None) -> bool:
     except OSError:
         return False
     return False
+
+
+def empty_folder_warning(folder: Path, collection: str, documents: int) -> str:
+    """The one line saying why the documents of a folder that lists no files at all are kept (prune,
+    the corpus sensor), and the command that deletes them on purpose."""
+    return (f"kept {documents} document(s) of {folder} (collection '{collection}'): the folder lists no files at "
+            f"all, as an unmounted disk or mount point leaves it; if its files were deleted on purpose, delete "
+            f"their documents with: rag ingest {shlex.quote(str(folder))} --collection {shlex.quote(collection)} "
+            "--prune-empty")
 
 
 def _inside(path: str, root: str) -> bool:
@@ -180,7 +196,12 @@ def _open(path: Path, root: Path | None, folders: dict[str, str] | None = None) 
                                            else _real_folder(os.fspath(root), folders))
     if real_root is not None and not _inside(real, real_root):
         raise _outside_root()
-    st = os.stat(real)
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_loop(path) from None
+        raise
     if not stat.S_ISREG(st.st_mode):
         raise FileRefused("not_regular_file", _not_regular(st.st_mode))
     # O_NOFOLLOW: `real` has no links left, so a link here was swapped in after the check above.
@@ -204,6 +225,15 @@ def _open(path: Path, root: Path | None, folders: dict[str, str] | None = None) 
 def _outside_root() -> FileRefused:
     return FileRefused("outside_root", "a link to a file outside the corpus root (only files inside the root "
                        "are read); copy the file into the root instead")
+
+
+def _link_loop(path: Path) -> FileRefused:
+    try:
+        target = f" → {os.readlink(path)}"
+    except OSError:
+        target = ""
+    return FileRefused("link_loop", f"a symbolic link ({Path(path).name}{target}) that leads back to itself (a link "
+                       "loop), so it names no file; point it at a file, or remove it")
 
 
 def _not_regular(mode: int) -> str:

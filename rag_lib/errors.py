@@ -87,6 +87,12 @@ class DocumentConflictError(RagError):
     code = "document_conflict"
 
 
+class ReembedRunningError(RagError):
+    """A re-embed into a space that another process is re-embedding into right now."""
+
+    code = "reembed_running"
+
+
 class AmbiguousReferenceError(RagError):
     """A document id that several documents of a collection carry: a lookup or delete by that id
     would pick one at random (or delete them all); the caller must name the document by its path."""

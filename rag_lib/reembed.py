@@ -21,7 +21,7 @@ import numpy as np
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
 from rag_lib.ingest.stages import Embedder
-from rag_lib.errors import EmbeddingError, NotFoundError, ValidationError
+from rag_lib.errors import EmbeddingError, NotFoundError, ReembedRunningError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.store import Store
 
@@ -157,7 +157,17 @@ class Reembedder:
                     f"(tolerance {tolerance})")
 
     def run(self, switch: bool = True, skip_quality: bool = False) -> ReembedReport:
-        """Fill, check, index and (when `switch`) make the space active; idempotent and resumable."""
+        """Fill, check, index and (when `switch`) make the space active; idempotent and resumable.
+        `ReembedRunningError` when another process is re-embedding into the same space."""
+        with self.store.reembed_lock(self.space) as mine:
+            if not mine:  # it would pay the provider for the same chunks and race it to the index and switch
+                raise ReembedRunningError(
+                    f"a re-embed to {self.space} is already running in another process; wait for it to finish "
+                    f"(`rag reembed --status` shows its coverage), then run `rag reembed --to {self.space}` "
+                    "again if it did not switch")
+            return self._run(switch, skip_quality)
+
+    def _run(self, switch: bool, skip_quality: bool) -> ReembedReport:
         started = time.perf_counter()
         active = self.store.active_space()
         report = ReembedReport(self.space, active["space"] if active else None, self.run_id)

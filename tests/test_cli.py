@@ -239,3 +239,42 @@ def test_a_mistyped_document_path_is_answered_with_the_closest_ones(rag, corpus_
     assert code == 1 and f"(did you mean {path}?)" in err
     code, _, err = rag("show", "nothing-like-it.md")
     assert code == 1 and "did you mean" not in err
+
+
+def test_prune_keeps_a_folder_that_lists_no_files_until_told_with_the_command_it_names(rag, tmp_path):
+    """An unmounted mount point is an empty folder: `rag ingest --prune` used to delete all of its
+    documents. It keeps them and names, in one warning line, the command that deletes them on purpose."""
+    import logging
+    import shlex
+
+    root = tmp_path / "mnt"
+    (root / "sub").mkdir(parents=True)
+    for rel in ("a.md", "b.md", "sub/c.md"):
+        (root / rel).write_text(f"# {rel}\n\n## Body\n\nThe desk's note {rel} on copper.\n")
+    assert rag("ingest", str(root))[0] == 0
+    (root / "b.md").unlink()  # some files deleted: pruned as before
+    code, out, _ = rag("ingest", str(root), "--prune", "--json")
+    assert code == 0 and json.loads(out)["pruned"] == ["b.md"]
+
+    for rel in ("a.md", "sub/c.md"):  # the mount point, unmounted: an empty folder
+        (root / rel).unlink()
+    (root / "sub").rmdir()
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("rag_lib.ingest.run").addHandler(handler)
+    try:
+        code, out, _ = rag("ingest", str(root), "--prune", "--json")
+    finally:
+        logging.getLogger("rag_lib.ingest.run").removeHandler(handler)
+    assert code == 0 and json.loads(out)["pruned"] == []
+    (line,) = [w for w in warnings if "lists no files" in w]
+    assert line.startswith(f"kept 2 document(s) of {root} (collection 'default'): the folder lists no files at all")
+    assert "unmounted disk" in line
+    code, out, _ = rag("show", "a.md", "--json")
+    assert code == 0
+
+    command = shlex.split(line.split("delete their documents with: ")[1])
+    assert command == ["rag", "ingest", str(root), "--collection", "default", "--prune-empty"]
+    code, out, _ = rag(*command[1:], "--json")
+    assert code == 0 and sorted(json.loads(out)["pruned"]) == ["a.md", "sub/c.md"]

@@ -261,3 +261,31 @@ def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
         assert out.exit_code == 2
     finally:
         STATE["kb"] = None
+
+
+def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb, stub):
+    """Two `rag reembed --to X` at once: the second raced the first to the index (a raw
+    DuplicateTable) or to the switch; it is refused up front in one line, the first one finishes."""
+    from rag_lib.errors import ReembedRunningError
+
+    filling, refused = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def progress(done: int, total: int) -> None:  # the first re-embed, paused while it fills
+        filling.set()
+        refused.wait(60)
+
+    def first() -> None:
+        outcome["first"] = rm.reembed(rkb.settings, rkb.store, NEW, progress=progress)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    try:
+        assert filling.wait(60)
+        with pytest.raises(ReembedRunningError, match=f"a re-embed to {NEW} is already running in another process"):
+            rm.reembed(rkb.settings, rkb.store, NEW)
+    finally:
+        refused.set()
+        worker.join(60)
+    assert outcome["first"].switched
+    assert rkb.store.active_space()["space"] == NEW

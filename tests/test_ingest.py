@@ -208,6 +208,23 @@ def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(k
     assert "copper" in kb.search("metals supply", collection="desk").hits[0].text
 
 
+
+def test_a_source_that_cannot_be_checked_is_not_taken_over(kb, tmp_path):
+    """A document's source under a folder that cannot be looked into (here a link loop: stat fails
+    with ELOOP, as an unreadable folder fails with EACCES) is not gone: another root's file with the
+    same path used to rewrite the source and take the document over."""
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.md").write_text(f"# Notes\n\n## Metals\n\nThe desk watches {metal} supply.\n")
+    kb.ingest([first], collection="desk")
+    first.rename(tmp_path / "desk_a.away")
+    first.symlink_to(first.name)  # desk_a → desk_a: desk_a/notes.md cannot be checked
+    (outcome,) = kb.ingest([second], collection="desk").outcomes
+    assert (outcome.status, outcome.reason) == ("failed", "document_conflict")
+    assert kb.show("notes.md", "desk")["source_path"] == str(first / "notes.md")
+    assert "lithium" in kb.search("metals supply", collection="desk").hits[0].text
+
 def test_one_path_from_two_folders_moved_folders_and_missing_roots(kb, tmp_path):
     def note(folder, name, text):
         folder.mkdir(parents=True, exist_ok=True)

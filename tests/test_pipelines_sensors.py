@@ -123,6 +123,36 @@ def test_a_file_the_scan_missed_but_is_there_keeps_its_documents(tmp_path, monke
     assert forgotten == ["c.md"] and sync.removed == [keys["c.md"]] and sync.delete == [keys["c.md"]]
 
 
+def test_a_root_that_lists_no_files_keeps_its_documents_until_they_are_deleted_on_purpose(tmp_path, caplog):
+    """An unmounted mount point is an empty folder: the sensor and `rag materialize` used to delete
+    every document of such a root. A root that lists some of its files loses the others as before."""
+    import logging
+
+    empty, partial = tmp_path / "mnt", tmp_path / "desk"
+    empty.mkdir()
+    partial.mkdir()
+    (partial / "a.md").write_text("# Note\n")
+    pmap = PartitionMap([CorpusRoot(empty, "default", "mnt"), CorpusRoot(partial, "default", "desk")])
+    gone = [pmap.key(pmap.roots[0], rel) for rel in ("x.md", "y.md")] + [pmap.key(pmap.roots[1], "b.md")]
+    kept = pmap.key(pmap.roots[1], "a.md")
+    for documents, forgotten_expected in ((2, ["b.md"]), (0, ["x.md", "y.md", "b.md"])):
+        forgotten: list[str] = []
+        with caplog.at_level(logging.WARNING):
+            caplog.clear()
+            sync = sync_partitions([*gone, kept], pmap, [kept], lambda t: forgotten.append(t.rel) or ["doc"],
+                                   logging.getLogger("test"), holding=lambda root: documents if root.name == "mnt" else 1)
+        assert forgotten == forgotten_expected
+        assert sync.delete == [key for key, rel in zip(gone, ("x.md", "y.md", "b.md")) if rel in forgotten_expected]
+        warned = [r.getMessage() for r in caplog.records if "lists no files" in r.getMessage()]
+        if documents:  # one line: the root, how many documents are kept, why, and the command
+            assert warned == [f"corpus root mnt: kept 2 document(s) of {empty} (collection 'default'): the folder "
+                              "lists no files at all, as an unmounted disk or mount point leaves it; if its files "
+                              f"were deleted on purpose, delete their documents with: rag ingest {empty} "
+                              "--collection default --prune-empty"]
+        else:  # nothing left to keep (deleted on purpose): the partitions go
+            assert warned == []
+
+
 @pytest.mark.slow
 def test_sensor_new_changed_deleted(env):
     root, rag, kb, instance = env
@@ -213,6 +243,23 @@ def test_a_missing_root_is_said_and_keeps_its_documents_and_partitions(env):
     assert f"missing root(s): {root}" in after.skip_reason.skip_message
     assert sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
     assert kb.show(RELS[0])["chunk_count"] > 0
+
+
+@pytest.mark.slow
+def test_an_emptied_root_keeps_its_documents_until_pruned_on_purpose(env):
+    root, rag, kb, instance = env
+    first = sensor_tick(instance, rag, None)
+    assert launch(instance, rag, first.run_requests[0]).success
+    shutil.rmtree(root)
+    root.mkdir()  # an unmounted mount point: the folder is there, empty
+    after = sensor_tick(instance, rag, first.cursor)
+    assert not after.dynamic_partitions_requests
+    assert sorted(instance.get_dynamic_partitions(CORPUS_FILES)) == sorted(FILES)
+    assert kb.show(RELS[0])["chunk_count"] > 0
+    assert sorted(kb.ingest([root], prune_empty=True).pruned) == sorted(RELS)  # the command the warning names
+    last = sensor_tick(instance, rag, after.cursor)
+    (delete,) = last.dynamic_partitions_requests
+    assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
 
 
 def test_unregistered_root_drops_partitions_keeps_documents(env):

@@ -104,3 +104,36 @@ def test_cli_roots_list_add_remove(rag, corpus_copy, tmp_path):
     assert json.loads(out) == []
     code, _, err = rag("roots", "remove", str(root))
     assert code == 1 and "not a registered corpus root" in err
+
+
+def test_a_root_registered_by_another_ingest_after_the_check_refuses_its_subfolder(kb, tmp_path, monkeypatch):
+    """Two ingests at once, one of a folder and one of its subfolder: both passed the nested-root
+    check before either registered, and the subfolder's files became documents a second time under
+    shorter paths. The check is part of the registration now, under the registry's lock."""
+    desk = tmp_path / "desk"
+    (desk / "sub").mkdir(parents=True)
+    (desk / "sub" / "x.md").write_text("# X\n\n## Body\n\nThe desk's note on copper.\n")
+    checked = kb._registered_root_of
+
+    def first_commits_meanwhile(paths, collection):  # the other ingest registers desk after this check
+        found = checked(paths, collection)
+        kb.store.register_root(desk.resolve(), collection)
+        return found
+
+    monkeypatch.setattr(kb, "_registered_root_of", first_commits_meanwhile)
+    with pytest.raises(ValidationError, match=r"sub is inside .*desk, a corpus root of collection 'default'"):
+        kb.ingest([desk / "sub"])
+    assert kb.list_documents() == []  # refused before anything was written
+    assert [r.path for r in kb.roots()] == [desk.resolve()]
+    # the store refuses it however it is asked, and a failed ingest leaves no root it claimed
+    with pytest.raises(ValidationError, match="inside"):
+        kb.store.register_root((desk / "sub").resolve(), "default")
+    monkeypatch.undo()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.md").write_text("# A\n")
+    with pytest.raises(ValidationError, match="not an existing directory"):
+        kb.ingest([other], root=tmp_path / "nowhere")
+    with pytest.raises(ValidationError, match="no such file"):
+        kb.ingest([other, tmp_path / "missing.md"])
+    assert [r.path for r in kb.roots()] == [desk.resolve()]

@@ -73,6 +73,8 @@ def ingest(
                                               "DIR`; same as giving it as an argument). Repeatable."),
     collection: Optional[str] = CollectionOpt,
     prune: bool = typer.Option(False, "--prune", help="Delete documents whose files are gone (under the folders or of the files named)."),
+    prune_empty: bool = typer.Option(False, "--prune-empty", help="--prune, and also under a root that lists no files "
+                                     "at all (--prune keeps those documents: an unmounted disk leaves an empty folder)."),
     force: bool = typer.Option(False, "--force", help="Re-chunk and re-publish unchanged files too."),
     root: Optional[Path] = typer.Option(None, "--root", help="Corpus root for file arguments (unit ids are relative to it)."),
     as_json: bool = JsonOpt,
@@ -91,7 +93,7 @@ def ingest(
     ) as bar:
         task = bar.add_task("", total=None)
         report = base.ingest(
-            paths, collection, prune=prune, force=force, root=root,
+            paths, collection, prune=prune, force=force, root=root, prune_empty=prune_empty,
             progress=lambda name, done, total: bar.update(
                 task, completed=done, total=total, description=Path(name).name[:40]),
         )

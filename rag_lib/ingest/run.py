@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rag_lib.corpus_files import file_gone, path_refusal
+from rag_lib.corpus_files import empty_folder_warning, file_gone, path_refusal
 from rag_lib.documents import file_of, iter_corpus_files
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.overlap import overlapped
@@ -116,6 +116,7 @@ def ingest(
     progress: ProgressFn | None = None,
     parsed: Mapping[str, ParsedFile] | None = None,
     max_request_chunks: int | None = None,
+    prune_empty: bool = False,
 ) -> IngestReport:
     """Bring the collection in step with the files under `paths`; see module docstring. The files
     go through the per-file stage runner (`rag_lib.ingest.state`), the one the Dagster assets run,
@@ -126,14 +127,18 @@ def ingest(
     sandbox), not parsed again. `max_request_chunks` (a server request): every document is prepared
     before any is embedded, and a document over `limits.max_chunks_per_document` or all of them over
     this number raise `LimitExceededError` with nothing embedded or written; without it, a document
-    over the per-document limit is skipped with its reason and the others go on."""
+    over the per-document limit is skipped with its reason and the others go on.
+
+    `prune` leaves the documents of a root that lists no files at all (an unmounted disk leaves an
+    empty folder) and warns; `prune_empty` deletes them too."""
     started = time.perf_counter()
     forget_corpus_indexes()  # files added since the last run name tickers and link targets for this one
     store = engine.store
     engine.publisher.ensure_space()
     report = IngestReport(collection=collection)
     paths = list(paths)
-    files, refused = _keyable(source_files(paths, collection, root))
+    listed = source_files(paths, collection, root)
+    files, refused = _keyable(listed)
     _refuse_one_path_twice(files, collection)
     for skip in refused:  # recorded as the Dagster partition sync records them; no stage row can hold the path
         store.record_skip(skip)
@@ -167,23 +172,42 @@ def ingest(
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
         engine.publisher.ensure_index()
-    if prune:
-        report.pruned = _prune(store, collection, seen, [PruneScope.of(p, root) for p in paths], {s.rel for s in files})
+    if prune or prune_empty:
+        scopes = [PruneScope.of(p, root) for p in paths]
+        empty = [] if prune_empty else _listing_nothing(scopes, [s.path for s in listed])
+        report.pruned = _prune(store, collection, seen, scopes, {s.rel for s in files}, empty)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str]) -> list[str]:
+def _listing_nothing(scopes: list[PruneScope], listed: list[Path]) -> list[PruneScope]:
+    """The roots (folder arguments that are their own root) under which this ingest listed no file
+    at all. A subfolder emptied of its files is pruned as usual: its root lists others."""
+    return [s for s in scopes if s.folder and not s.rel and not any(p.is_relative_to(s.place) for p in listed)]
+
+
+def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str],
+           empty: list[PruneScope]) -> list[str]:
     """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
     the stage rows of such files (a file put back later starts afresh); returns the paths deleted.
     A document whose file this ingest did not list is deleted only when the file is known to be gone
     (`file_gone`): not when it sits in a folder the walk could not read, nor when another process
-    wrote it after this ingest listed its folder."""
+    wrote it after this ingest listed its folder. Nothing is deleted under the `empty` scopes (roots
+    that list no file at all): a warning names each one that holds documents."""
     sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
     # a registered root whose folder is missing (an unmounted disk) has not lost its files
     away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
+    listing = [s for s in scopes if s not in empty]
     unseen = {p: src for p, src in sources.items() if p not in seen and any(s.covers(p, src) for s in scopes)
               and not (src and any(Path(src).is_relative_to(a) for a in away))}
+    held: set[str] = set()
+    for scope in empty:  # an empty listing of a folder that holds documents is not their deletion
+        # its documents: read from under it, or within no folder argument that listed files
+        if mine := {p for p, src in unseen.items() if scope.covers(p, src) and (
+                (src and Path(src).is_relative_to(scope.place)) or not any(s.covers(p, src) for s in listing))}:
+            log.warning("%s", empty_folder_warning(scope.place, collection, len(mine)))
+            held |= mine
+    unseen = {p: src for p, src in unseen.items() if p not in held}
     gone = sorted(p for p, src in unseen.items() if file_of(p) in on_disk or file_gone(src))
     if unlisted := sorted(set(unseen) - set(gone)):
         log.warning("prune kept %d document(s) whose file this ingest could not list but that is not gone "
@@ -192,7 +216,7 @@ def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_
         store.delete_document(collection, path)
     kept_files = {file_of(p) for p in set(sources) - set(gone)}
     for (c, rel) in store.stage_index(RAW):
-        if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in scopes):
+        if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in listing):
             store.forget_file(c, rel, [])
     return gone
 

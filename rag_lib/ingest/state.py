@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rag_lib.config import Settings
+from rag_lib.corpus_files import file_gone
 from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, TooManyChunksError
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
@@ -61,10 +62,12 @@ def _refuse_takeover(t: FileTarget, sources: dict[str, str | None]) -> None:
     """Raise `DocumentConflictError` when a document of this file (`sources`: its documents' source
     files) was read from another file that still exists (two roots of one collection with the same
     relative path would otherwise overwrite each other's document on every run); a file that moved
-    (the old one is gone) takes over."""
-    mine = {str(t.path), str(t.path.resolve())}  # the entry itself, or where its link leads (what loading records)
+    (the old one is known to be gone, `file_gone`) takes over, and one that cannot be checked (an
+    unreadable folder, a link loop) does not."""
+    # the entry itself, or where its link leads (what loading records); realpath, as a link loop makes resolve() raise
+    mine = {str(t.path), os.path.realpath(t.path)}
     for path, source in sources.items():
-        if source and source not in mine and os.path.exists(source):
+        if source and source not in mine and not file_gone(source):
             raise DocumentConflictError(
                 f"document '{path}' of collection '{t.collection}' was read from {source}, which still exists; "
                 f"{t.path} has the same path under its root {t.root}. Ingest one of them into another "
@@ -373,9 +376,10 @@ class StageRunner:
             for path, source in self.store.document_sources_of(c, list(here)).items():
                 claims.setdefault((c, file_of(path)), {})[path] = source
             # A file whose recorded source is gone was moved with its folder: it is read from here now,
-            # also when its bytes are unchanged (the conflict check below relies on the sources).
-            moves = {path: str(here[rel].path.resolve()) for (cc, rel), sources in claims.items() if cc == c
-                     for path, source in sources.items() if source and not os.path.exists(source)}
+            # also when its bytes are unchanged (the conflict check below relies on the sources). Gone
+            # as prune means it: a source that cannot be checked (an unreadable folder) is still there.
+            moves = {path: os.path.realpath(here[rel].path) for (cc, rel), sources in claims.items() if cc == c
+                     for path, source in sources.items() if source and file_gone(source)}
             if moves:
                 self.store.move_document_sources(c, moves)
                 for path, source in moves.items():

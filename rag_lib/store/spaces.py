@@ -3,7 +3,8 @@ coverage checks, the one-transaction switch, rollback and dropping retired space
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,16 @@ class SpaceStore:
 
     def get_space(self, space: str) -> dict[str, Any] | None:
         return next((s for s in self.list_spaces() if s["space"] == space), None)
+
+    @contextmanager
+    def reembed_lock(self, space: str) -> Iterator[bool]:
+        """Hold the lock of a re-embed into `space` for the block; yields False (and holds nothing)
+        when another process holds it. A transaction-level advisory lock on a connection of its own
+        for the block: nothing is held on the session, which PgBouncer's transaction pooling would
+        hand to another client, and a process that dies releases it with its connection."""
+        with self.db.connection() as conn, conn.transaction():
+            yield conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+                               (f"reembed\x1f{space}",)).fetchone()[0]
 
     def begin_building(self, space: str, model: str, dimensions: int, provider: str) -> str:
         """Register `space` as 'building' (a retired space is reused: its vectors still count).

@@ -43,6 +43,7 @@ EXPECTED = {
     "environ.md": "outside_root",
     "notes/link_out.md": "outside_root",
     "inner_pipe.md": "not_regular_file",  # a link inside the root to the FIFO
+    "loop.md": "link_loop",  # a link to itself: it was left out of the listing, unreported
 }
 GIB = 1024 ** 3
 BIN = Path(sys.executable).parent
@@ -61,6 +62,7 @@ def make_root(tmp_path: Path) -> Path:
     os.symlink("/proc/self/environ", root / "environ.md")
     os.mkfifo(root / "pipe.md")
     os.symlink("pipe.md", root / "inner_pipe.md")
+    os.symlink("loop.md", root / "loop.md")
     (root / LONG_REL).parent.mkdir(parents=True)
     (root / LONG_REL).write_text("# Long\n\n## Body\n\nA note at a very long path.\n")
     assert len(LONG_REL) == 2899
@@ -126,6 +128,8 @@ def test_library_ingest_skips_special_files_and_links_out_of_the_root(kb, tmp_pa
     report = kb.ingest([root])
     assert report.count("failed") == 0, report.to_dict()
     assert_skips({o.path: {"status": o.status, "reason": o.reason} for o in report.outcomes})
+    (loop,) = [o for o in report.outcomes if o.path == "loop.md"]
+    assert "(loop.md → loop.md) that leads back to itself" in loop.detail, loop.detail
     listed = {s["path"]: s["reason"] for s in kb.store.list_skipped()}  # what `rag status` shows
     assert {rel: listed.get(rel) for rel in EXPECTED} == EXPECTED
     assert "path_too_long" in listed.values()
