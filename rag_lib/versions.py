@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rag_lib.config import Settings
 
-LOADER_VERSION = "3"  # 2: documents carry their metadata warnings; 3: and unreadable front matter
+LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
+# 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood
 FLATTEN_VERSION = "1"
 PUBLISH_VERSION = "1"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
