@@ -48,6 +48,8 @@ def stage_versions(settings: Settings, chunker_version: str | None = None) -> di
 
 
 def fingerprint(versions: dict[str, str]) -> str:
-    """Hash of the versions of the stages that change a document's chunks or vectors."""
-    payload = {stage: versions[stage] for stage in CONTENT_STAGES}
+    """Hash of the versions of the stages that change a document's chunks or vectors, and of the
+    loader's: the metadata it reads (ticker, date, type) is published with every chunk, so a loader
+    that reads more republishes documents (their vectors mostly come from the cache)."""
+    payload = {**{stage: versions[stage] for stage in CONTENT_STAGES}, "loader": LOADER_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
