@@ -18,7 +18,7 @@ from rag_lib.documents import file_of, type_spellings
 from rag_lib.config import Settings, get_settings
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
-from rag_lib.errors import ConfigError, NotFoundError, ValidationError, text_problem
+from rag_lib.errors import ConfigError, NotFoundError, ValidationError, close_matches, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
 from rag_lib.log import get_logger, setup_logging
@@ -571,6 +571,14 @@ class KnowledgeBase:
         if self.metrics is not None:
             self.metrics.flush()
         return self.store.metrics_summary(_since(since))
+
+    def units_not_held(self, units: Iterable[str], unit: str = "section",
+                       collection: str | None = None) -> dict[str, list[str]]:
+        """Judged `units` no chunk of the collection carries (a search can never return them), each with
+        the held unit spelled closest to it, if any: a qrels typo would otherwise score as a retrieval miss."""
+        asked = sorted(set(units))
+        held, near = self.store.held_units(self._collection(collection), asked, unit)
+        return {u: close_matches([u], sorted(near))[:1] for u in asked if u not in held}
 
     def evaluate(self, queries: Any, qrels: Any, *, mode: str = "hybrid", unit: str = "section",
                  collection: str | None = None, judge: bool = False, top_k: int = 5,

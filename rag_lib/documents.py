@@ -9,6 +9,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ SUPPORTED_SUFFIXES = YAML_SUFFIXES | MARKDOWN_SUFFIXES | JSONL_SUFFIXES
 PLACEHOLDER = re.compile(r"\{[A-Z][A-Z0-9_\-]*\}")
 TICKER = re.compile(r"^[A-Z][A-Z0-9.\-]{0,9}$")
 FILE_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})")  # NVDA_20250115T1000: date and time of day
+ISO_FILE_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{2})-(\d{2})(?!\d)")  # a note named for its day
 
 # Real spellings seen in the corpus, normalised to one canonical name per type.
 TYPE_ALIASES = {
@@ -182,6 +184,79 @@ def _not_a_date(field_name: str, value: Any, instead: str = "") -> str:
             + (instead or "the document has no date, so date filters and the date boost skip it"))
 
 
+def _ticker(value: Any, warnings: list[str]) -> str | None:
+    """`value` as a ticker symbol (upper case), or None; a value given that is not one is a warning."""
+    if isinstance(value, str) and TICKER.match(value.strip().upper()):
+        return value.strip().upper()
+    if value is not None and value != "" and not isinstance(value, (dict, list)):
+        warnings.append(f"ticker {_shown(value)} is not a ticker symbol (letters first, up to 10 of A-Z, "
+                        "0-9, '.', '-'); the document has no ticker, so ticker filters and boosts skip it")
+    return None
+
+
+def date_in_file_name(rel_path: str) -> dt.date | None:
+    """The date a file's name carries (`NVDA_20250115T1000.yaml`, `2026-02-03-daily.md`), if any: the
+    document's date when its fields give none."""
+    name = Path(rel_path).name
+    match = FILE_DATE.search(name) or ISO_FILE_DATE.search(name)
+    return _as_date(f"{match.group(1)}-{match.group(2)}-{match.group(3)}") if match else None
+
+
+GRAPH_RELATION_KEYS = ("relations", "triples")  # `triples`: what the README and most writers call them
+
+
+@dataclass
+class GraphStatements:
+    """What a YAML document's `_graph` states: entities as (kind or None, name), relations as
+    (subject, predicate, object), and a warning for each part that could not be read."""
+
+    entities: list[tuple[str | None, str]] = field(default_factory=list)
+    relations: list[tuple[str, str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip() != ""
+
+
+def graph_statements(graph: Any) -> GraphStatements:
+    """Read `_graph`: `entities` items are `[kind, name]` or a bare name; `relations` (or `triples`)
+    items are `[subject, predicate, object]`. Anything else is named in `problems`, never dropped silently."""
+    out = GraphStatements()
+    if graph is None:
+        return out
+    if not isinstance(graph, dict):
+        out.problems.append(f"_graph is a {type(graph).__name__}, not a mapping of entities and relations; "
+                            "the knowledge graph has none of it")
+        return out
+    skipped: list[str] = []
+    for key, items in graph.items():
+        where = f"_graph.{key}"
+        if key not in ("entities", *GRAPH_RELATION_KEYS):
+            out.problems.append(f"{where} is not read (a _graph holds entities and relations); "
+                                "the knowledge graph has none of it")
+            continue
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            out.problems.append(f"{where} is a {type(items).__name__}, not a list; the knowledge graph has none of it")
+            continue
+        for n, item in enumerate(items):
+            if key == "entities" and _is_name(item):
+                out.entities.append((None, str(item)))
+            elif key == "entities" and isinstance(item, list) and len(item) == 2 and all(map(_is_name, item)):
+                out.entities.append((str(item[0]), str(item[1])))
+            elif key != "entities" and isinstance(item, list) and len(item) == 3 and all(map(_is_name, item)):
+                out.relations.append((str(item[0]), str(item[1]), str(item[2])))
+            else:
+                skipped.append(f"{where}[{n}] {_shown(item)}")
+    if skipped:
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        out.problems.append(f"{'; '.join(skipped[:3])}{more}: not [kind, name] or a name (entities), nor "
+                            "[subject, predicate, object] (relations); the knowledge graph skipped them")
+    return out
+
+
 def _as_date(value: Any) -> dt.date | None:
     if isinstance(value, dt.datetime):
         return value.date()
@@ -238,12 +313,8 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         or "unknown"
     )
     warnings: list[str] = []
-    ticker = body.get("ticker") or meta.get("ticker") or body.get("symbol")
-    if not isinstance(ticker, str) or not TICKER.match(ticker.strip().upper()):
-        if ticker is not None and not isinstance(ticker, (dict, list)):
-            warnings.append(f"ticker {_shown(ticker)} is not a ticker symbol (letters first, up to 10 of A-Z, "
-                            "0-9, '.', '-'); the document has no ticker, so ticker filters and boosts skip it")
-        ticker = None
+    ticker = _ticker(body.get("ticker") or meta.get("ticker") or body.get("symbol"), warnings)
+    if ticker is None:
         match = re.match(r"^([A-Z]{1,5})_\d{8}T\d{4}", Path(rel_path).name)
         if match and doc_type not in ("research-analysis", "unknown"):
             ticker = match.group(1)
@@ -260,15 +331,16 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         if value is not None and value != "":
             unread.append((name, value))
     instead = f"the document's date is {name}'s, {date.isoformat()}" if date else ""
+    if date is None and (date := date_in_file_name(rel_path)):
+        instead = f"the document's date is its file name's, {date.isoformat()}"
     warnings += [_not_a_date(n, v, instead) for n, v in unread]
-    if date is None and (m := FILE_DATE.search(Path(rel_path).name)):
-        date = _as_date(f"{m.group(1)}-{m.group(2)}-{m.group(3)}")
+    warnings += graph_statements(body.get("_graph")).problems
     title = body.get("title") or meta.get("title")
     extra = {k: str(v) for k, v in meta.items() if k in ("status", "created", "updated", "skill_version")}
     return {
         "doc_id": str(meta.get("id") or body.get("id") or Path(rel_path).stem),
         "doc_type": doc_type,
-        "ticker": ticker.strip().upper() if isinstance(ticker, str) else None,
+        "ticker": ticker,
         "doc_date": date,
         "version": str(meta["version"]) if meta.get("version") is not None else None,
         "title": str(title) if title else None,
@@ -306,16 +378,24 @@ def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) 
             warnings.append(f"front matter is not valid YAML{where} ({reason}); {lost}")
     title_match = re.search(r"^# (.+)$", text, re.M)
     title = front.get("title") or front.get("name") or (title_match.group(1).strip() if title_match else None)
+    # a note's ticker filters and boosts it as a YAML document's does (`ticker: NVDA` in front matter)
+    ticker = _ticker(front.get("ticker") or front.get("symbol"), warnings)
+    given = front.get("date")
+    date = _as_date(given)
+    named = None if date else date_in_file_name(rel_path)
+    if date is None and given not in (None, ""):
+        warnings.append(_not_a_date("date", given, f"the document's date is its file name's, {named.isoformat()}"
+                                    if named else ""))
+    date = date or named
     return {
         "doc_id": str(front.get("id") or rel_path),
         "doc_type": normalise_type(front.get("type")) or "note",
-        "ticker": None,
-        "doc_date": (date := _as_date(front.get("date"))),
+        "ticker": ticker,
+        "doc_date": date,
         "version": str(front["version"]) if front.get("version") is not None else None,
         "title": str(title) if title else Path(rel_path).stem,
         "metadata": {str(k): str(v) for k, v in front.items() if isinstance(v, (str, int, float))},
-        "warnings": warnings + ([_not_a_date("date", front["date"])] if date is None and front.get("date") not in (None, "")
-                                else []),
+        "warnings": warnings,
     }
 
 

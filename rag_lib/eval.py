@@ -133,11 +133,14 @@ class EvalReport:
     latency_ms: dict[str, float]
     per_query: dict[str, dict[str, float]] = field(default_factory=dict)
     missing_queries: list[str] = field(default_factory=list)  # judged ids with no query text
+    # judged units the collection does not hold (no search can return them) → the closest held ones
+    unknown_units: dict[str, list[str]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The one JSON object `rag eval --json` prints."""
         return {**{k: round(v, 4) for k, v in self.metrics.items()}, "queries": self.queries,
-                "latency_ms": self.latency_ms, "mode": self.mode}
+                "latency_ms": self.latency_ms, "mode": self.mode,
+                **({"unknown_units": self.unknown_units} if self.unknown_units else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,7 +226,10 @@ def evaluate_kb(kb: Any, queries: Mapping[str, str], qrels: Qrels, *, mode: str 
             result = kb.search(text, mode=mode, collection=collection, top_k=min(1000, depth * 3), group=False)
         return result.hits
 
-    return evaluate(run, queries, qrels, unit=unit, mode=mode, progress=progress)
+    report = evaluate(run, queries, qrels, unit=unit, mode=mode, progress=progress)
+    judged = {u for q in report.per_query for u, grade in qrels[q].items() if grade > 0}
+    report.unknown_units = kb.units_not_held(judged, unit, collection)
+    return report
 
 
 # ---- RAGAS metrics judged by an OpenAI-compatible chat model ---------------------------------------

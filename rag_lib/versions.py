@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rag_lib.config import Settings
 
-LOADER_VERSION = "3"  # 2: documents carry their metadata warnings; 3: and unreadable front matter
+LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
+# 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood
 FLATTEN_VERSION = "1"
 PUBLISH_VERSION = "1"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
@@ -47,6 +48,8 @@ def stage_versions(settings: Settings, chunker_version: str | None = None) -> di
 
 
 def fingerprint(versions: dict[str, str]) -> str:
-    """Hash of the versions of the stages that change a document's chunks or vectors."""
-    payload = {stage: versions[stage] for stage in CONTENT_STAGES}
+    """Hash of the versions of the stages that change a document's chunks or vectors, and of the
+    loader's: the metadata it reads (ticker, date, type) is published with every chunk, so a loader
+    that reads more republishes documents (their vectors mostly come from the cache)."""
+    payload = {**{stage: versions[stage] for stage in CONTENT_STAGES}, "loader": LOADER_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

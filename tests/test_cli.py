@@ -166,10 +166,31 @@ def test_cli_errors_name_the_file_the_collection_and_the_predicate(rag, corpus_c
     assert code == 0 and json.loads(out)["queries"] == 1 and "warning" not in err
     # judgments of units the collection does not hold (another corpus, --unit document for section ids)
     code, out, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--unit", "document")
-    assert code == 0 and "warning: no judged document was found for any query" in err
+    assert code == 0 and "warning: 1 judged document is not in collection 'default'" in err and LEARNING in err
     queries.write_text(queries.read_text() * 2)  # the same id twice: which text is judged?
     code, _, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels))
     assert code == 1 and "query id 'q1' repeats line 1" in err
+
+
+def test_eval_names_judged_units_the_collection_does_not_hold(rag, corpus_copy, tmp_path):
+    """A qrels line whose section is spelled differently (`#Pattern` for `#pattern`) was scored as a
+    retrieval miss without a word: the figures read as poor retrieval, not as a typo."""
+    root = corpus_copy(LEARNING, TRADE)
+    rag("ingest", str(root))
+    queries, qrels = tmp_path / "q.jsonl", tmp_path / "qrels.tsv"
+    queries.write_text(json.dumps({"_id": "q1", "text": "loss aversion before earnings"}) + "\n"
+                       + json.dumps({"_id": "q2", "text": "NVDA trade review"}) + "\n")
+    qrels.write_text(f"query-id\tcorpus-id\tscore\nq1\t{LEARNING}#Pattern\t1\nq2\t{TRADE}#review\t1\n"
+                     "q2\tnotes/gone.md#x\t1\n")
+    code, out, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels), "--json")
+    assert code == 0
+    assert json.loads(out)["unknown_units"] == {f"{LEARNING}#Pattern": [f"{LEARNING}#pattern"], "notes/gone.md#x": []}
+    assert ("warning: 2 judged sections are not in collection 'default', so no search can return them and the "
+            f"figures count a miss: notes/gone.md#x; {LEARNING}#Pattern (did you mean {LEARNING}#pattern?).") in err
+    # judgments it holds: no warning
+    qrels.write_text(f"q1\t{LEARNING}#pattern\t1\nq2\t{TRADE}#review\t1\n")
+    code, out, err = rag("eval", "--queries", str(queries), "--qrels", str(qrels))
+    assert code == 0 and "warning" not in err and "unknown_units" not in out
 
 
 def test_validate_is_a_dry_run_that_fails_on_problems(rag, corpus_copy):

@@ -101,6 +101,34 @@ def test_a_key_given_twice_is_a_warning_not_a_silent_loss(tmp_path: Path):
         "front matter: key 'title' appears twice (lines 2 and 3); only the last value was kept: rename or merge them"]
 
 
+def test_a_notes_front_matter_ticker_and_the_date_in_its_file_name_are_its_metadata(tmp_path: Path):
+    """`ticker: NVDA` in a note's front matter was ignored (no --ticker filter found the note), and a
+    note named for its day (`2026-02-03-daily.md`) had no date for --from/--to."""
+    (tmp_path / "semis.md").write_text("---\ntitle: Semis\nticker: nvda\ndate: 2026-01-10\n---\n# Semis\n\nText.\n")
+    note = load_one(tmp_path / "semis.md", tmp_path)
+    assert (note.ticker, note.doc_date, note.warnings) == ("NVDA", dt.date(2026, 1, 10), [])
+    (tmp_path / "2026-02-03-daily.md").write_text("# Daily journal\n\n## Trades\n\nShorted TSLA.\n")
+    (tmp_path / "Fed-minutes-2026-01-28.md").write_text("# Fed minutes\n\n## Summary\n\nBalanced.\n")
+    assert load_one(tmp_path / "2026-02-03-daily.md", tmp_path).doc_date == dt.date(2026, 2, 3)
+    assert load_one(tmp_path / "Fed-minutes-2026-01-28.md", tmp_path).doc_date == dt.date(2026, 1, 28)
+    # a date field that is not one says which date the document has instead
+    (tmp_path / "2026-02-04-daily.md").write_text("---\nticker: 42\ndate: tuesday\n---\n# Daily\n\nText.\n")
+    odd = load_one(tmp_path / "2026-02-04-daily.md", tmp_path)
+    assert (odd.ticker, odd.doc_date) == (None, dt.date(2026, 2, 4))
+    assert odd.warnings == [
+        "ticker 42 is not a ticker symbol (letters first, up to 10 of A-Z, 0-9, '.', '-'); the document has no "
+        "ticker, so ticker filters and boosts skip it",
+        "date 'tuesday' is not a date (YYYY-MM-DD); the document's date is its file name's, 2026-02-04"]
+    # YAML names its date the same way when no field gives one
+    (tmp_path / "watch-2026-03-01.yaml").write_text("ticker: AMD\nanalysis_date: soon\nthesis: up\n")
+    yml = load_one(tmp_path / "watch-2026-03-01.yaml", tmp_path)
+    assert yml.doc_date == dt.date(2026, 3, 1) and yml.warnings == [
+        "analysis_date 'soon' is not a date (YYYY-MM-DD); the document's date is its file name's, 2026-03-01"]
+    # digits that run on are not a date
+    (tmp_path / "build-12026-01-015.md").write_text("# Build\n\nText.\n")
+    assert load_one(tmp_path / "build-12026-01-015.md", tmp_path).doc_date is None
+
+
 def test_markdown_document_metadata():
     rel = "tradegent-docs/.claude/rules/05-database-access.md"
     doc = load_one(SHARED_CORPUS / rel, SHARED_CORPUS)

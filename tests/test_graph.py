@@ -89,6 +89,27 @@ def test_unresolved_links_are_kept_dangling_and_text_mentions_known_tickers(corp
     assert mentions == {("ticker:AMD", "notes"), ("ticker:NVDA", "notes")}
 
 
+def test_graph_entities_by_name_and_triples_are_read_and_what_is_not_is_a_warning(tmp_path: Path):
+    """A `_graph` written as plain entity names and a `triples:` list (the README's word) made no
+    edge and no warning: the graph lost the analyst's statements without a word."""
+    (tmp_path / "TSLA_20260115T0930.yaml").write_text(
+        "_meta:\n  type: stock-analysis\nticker: TSLA\nthesis: short\n_graph:\n  entities:\n  - BYD\n"
+        "  - [theme, Robotaxi]\n  - {name: Optimus}\n  triples:\n  - [TSLA, competes_with, BYD]\n"
+        "  - [TSLA, exposed_to]\n  notes: free text\n")
+    doc = _doc(tmp_path, "TSLA_20260115T0930.yaml")
+    graph = extract_graph(doc, [], set(), {"TSLA"})
+    me = "doc:TSLA_20260115T0930.yaml"
+    assert {(me, "has_entity", "byd"), (me, "has_entity", "robotaxi"),
+            ("ticker:TSLA", "competes_with", "byd")} <= graph.triples()
+    assert doc.warnings == [
+        "_graph.notes is not read (a _graph holds entities and relations); the knowledge graph has none of it",
+        "_graph.entities[2] {'name': 'Optimus'}; _graph.triples[1] ['TSLA', 'exposed_to']: not [kind, name] or "
+        "a name (entities), nor [subject, predicate, object] (relations); the knowledge graph skipped them"]
+    (tmp_path / "list.yaml").write_text("ticker: TSLA\nthesis: short\n_graph:\n- [TSLA, competes_with, BYD]\n")
+    assert _doc(tmp_path, "list.yaml").warnings == [
+        "_graph is a list, not a mapping of entities and relations; the knowledge graph has none of it"]
+
+
 def _edges(kb, path: str) -> set[tuple[str, str, str]]:
     with kb.store.db.connection() as conn:
         rows = conn.execute("SELECT src, predicate, dst FROM rag_graph_edges WHERE collection = 'default' AND path = %s",

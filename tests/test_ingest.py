@@ -453,3 +453,24 @@ def test_the_database_going_away_ends_the_ingest_at_once_with_one_clear_error(kb
                                             r"published stays; start it \(rag db start\)"):
         kb.ingest([root])
     assert len(calls) == 1  # the first file's failure ends it; the others do not wait their turn
+
+
+def test_a_loader_that_reads_more_metadata_republishes_unchanged_files(settings, provider, tmp_path, monkeypatch):
+    """The loader's version was not in the fingerprint: after an upgrade that reads a note's
+    front-matter ticker, an unchanged note stayed published without it, so --ticker still missed it."""
+    from rag_lib import versions
+    from rag_lib.api import KnowledgeBase
+
+    (tmp_path / "semis.md").write_text("---\nticker: NVDA\n---\n# Semis\n\n## Risks\n\nExport bans.\n")
+    monkeypatch.setattr(versions, "LOADER_VERSION", "3")
+    with KnowledgeBase(settings, provider=provider) as kb:
+        assert kb.ingest([tmp_path]).count("new") == 1
+        with kb.store.db.connection() as conn:  # as the loader before version 4 published it
+            conn.execute("UPDATE rag_chunks SET ticker = NULL")
+            conn.execute("UPDATE rag_documents SET ticker = NULL")
+    monkeypatch.setattr(versions, "LOADER_VERSION", "4")
+    with KnowledgeBase(settings, provider=provider) as kb:
+        report = kb.ingest([tmp_path])
+        assert report.count("changed") == 1 and report.embedded == 0  # vectors from the cache
+        assert {h.path for h in kb.search("export bans", ticker="NVDA").hits} == {"semis.md"}
+        assert kb.ingest([tmp_path]).count("unchanged") == 1

@@ -86,6 +86,23 @@ def test_excerpt_picks_matching_sentences():
     assert len(excerpt("word " * 400, "word", max_chars=100)) <= 100
 
 
+def test_an_excerpt_with_no_word_of_the_query_shows_the_passage_not_its_heading():
+    """A semantic hit sharing no word with the query showed its first line alone: `## Summary`, or the
+    `---` of a note's front matter, in place of the text a reader needs to judge the hit."""
+    minutes = ("## Summary\n\nCommittee members saw the outlook as balanced. Several participants favoured "
+               "a cut in March.")
+    assert excerpt(minutes, "export restrictions") == ("Committee members saw the outlook as balanced. Several "
+                                                       "participants favoured a cut in March.")
+    note = "---\ntitle: Semis\n---\n\n# Semis cycle\n\nHyperscaler capex keeps rising."
+    assert excerpt(note, "TSLA short") == "title: Semis Hyperscaler capex keeps rising."
+    table = "| Risk | Odds |\n|------|------|\n| Export ban | 30% |"
+    assert excerpt(table, "china") == "| Risk | Odds | | Export ban | 30% |"
+    assert excerpt("## Only a heading", "x") == "## Only a heading"  # nothing else to show
+    # matching sentences apart are marked as such; the query's words still choose them
+    text = "Alpha one. The stop loss sits at 131.50. Beta two. Gamma three. Stop loss moved to 128."
+    assert excerpt(text, "stop loss") == "The stop loss sits at 131.50. … Stop loss moved to 128."
+
+
 def test_query_syntax_detection():
     assert is_websearch('"bull call spread" NVDA') and is_websearch("earnings -NFLX")
     assert not is_websearch("PFE vs AMD: risk per trade")

@@ -50,7 +50,10 @@ def eval_command(
     if report.queries == 0:
         fail("no judged query has text in the queries file, or no judgment has a grade above 0; check that the "
              "ids match", 1)
-    if all(m.get("recall@100", 0) == 0 for m in report.per_query.values()):
+    if report.unknown_units:
+        err_console.print(f"[yellow]warning:[/] {unknown_units_message(report.unknown_units, unit, collection or base.settings.collection)}",
+                          highlight=False, soft_wrap=True)
+    elif all(m.get("recall@100", 0) == 0 for m in report.per_query.values()):
         # not one judged unit in any query's first 100: the qrels name units this collection does not hold
         err_console.print(f"[yellow]warning:[/] no judged {unit} was found for any query: do the qrels' ids match "
                           f"--unit {unit} ('<path>#<section>' or a document id) and the paths of collection "
@@ -101,3 +104,19 @@ def eval_command(
     if report.missing_queries:
         console.print(f"{len(report.missing_queries)} judged query ids have no text: "
                       f"{', '.join(report.missing_queries[:5])}", style="yellow", markup=False)
+
+
+def unknown_units_message(unknown: dict[str, list[str]], unit: str, collection: str) -> str:
+    """One line naming the judged units a collection does not hold (at most five, with what each may
+    have meant): their queries score them as misses, which would read as poor retrieval."""
+    from rich.markup import escape
+
+    from rag_lib.errors import did_you_mean
+
+    shown = [f"{u}{did_you_mean(near)}" for u, near in list(unknown.items())[:5]]
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    what = f"judged {unit}{'s are' if len(unknown) > 1 else ' is'}"
+    return escape(f"{len(unknown)} {what} not in collection '{collection}', so no search can return "
+                  f"{'them' if len(unknown) > 1 else 'it'} and the figures count a miss: {'; '.join(shown)}{more}. "
+                  "Fix the qrels' ids (`rag show PATH` lists a document's sections) or pass the collection they "
+                  "were written for")

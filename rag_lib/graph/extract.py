@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rag_lib.corpus_files import FileRefused, read_file, walk
-from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, parse_yaml
+from rag_lib.documents import SUPPORTED_SUFFIXES, content_hash, graph_statements, parse_yaml
 from rag_lib.models import Document, DocumentGraph, GraphAlias, GraphEdge, GraphNode, Section
 
 # Bump when extraction changes what a document contributes (the Dagster asset's code version).
@@ -240,7 +240,7 @@ def extract_graph(
         for name in company_names(company):
             names[alias_key(name)] = b.alias(ticker_key(doc.ticker), name)
 
-    graph = body.get(GRAPH_SECTION) if isinstance(body.get(GRAPH_SECTION), dict) else {}
+    graph = graph_statements(body.get(GRAPH_SECTION))  # what cannot be read is the document's warning
     kinds: dict[str, tuple[str, str]] = {}  # raw name → (key, kind)
 
     def entity(name: Any, kind: str | None = None) -> str:
@@ -259,16 +259,14 @@ def extract_graph(
             return b.alias(names[alias_key(raw)], raw)
         return b.node(normalise_name(raw), kind or "entity", raw)
 
-    for item in graph.get("entities") or []:
-        if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(v, (str, int)) for v in item):
-            key = entity(item[1], str(item[0]))
-            kinds[str(item[1]).strip()] = (key, str(item[0]))
-            if key != me:
-                b.edge(me, HAS_ENTITY, key, GRAPH_SECTION)
-    for item in graph.get("relations") or []:
-        if isinstance(item, (list, tuple)) and len(item) == 3 and all(isinstance(v, (str, int)) for v in item):
-            subject, predicate, obj = item
-            b.edge(entity(subject), normalise_name(predicate).replace("-", "_"), entity(obj), GRAPH_SECTION)
+    for kind, name in graph.entities:
+        key = entity(name, kind)
+        if kind is not None:
+            kinds[name.strip()] = (key, kind)
+        if key != me:
+            b.edge(me, HAS_ENTITY, key, GRAPH_SECTION)
+    for subject, predicate, obj in graph.relations:
+        b.edge(entity(subject), normalise_name(predicate).replace("-", "_"), entity(obj), GRAPH_SECTION)
 
     links = body.get(LINKS_SECTION) if isinstance(body.get(LINKS_SECTION), dict) else {}
     for role, value in links.items():

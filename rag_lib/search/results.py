@@ -91,21 +91,28 @@ def query_stems(query: str) -> set[str]:
     return {_stem(w) for w in _TOKEN.findall(query.lower()) if w not in _STOP}
 
 
+# Lines that carry no content of their own: a markdown heading, a front-matter or rule line, a table's
+# separator row, a code fence. Alone as an excerpt they read as "## Summary" or "---".
+_BARE = re.compile(r"^(#{1,6}\s.*|#{1,6}|[-=*_]{3,}|\|?[\s:|-]*-{3,}[\s:|-]*\|?|```.*|~~~.*)$")
+
+
 def excerpt(text: str, query: str, max_chars: int = 240) -> str:
-    """The sentences sharing most words with the query, in their original order, within `max_chars`."""
+    """The sentences sharing most words with the query, in their original order, within `max_chars`;
+    with no sentence sharing a word (a semantic match), the passage's first sentences. Headings and
+    rule lines are left out where there is anything else."""
     stems = query_stems(query)
     sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
     if not sentences:
         return ""
-    scored = []
-    for n, s in enumerate(sentences):
-        words = {_stem(w) for w in _TOKEN.findall(s.lower())}
-        scored.append((len(stems & words), -n, n))
+    content = [n for n, s in enumerate(sentences) if not _BARE.match(s)] or list(range(len(sentences)))
+    overlaps = {n: len(stems & {_stem(w) for w in _TOKEN.findall(sentences[n].lower())}) for n in content}
+    # most shared words first, then earliest; sentences sharing none only when none shares any
+    order = sorted(content, key=lambda n: (-overlaps[n], n))
+    if overlaps[order[0]] > 0:
+        order = [n for n in order if overlaps[n] > 0]
     chosen: list[int] = []
     used = 0
-    for overlap, _, n in sorted(scored, reverse=True):
-        if chosen and overlap == 0:
-            break
+    for n in order:
         length = len(sentences[n]) + 1
         if chosen and used + length > max_chars:
             continue
@@ -113,5 +120,14 @@ def excerpt(text: str, query: str, max_chars: int = 240) -> str:
         used += length
         if used >= max_chars:
             break
-    text = " … ".join(sentences[n] for n in sorted(chosen))
+    text = _joined(sentences, sorted(chosen), set(content))
     return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+
+
+def _joined(sentences: list[str], chosen: list[int], content: set[int]) -> str:
+    """The chosen sentences in order, with " … " only where content between them was left out."""
+    out = sentences[chosen[0]]
+    for before, n in zip(chosen, chosen[1:]):
+        gap = any(m in content for m in range(before + 1, n))
+        out += (" … " if gap else " ") + sentences[n]
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -31,3 +32,17 @@ class EvalRunStore:
                 + (" AND accepted" if accepted_only else "") + " ORDER BY at DESC, id DESC LIMIT %s",
                 (eval_set, limit))
             return _dicts(cur)
+
+    def held_units(self, collection: str, units: Sequence[str], unit: str) -> tuple[set[str], set[str]]:
+        """Of judged `units` (unit ids `<path>#<section>`, or document ids for `unit` 'document'): those
+        some chunk of `collection` carries, and what the others may have meant (held units equal to one
+        ignoring case, or sections of the same document)."""
+        column = "unit_id" if unit == "section" else "doc_id"
+        paths = [u.rsplit("#", 1)[0] for u in units if "#" in u] if unit == "section" else []
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                f"SELECT DISTINCT {column} FROM rag_chunks WHERE collection = %s"
+                f" AND (lower({column}) = ANY(%s) OR path = ANY(%s))",
+                (collection, [u.lower() for u in units], paths)).fetchall()
+        found = {r[0] for r in rows}
+        return found & set(units), found - set(units)
