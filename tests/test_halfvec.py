@@ -52,3 +52,39 @@ def test_halfvec_index_serves_search_and_switches_back(settings, provider, corpu
         assert kb.store.ensure_hnsw_index(space["space"], 384)["created"] is False
         hits = kb.store.semantic_search(query, space["space"], 384, SearchFilters(), 3)
         assert hits and hits[0].path == TRADE
+
+
+def test_two_builders_of_one_space_index_at_once_build_it_once(settings, provider, corpus_copy):
+    """Two first ingests finishing together both ask for the index: the one that waited finds it built
+    (the name is looked up again after the lock, not in a catalog cache from before it) instead of
+    failing with DuplicateTable."""
+    import threading
+
+    root = corpus_copy(TRADE)
+    with KnowledgeBase(settings, provider=provider) as kb:
+        kb.ingest([root], "default")
+        space = kb.store.active_space()["space"]
+        assert kb.store.drop_hnsw_index(space)
+        outcomes: list[object] = []
+        with psycopg.connect(settings.database_url) as holder:
+            # Hold the builders' lock so both look the index up (missing) before either builds it.
+            holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"hnsw\x1f{space}",))
+
+            def build() -> None:
+                try:
+                    outcomes.append(kb.store.ensure_hnsw_index(space, 384)["created"])
+                except Exception as exc:  # noqa: BLE001 - the assertion names it
+                    outcomes.append(exc)
+
+            threads = [threading.Thread(target=build) for _ in range(2)]
+            for t in threads:
+                t.start()
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            for _ in range(500):
+                if holder.execute(waiting).fetchone()[0] == 2:
+                    break
+                threading.Event().wait(0.01)
+            holder.commit()  # releases the lock: one builds, the other must find it
+        for t in threads:
+            t.join(60)
+        assert sorted(map(str, outcomes)) == ["False", "True"], outcomes

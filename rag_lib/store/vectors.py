@@ -467,7 +467,11 @@ class VectorStore:
                     # it built. A transaction lock, not a session one: PgBouncer's transaction
                     # pooling may hand the session to someone else between statements.
                     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"hnsw\x1f{space}",))
-                    if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None:
+                    # Read pg_class itself: to_regclass would answer from this session's catalog cache,
+                    # which an advisory lock does not refresh, and miss the index another builder just
+                    # committed (CREATE INDEX then failed with DuplicateTable).
+                    if conn.execute("SELECT EXISTS (SELECT 1 FROM pg_class WHERE relname = %s"
+                                    " AND relnamespace = current_schema()::regnamespace)", (name,)).fetchone()[0]:
                         return {"index": name, "created": False}
                     # Parallel workers (up to the server's max_parallel_maintenance_workers) from 1 MB
                     # of vectors (~600 chunks), not only from the default 8 MB: an ingest builds the
