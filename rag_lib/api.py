@@ -409,8 +409,11 @@ class KnowledgeBase:
         spelled = [Path(os.path.abspath(p)) for p in paths]
         for folder in (p.resolve() for p in spelled if p.is_dir()):
             refuse_nested_root(folder, collection, roots, allow_inside=True)
-        holders = {r for r in roots for p in spelled if p.resolve().is_relative_to(r) or p.is_relative_to(r)}
-        covering = [r for r in holders if all(p.resolve().is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
+        # realpath, not Path.resolve(): a link loop named directly is then skipped as `link_loop` when read,
+        # where resolve() raised RuntimeError (Python 3.11)
+        real = {p: Path(os.path.realpath(p)) for p in spelled}
+        holders = {r for r in roots for p in spelled if real[p].is_relative_to(r) or p.is_relative_to(r)}
+        covering = [r for r in holders if all(real[p].is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
         return max(covering, key=lambda r: len(r.parts)) if covering else None
 
     def _roots_of(self, collection: str) -> list[Path]:

@@ -70,7 +70,7 @@ class PruneScope:
     def of(cls, raw: Path, root: Path | None) -> PruneScope:
         base, path, folder = _placed(raw, root)
         rel = path.relative_to(base).as_posix()
-        return cls(path.resolve(), "" if rel == "." else rel, folder)
+        return cls(Path(os.path.realpath(path)), "" if rel == "." else rel, folder)  # a link loop: no RuntimeError
 
     def covers_file(self, rel: str) -> bool:
         """A file's path (relative to its root) is within this argument."""

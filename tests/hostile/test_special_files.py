@@ -148,6 +148,11 @@ def test_library_ingest_skips_special_files_and_links_out_of_the_root(kb, tmp_pa
     assert {o.path: (o.status, o.reason) for o in report.outcomes} == {  # paths under the registered root
         "notes/gone_out.md": ("skipped", "outside_root"), "notes/gone_in.md": ("skipped", "unreadable")}
 
+    # a link loop named on its own, pruning too: one skip, where Path.resolve() raised RuntimeError
+    report = kb.ingest([root / "loop.md"], prune=True)
+    assert [(o.path, o.status, o.reason) for o in report.outcomes] == [("loop.md", "skipped", "link_loop")]
+    assert {d["path"] for d in kb.store.list_documents(None)} == {"good.md"}
+
 
 @pytest.mark.timeout(120)
 def test_a_file_that_becomes_a_link_or_pipe_is_skipped_and_keeps_its_live_version(kb, tmp_path: Path):
