@@ -276,6 +276,8 @@ class IngestReport:
     collection: str
     outcomes: list[FileOutcome] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    # documents within the ingested paths whose files are gone, still served: a run without prune
+    stale: list[str] = field(default_factory=list)
     embedded: int = 0  # chunks sent to the provider
     cache_hits: int = 0
     seconds: float = 0.0
@@ -297,6 +299,7 @@ class IngestReport:
             "skipped": self.count("skipped"),
             "failed": self.count("failed"),
             "pruned": self.pruned,
+            "stale": self.stale,
             "chunks": self.chunks,
             "embedded": self.embedded,
             "cache_hits": self.cache_hits,

@@ -262,6 +262,27 @@ def test_a_mistyped_document_path_is_answered_with_the_closest_ones(rag, corpus_
     assert code == 1 and "did you mean" not in err
 
 
+def test_ingest_without_prune_names_the_documents_a_rename_left_behind(rag, tmp_path):
+    """A renamed note re-ingested without --prune: its old document is still served (duplicate hits);
+    the run says so, names it and the flag that deletes it, and deletes nothing."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "copper.md").write_text("# Copper\n\n## Thesis\n\nThe desk is long copper into the strike.\n")
+    (root / "other.md").write_text("# Other\n\n## Body\n\nNothing to do with metals.\n")
+    assert rag("ingest", str(root))[0] == 0
+    (root / "copper.md").rename(root / "copper-2026.md")
+    code, out, _ = rag("ingest", str(root))
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "still served though their files are gone: copper.md; run the same command with --prune" in flat, out
+    code, out, _ = rag("ingest", str(root), "--json")
+    assert json.loads(out)["stale"] == ["copper.md"] and json.loads(out)["pruned"] == []
+    code, out, _ = rag("ingest", str(root), "--prune", "--json")
+    assert json.loads(out)["pruned"] == ["copper.md"] and json.loads(out)["stale"] == []
+    code, out, _ = rag("ingest", str(root))
+    assert "still served" not in out
+
+
 def test_prune_keeps_a_folder_that_lists_no_files_until_told_with_the_command_it_names(rag, tmp_path):
     """An unmounted mount point is an empty folder: `rag ingest --prune` used to delete all of its
     documents. It keeps them and names, in one warning line, the command that deletes them on purpose."""

@@ -115,8 +115,9 @@ def test_prune_removes_documents_whose_files_are_gone(kb, corpus_copy):
     root = corpus_copy(TRADE, LEARNING)
     kb.ingest([root])
     (root / TRADE).unlink()
-    report = kb.ingest([root])  # without --prune nothing is deleted
+    report = kb.ingest([root])  # without --prune nothing is deleted, but the report names it
     assert report.pruned == [] and len(kb.list_documents()) == 2
+    assert report.stale == [TRADE] and report.to_dict()["stale"] == [TRADE]
     report = kb.ingest([root], prune=True)
     assert report.pruned == [TRADE]
     assert [d["path"] for d in kb.list_documents()] == [LEARNING]

@@ -61,8 +61,15 @@ def print_ingest_report(report: IngestReport) -> None:
             table.add_row(path, warning)
         console.print(table)
     if report.pruned:  # what --prune deleted, by name: a count alone hides a surprise
-        shown = ", ".join(report.pruned[:20]) + (f" and {len(report.pruned) - 20} more" if len(report.pruned) > 20 else "")
-        console.print(f"pruned (their files are gone): {escape(shown)}", soft_wrap=True, highlight=False)
+        console.print(f"pruned (their files are gone): {escape(_some(report.pruned))}", soft_wrap=True, highlight=False)
+    if report.stale:  # a renamed file's old document would otherwise come back in searches unnoticed
+        console.print(f"still served though their files are gone: {escape(_some(report.stale))}; run the same "
+                      "command with --prune to delete them", soft_wrap=True, highlight=False)
+
+
+def _some(paths: list[str], shown: int = 20) -> str:
+    """The first `shown` paths and how many more."""
+    return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
 @app.command("embed", help="Same as `ingest` (the name the design brief uses).")

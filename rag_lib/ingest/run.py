@@ -172,10 +172,12 @@ def ingest(
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
         engine.publisher.ensure_index()
+    scopes = [PruneScope.of(p, root) for p in paths]
+    empty = [] if prune_empty else _listing_nothing(scopes, [s.path for s in listed])
     if prune or prune_empty:
-        scopes = [PruneScope.of(p, root) for p in paths]
-        empty = [] if prune_empty else _listing_nothing(scopes, [s.path for s in listed])
         report.pruned = _prune(store, collection, seen, scopes, {s.rel for s in files}, empty)
+    else:  # said, not done: a renamed or deleted file's documents would otherwise be served unnoticed
+        report.stale = _gone_documents(store, collection, seen, scopes, {s.rel for s in files}, empty, quiet=True).gone
     report.seconds = time.perf_counter() - started
     return report
 
@@ -186,14 +188,22 @@ def _listing_nothing(scopes: list[PruneScope], listed: list[Path]) -> list[Prune
     return [s for s in scopes if s.folder and not s.rel and not any(p.is_relative_to(s.place) for p in listed)]
 
 
-def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str],
-           empty: list[PruneScope]) -> list[str]:
-    """Delete the documents within `scopes` that this ingest did not see (their files are gone), and
-    the stage rows of such files (a file put back later starts afresh); returns the paths deleted.
-    A document whose file this ingest did not list is deleted only when the file is known to be gone
-    (`file_gone`): not when it sits in a folder the walk could not read, nor when another process
-    wrote it after this ingest listed its folder. Nothing is deleted under the `empty` scopes (roots
-    that list no file at all): a warning names each one that holds documents."""
+@dataclass
+class _Gone:
+    """What a prune of some scopes would do: delete `gone`, keep `held` (under a root listing no
+    file) and `unlisted` (not listed, but their files are there); `listing` are the other scopes."""
+
+    gone: list[str]
+    listing: list[PruneScope]
+    sources: dict[str, str | None]
+
+
+def _gone_documents(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str],
+                    empty: list[PruneScope], quiet: bool = False) -> _Gone:
+    """The documents within `scopes` that this ingest did not see and whose files are known to be
+    gone (`file_gone`): not one in a folder the walk could not read, nor one another process wrote
+    after this ingest listed its folder, nor one under the `empty` scopes (roots that list no file at
+    all: unless `quiet`, a warning names each that holds documents)."""
     sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
     # a registered root whose folder is missing (an unmounted disk) has not lost its files
     away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
@@ -205,20 +215,30 @@ def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_
         # its documents: read from under it, or within no folder argument that listed files
         if mine := {p for p, src in unseen.items() if scope.covers(p, src) and (
                 (src and Path(src).is_relative_to(scope.place)) or not any(s.covers(p, src) for s in listing))}:
-            log.warning("%s", empty_folder_warning(scope.place, collection, len(mine)))
+            if not quiet:
+                log.warning("%s", empty_folder_warning(scope.place, collection, len(mine)))
             held |= mine
     unseen = {p: src for p, src in unseen.items() if p not in held}
     gone = sorted(p for p, src in unseen.items() if file_of(p) in on_disk or file_gone(src))
-    if unlisted := sorted(set(unseen) - set(gone)):
+    if (unlisted := sorted(set(unseen) - set(gone))) and not quiet:
         log.warning("prune kept %d document(s) whose file this ingest could not list but that is not gone "
                     "(an unreadable folder, or written meanwhile): %s", len(unlisted), ", ".join(unlisted[:10]))
-    for path in gone:
+    return _Gone(gone, listing, sources)
+
+
+def _prune(store, collection: str, seen: set[str], scopes: list[PruneScope], on_disk: set[str],
+           empty: list[PruneScope]) -> list[str]:
+    """Delete the documents `_gone_documents` finds, and the stage rows of such files (a file put
+    back later starts afresh); returns the paths deleted."""
+    plan = _gone_documents(store, collection, seen, scopes, on_disk, empty)
+    for path in plan.gone:
         store.delete_document(collection, path)
-    kept_files = {file_of(p) for p in set(sources) - set(gone)}
+    kept_files = {file_of(p) for p in set(plan.sources) - set(plan.gone)}
     for (c, rel) in store.stage_index(RAW):
-        if c == collection and rel not in on_disk and rel not in kept_files and any(s.covers_file(rel) for s in listing):
+        if c == collection and rel not in on_disk and rel not in kept_files and any(
+                s.covers_file(rel) for s in plan.listing):
             store.forget_file(c, rel, [])
-    return gone
+    return plan.gone
 
 
 def round_sizes(files: int) -> list[int]:
