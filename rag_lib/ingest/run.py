@@ -190,8 +190,8 @@ def _listing_nothing(scopes: list[PruneScope], listed: list[Path]) -> list[Prune
 
 @dataclass
 class _Gone:
-    """What a prune of some scopes would do: delete `gone`, keep `held` (under a root listing no
-    file) and `unlisted` (not listed, but their files are there); `listing` are the other scopes."""
+    """What a prune of some scopes would delete (`gone`), with the scopes that listed files
+    (`listing`) and every document's source file (`sources`), which its stage-row cleanup reads."""
 
     gone: list[str]
     listing: list[PruneScope]
