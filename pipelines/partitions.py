@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 CORPUS_FILES = "corpus_files"
 corpus_files = DynamicPartitionsDefinition(name=CORPUS_FILES)
 
+# What a sensor or schedule tick says when there is nothing to scan.
+NO_ROOTS = ("no corpus roots registered: register one with `rag roots add PATH` (or `rag materialize PATH`, "
+            "or pipeline.roots in rag.yaml)")
+
 # Dagster's run tags for a partition range (what single-run backfills use).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"

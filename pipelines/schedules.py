@@ -6,8 +6,8 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 from rag_lib.config import get_settings
 
 from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import (CORPUS_FILES, plan_ranges, plan_runs, range_tags, record_refused, run_key,
-                                  sync_partitions)
+from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, plan_ranges, plan_runs, range_tags, record_refused,
+                                  run_key, sync_partitions)
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import plan_reconcile
 
@@ -21,9 +21,8 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     pmap = rag.partition_map()
     existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
     if not pmap.roots:
-        return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
-                          "or pipeline.roots in rag.yaml)" + (f"; {len(existing)} partitions of roots no longer "
-                                                             "registered keep their documents" if existing else ""))
+        return SkipReason(NO_ROOTS + (f"; {len(existing)} partitions of roots no longer registered keep their "
+                                      "documents" if existing else ""))
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     # new files become partitions (a run needs them); nothing is removed here (sync_partitions)

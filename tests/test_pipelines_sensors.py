@@ -17,6 +17,7 @@ from dagster import (
     SkipReason,
     build_run_status_sensor_context,
     build_schedule_context,
+    build_sensor_context,
 )
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
@@ -35,7 +36,7 @@ from pipelines.partitions import (  # noqa: E402
 )
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
-from pipelines.sensors import record_run_failures  # noqa: E402
+from pipelines.sensors import corpus_sensor, record_run_failures  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
@@ -63,11 +64,18 @@ def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
 
 def launch(instance, rag, run_request):
     job = defs.resolve_job_def("ingest_files")
+    selection = run_request.asset_selection
     config = {"database_url": rag.database_url, "home": rag.home}
-    return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection,
+    return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=selection,
                                   run_config={"resources": {"rag": {"config": config}},
                                               "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
                                   raise_on_error=False)
+
+
+def shown(instance, rag, cursor) -> str | None:
+    """The text the UI shows for a corpus sensor tick that launched nothing (Dagster's evaluation)."""
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
+        return corpus_sensor.evaluate_tick(context).skip_message
 
 
 def test_keys_round_trip_and_ranges():
@@ -137,13 +145,14 @@ def test_sensor_new_changed_deleted(env):
     assert kb.show(RELS[0])["chunk_count"] > 0
 
     # A tick without a cursor (`rag dev` started after `rag materialize`) finds every file current
-    # and materialized: no run.
+    # and materialized: no run, and the tick says so (not Dagster's "returned an empty result").
     assert not sensor_tick(instance, rag, None).run_requests
+    assert shown(instance, rag, None) == "first tick: 2 files current, nothing to run"
 
     # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
     os.utime(root / RELS[1], ns=(1, 1))
     quiet = sensor_tick(instance, rag, first.cursor)
-    assert not quiet.run_requests and quiet.skip_reason is not None
+    assert not quiet.run_requests and quiet.skip_reason.skip_message == "no changes in 2 files"
 
     # A changed file: one run for that file only, no new partitions.
     original = (root / RELS[0]).read_bytes()
@@ -170,6 +179,7 @@ def test_sensor_new_changed_deleted(env):
     with open(root / RELS[0], "a") as fh:
         fh.write("\ndesk_note: ingested by hand\n")
     kb.ingest([root])
+    assert shown(instance, rag, reverted.cursor).startswith("1 changed file current already (ingested by `rag ingest`")
     by_hand = sensor_tick(instance, rag, reverted.cursor)
     assert not by_hand.run_requests
 
@@ -220,6 +230,9 @@ def test_unregistered_root_drops_partitions_keeps_documents(env):
     first = sensor_tick(instance, rag, None)
     assert launch(instance, rag, first.run_requests[0]).success
     kb.remove_root(root)  # the last root: its partitions still go, its documents stay
+    assert shown(instance, rag, first.cursor) == (  # what the UI shows for the tick below
+        "no corpus roots registered: register one with `rag roots add PATH` (or `rag materialize PATH`, or "
+        "pipeline.roots in rag.yaml); 2 partitions of unregistered roots removed (their documents are kept)")
     after = sensor_tick(instance, rag, first.cursor)
     (delete,) = after.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
