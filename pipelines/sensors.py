@@ -1,6 +1,7 @@
 """Sensors: the corpus watcher (new / changed / deleted files) and the run-failure recorder."""
 
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     DefaultSensorStatus,
     RunFailureSensorContext,
@@ -17,6 +18,8 @@ from rag_lib.corpus_files import ReadLimits
 from rag_lib.corpus_scan import decode_state, encode_state, scan
 from rag_lib.errors import RagError
 
+from pipelines.checks import CHECKS
+from pipelines.graph_checks import GRAPH_CHECKS
 from pipelines.jobs import ingest_job
 from pipelines.partitions import (
     CORPUS_FILES,
@@ -90,10 +93,10 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
     if sync.removed and not runs:
-        # Deleting rows launches no run, so the index's checks (retrieval quality, recall) would keep
-        # describing the corpus before the deletion until some unrelated file's run: run them now.
+        # Deleting rows launches no run, so every check would keep describing the corpus before the
+        # deletion until some unrelated file's run: the index and all the checks run now.
         runs.append(RunRequest(run_key=run_key("corpus-removed", sync.removed + [f"tick {tick}"]),
-                               asset_selection=[AssetKey("hnsw_index")],
+                               asset_selection=[AssetKey("hnsw_index")], asset_check_keys=checks_after_deletion(),
                                tags={"rag/trigger": "corpus_sensor", "rag/reason": "files deleted"}))
     requests = sync.requests()
     if not runs:
@@ -108,6 +111,13 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
                      len(result.new), len(result.changed), len(seen) - len(wanted), len(sync.removed),
                      len(sync.unrooted), len(runs))
     return SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
+
+
+def checks_after_deletion() -> list[AssetCheckKey]:
+    """Every corpus check: a deletion changes what each one reads (documents, chunks, staged vectors,
+    skips, failures, the graph's nodes and links, the index). The partitioned assets' checks look at
+    the whole asset, so they run in a run that materializes no partition."""
+    return [key for check in CHECKS + GRAPH_CHECKS for key in check.check_keys]
 
 
 def skip_text(first: bool, files: int, new: int, changed: int, sync: PartitionSync, roots: bool) -> str:

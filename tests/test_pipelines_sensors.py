@@ -65,6 +65,9 @@ def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
 def launch(instance, rag, run_request):
     job = defs.resolve_job_def("ingest_files")
     selection = run_request.asset_selection
+    if run_request.asset_check_keys is not None:  # as the daemon submits it: these assets and checks only
+        job, selection = job.get_subset(asset_selection=set(selection or ()),
+                                        asset_check_selection=set(run_request.asset_check_keys)), None
     config = {"database_url": rag.database_url, "home": rag.home}
     return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=selection,
                                   run_config={"resources": {"rag": {"config": config}},
@@ -202,7 +205,7 @@ def test_sensor_new_changed_deleted(env):
     deleted = sensor_tick(instance, rag, cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
-    # ... and the index's checks run on what is left (a run of hnsw_index alone, no partition)
+    # ... and the index and every check run on what is left (a run of no partition)
     (refresh,) = deleted.run_requests
     assert [k.to_user_string() for k in refresh.asset_selection] == ["hnsw_index"]
     assert launch(instance, rag, refresh).success
@@ -241,6 +244,27 @@ def test_unregistered_root_drops_partitions_keeps_documents(env):
     when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         assert isinstance(nightly_reconcile(ctx), SkipReason)  # nothing registered, nothing to do
+
+
+@pytest.mark.slow
+def test_a_tick_that_only_deletes_refreshes_every_check(env):
+    """The checks on vector_table and the other assets look at the whole corpus; after a tick that
+    only deleted a file they must not keep showing what was there before (here: the deleted file's
+    failure, red in failed_files)."""
+    root, rag, kb, instance = env
+    first = sensor_tick(instance, rag, None)
+    (root / RELS[1]).unlink()  # gone before its run: that file fails, the other is published
+    run = launch(instance, rag, first.run_requests[0])
+    assert {e.check_name: e.passed for e in run.get_asset_check_evaluations()}["failed_files"] is False
+    (refresh,) = sensor_tick(instance, rag, first.cursor).run_requests  # the deletion: rows, then partition
+    result = launch(instance, rag, refresh)
+    assert result.success
+    evaluations = {e.asset_check_key.to_user_string(): e for e in result.get_asset_check_evaluations()}
+    assert evaluations["vector_table:failed_files"].passed, evaluations["vector_table:failed_files"].description
+    assert evaluations["vector_table:vector_table_orphans"].passed
+    assert set(evaluations) == {k.to_user_string() for k in defs.resolve_asset_graph().asset_check_keys}
+    # ... in a run of the index alone: no file is run again
+    assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {"hnsw_index"}
 
 
 @pytest.mark.slow
