@@ -12,7 +12,9 @@ import warnings
 import pytest
 from dagster import (
     AddDynamicPartitionsRequest,
+    DagsterEvent,
     DagsterEventType,
+    DagsterRunStatus,
     DeleteDynamicPartitionsRequest,
     SkipReason,
     build_run_status_sensor_context,
@@ -24,10 +26,14 @@ warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
 from testkit import sensor_tick  # noqa: E402
 
+from pipelines import dagster_private  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
+from pipelines.launch import LOCATION, location_in_process  # noqa: E402
 from pipelines.partitions import (  # noqa: E402
     CORPUS_FILES,
     MERGE_GAP,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
     PartitionMap,
     decode_key,
     encode_key,
@@ -362,6 +368,50 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         none = reembed_schedule(ctx)
     assert none.skip_message.startswith("no corpus roots registered") and "3 partitions" in none.skip_message
+
+
+def test_a_schedule_leaves_files_to_the_run_already_queued_for_them(env):
+    """Overlapping ticks: a reconcile or re-embed tick whose files an earlier run still holds
+    (queued or in progress) launches nothing for them and names that run; a file no run covers
+    gets its run; once the earlier run is over, the files get a run again."""
+    root, rag, kb, instance = env
+    job = defs.resolve_job_def("ingest_files")
+    ticks = [dt.datetime(2026, 1, d, 2, 0, tzinfo=dt.timezone.utc) for d in (1, 2, 3, 4)]
+
+    def evaluate(schedule, when, resource=rag):
+        with build_schedule_context(instance=instance, resources={"rag": resource}, scheduled_execution_time=when) as ctx:
+            return schedule(ctx)
+
+    (first,) = evaluate(nightly_reconcile, ticks[0])
+    with location_in_process(instance) as location:  # a run of the location's job, submitted to the queue
+        queued = dagster_private.create_location_run(instance, location, LOCATION, job.name, {}, first.tags)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_ENQUEUED.value, job.name), queued.run_id)
+    queued = instance.get_run_by_id(queued.run_id)
+    assert queued.status == DagsterRunStatus.QUEUED
+    skipped = evaluate(nightly_reconcile, ticks[1])
+    assert skipped.skip_message == (f"all 2 files needing a run are in runs already queued or in progress: "
+                                    f"{queued.run_id} (ingest_files, queued, nightly_reconcile); nothing launched")
+    (root / "extra.md").write_text("# Extra\n\n## Body\n\nA note on rates.\n")  # a file that run does not hold
+    (extra,) = evaluate(nightly_reconcile, ticks[2])
+    assert extra.tags[RANGE_START_TAG] == extra.tags[RANGE_END_TAG] == "corpus/extra.md"
+    instance.report_run_canceled(queued)  # over: its files need a run again
+    (again,) = evaluate(nightly_reconcile, ticks[3])
+    order = instance.get_dynamic_partitions(CORPUS_FILES)
+    assert (again.tags[RANGE_START_TAG], again.tags[RANGE_END_TAG]) == (order[0], order[-1]) and len(order) == 3
+
+    # The re-embed schedule leaves stale files to a re-embed run in progress, and to an ingest run
+    # (which does a re-embed's work and more).
+    assert kb.ingest([root]).count("failed") == 0
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
+    preload_provider(bumped.settings(), kb.provider)
+    (reembed,) = evaluate(reembed_schedule, ticks[0], bumped)
+    running = instance.create_run_for_job(defs.resolve_job_def("reembed"), tags=reembed.tags,
+                                          status=DagsterRunStatus.STARTED)
+    assert f"{running.run_id} (reembed, started, reembed_schedule)" in evaluate(reembed_schedule, ticks[1], bumped).skip_message
+    instance.report_run_canceled(running)
+    instance.create_run_for_job(job, tags={"dagster/partition": order[0]}, status=DagsterRunStatus.STARTED)
+    (rest,) = evaluate(reembed_schedule, ticks[2], bumped)  # the files the ingest run does not hold
+    assert (rest.tags[RANGE_START_TAG], rest.tags[RANGE_END_TAG]) == (order[1], order[2])
 
 
 @pytest.mark.slow
