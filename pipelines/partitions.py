@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from dagster import AddDynamicPartitionsRequest, DeleteDynamicPartitionsRequest, DynamicPartitionsDefinition
+from dagster import (AddDynamicPartitionsRequest, DagsterRun, DagsterRunStatus, DeleteDynamicPartitionsRequest,
+                     DynamicPartitionsDefinition, RunsFilter)
 
 from rag_lib.corpus_files import Digests, ReadLimits, empty_folder_warning, file_gone, path_refusal
 from rag_lib.errors import RagError, ValidationError
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 
 CORPUS_FILES = "corpus_files"
 corpus_files = DynamicPartitionsDefinition(name=CORPUS_FILES)
+
+# What a sensor or schedule tick says when there is nothing to scan.
+NO_ROOTS = ("no corpus roots registered: register one with `rag roots add PATH` (or `rag materialize PATH`, "
+            "or pipeline.roots in rag.yaml)")
 
 # Dagster's run tags for a partition range (what single-run backfills use).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -236,6 +241,33 @@ def plan_ranges(wanted: list[str], ordered: list[str], parallel: int = 1) -> lis
 
 def range_tags(start: str, end: str) -> dict[str, str]:
     return {RANGE_START_TAG: start, RANGE_END_TAG: end}
+
+
+# A run in these states will still do its work (a canceling one will not).
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED]
+
+
+def run_partition_keys(tags: dict[str, str], ordered: list[str]) -> list[str]:
+    """The partitions a run covers, from its tags (a range in `ordered`, or one partition); none
+    for a run of no partition (e.g. `hnsw_index` alone) or a range whose ends are gone."""
+    if RANGE_START_TAG in tags:
+        position = {k: i for i, k in enumerate(ordered)}
+        start, end = position.get(tags[RANGE_START_TAG]), position.get(tags.get(RANGE_END_TAG, ""))
+        return ordered[start:end + 1] if start is not None and end is not None else []
+    key = tags.get("dagster/partition")
+    return [key] if key in ordered else []
+
+
+def files_in_flight(instance, job_names: Iterable[str], ordered: list[str]) -> dict[str, DagsterRun]:
+    """key → a queued or running run of one of `job_names` that covers that file: its work is under
+    way, and another run for it would do it again beside that one."""
+    busy: dict[str, DagsterRun] = {}
+    for job in job_names:
+        for run in instance.get_runs(RunsFilter(job_name=job, statuses=IN_FLIGHT)):
+            for key in run_partition_keys(run.tags, ordered):
+                busy.setdefault(key, run)
+    return busy
 
 
 def run_key(prefix: str, items: list[str]) -> str:

@@ -1,13 +1,13 @@
 """Schedules (cron strings from settings.pipeline.schedules). Plain @schedule functions returning
 run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 
-from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import DagsterRun, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
 
-from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import (CORPUS_FILES, plan_ranges, plan_runs, range_tags, record_refused, run_key,
-                                  sync_partitions)
+from pipelines.jobs import INGEST_JOB, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
+from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, plan_ranges, plan_runs, range_tags,
+                                  record_refused, run_key, sync_partitions)
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import plan_reconcile
 
@@ -17,13 +17,13 @@ CRONS = get_settings().pipeline.schedules
 def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job_name: str, only_stale: bool,
                        trigger: str) -> list[RunRequest] | SkipReason:
     """Sync the partitions with the registered roots, then request runs (one per range) for the
-    files the library's reconcile plan names: missing/failed/stale, or only stale."""
+    files the library's reconcile plan names (missing/failed/stale, or only stale) that no run
+    queued or in progress covers already."""
     pmap = rag.partition_map()
     existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
     if not pmap.roots:
-        return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
-                          "or pipeline.roots in rag.yaml)" + (f"; {len(existing)} partitions of roots no longer "
-                                                             "registered keep their documents" if existing else ""))
+        return SkipReason(NO_ROOTS + (f"; {len(existing)} partitions of roots no longer registered keep their "
+                                      "documents" if existing else ""))
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     # new files become partitions (a run needs them); nothing is removed here (sync_partitions)
@@ -40,6 +40,17 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
         return SkipReason(f"all {len(on_disk)} files are current" + (
             f" (embedded with {rag.kb().settings.embedding.model}, embed_version "
             f"{rag.kb().settings.embedding.embed_version})" if only_stale else ""))
+    # A run still queued or running for some of these files (an earlier tick's, the sensor's, a
+    # backfill's) does their work: a second one beside it would do it twice. ingest_files
+    # materializes every corpus asset, so it covers a re-embed's work too.
+    busy = files_in_flight(context.instance, {job_name, INGEST_JOB}, sync.ordered)
+    waiting = {k: busy[k] for k in wanted if k in busy}
+    if waiting:
+        wanted = [k for k in wanted if k not in waiting]
+        if not wanted:
+            return SkipReason(f"all {len(waiting)} files needing a run are in runs already queued or in progress: "
+                              f"{in_flight_text(waiting)}; nothing launched")
+        context.log.info("%d files needing a run are left to runs in flight: %s", len(waiting), in_flight_text(waiting))
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else ""
     return [
         RunRequest(run_key=run_key(trigger, wanted + [tick, start, end]), job_name=job_name,
@@ -48,6 +59,20 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
                          "rag/stale": str(len(plan.stale)), "rag/unmaterialized": str(len(unmaterialized))})
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
+
+
+def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:
+    """The runs files wait for, as the UI names them: id, job, status and what launched it."""
+    runs = list({run.run_id: run for run in waiting.values()}.values())
+    named = [f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs[:limit]]
+    return ", ".join(named) + (f" and {len(runs) - limit} more" if len(runs) > limit else "")
+
+
+def launched_by(run: DagsterRun) -> str:
+    """What launched a run: its rag/trigger tag (sensor, schedule, `rag materialize`), else a backfill or the UI."""
+    if run.tags.get("rag/trigger"):
+        return run.tags["rag/trigger"]
+    return "backfill" if run.tags.get("dagster/backfill") else "launched from the UI"
 
 
 @schedule(cron_schedule=CRONS.reconcile, job=ingest_job, default_status=DefaultScheduleStatus.RUNNING,

@@ -1,6 +1,7 @@
 """Sensors: the corpus watcher (new / changed / deleted files) and the run-failure recorder."""
 
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     DefaultSensorStatus,
     RunFailureSensorContext,
@@ -17,9 +18,13 @@ from rag_lib.corpus_files import ReadLimits
 from rag_lib.corpus_scan import decode_state, encode_state, scan
 from rag_lib.errors import RagError
 
+from pipelines.checks import CHECKS
+from pipelines.graph_checks import GRAPH_CHECKS
 from pipelines.jobs import ingest_job
 from pipelines.partitions import (
     CORPUS_FILES,
+    NO_ROOTS,
+    PartitionSync,
     keys_needing_runs,
     plan_ranges,
     range_tags,
@@ -39,8 +44,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     pmap = rag.partition_map()
     existing = context.instance.get_dynamic_partitions(CORPUS_FILES)
     if not pmap.roots and not existing:
-        return SkipReason("no corpus roots registered (`rag roots add PATH`, `rag materialize PATH`, "
-                          "or pipeline.roots in rag.yaml)")
+        return SkipReason(NO_ROOTS)
     previous, tick = decode_state(context.cursor)
     # An unmounted disk or a moved folder: its documents stay, and the operator is told every tick
     present = pmap.present_roots()
@@ -90,20 +94,54 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
     if sync.removed and not runs:
-        # Deleting rows launches no run, so the index's checks (retrieval quality, recall) would keep
-        # describing the corpus before the deletion until some unrelated file's run: run them now.
+        # Deleting rows launches no run, so every check would keep describing the corpus before the
+        # deletion until some unrelated file's run: the index and all the checks run now.
         runs.append(RunRequest(run_key=run_key("corpus-removed", sync.removed + [f"tick {tick}"]),
-                               asset_selection=[AssetKey("hnsw_index")],
+                               asset_selection=[AssetKey("hnsw_index")], asset_check_keys=checks_after_deletion(),
                                tags={"rag/trigger": "corpus_sensor", "rag/reason": "files deleted"}))
     requests = sync.requests()
-    if not (runs or requests or result.new or result.changed):
-        return SensorResult(skip_reason=SkipReason(f"no changes in {len(result.state)} files{gone_note}"),
-                            cursor=encode_state(result.state, tick - 1))
+    if not runs:
+        # Every tick that launches nothing says what it found and why (Dagster's own text for a
+        # result without a reason is "Sensor function returned an empty result").
+        why = skip_text(context.cursor is None, len(result.state), len(result.new), len(result.changed), sync,
+                        bool(pmap.roots)) + gone_note
+        return SensorResult(skip_reason=SkipReason(why), dynamic_partitions_requests=requests,
+                            cursor=encode_state(result.state, tick - 1))  # the tick counts ticks that launch
     cursor = encode_state(result.state, tick)
     context.log.info("new %d, changed %d (%d current already), deleted %d, unregistered %d → %d run(s)",
                      len(result.new), len(result.changed), len(seen) - len(wanted), len(sync.removed),
                      len(sync.unrooted), len(runs))
     return SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
+
+
+def checks_after_deletion() -> list[AssetCheckKey]:
+    """Every corpus check: a deletion changes what each one reads (documents, chunks, staged vectors,
+    skips, failures, the graph's nodes and links, the index). The partitioned assets' checks look at
+    the whole asset, so they run in a run that materializes no partition."""
+    return [key for check in CHECKS + GRAPH_CHECKS for key in check.check_keys]
+
+
+def skip_text(first: bool, files: int, new: int, changed: int, sync: PartitionSync, roots: bool) -> str:
+    """What a tick that launches no run did, and why nothing was launched."""
+    if not roots:
+        text = NO_ROOTS
+    elif first:  # no cursor: every file is new to the sensor, and each is current already
+        text = f"first tick: {_count(files, 'file')} current, nothing to run"
+    elif new or changed:
+        what = " and ".join(f"{n} {kind}" for n, kind in ((new, "new"), (changed, "changed")) if n)
+        text = (f"{what} {'file' if new + changed == 1 else 'files'} current already (ingested by `rag ingest` or "
+                f"another run), nothing to run; {_count(files, 'file')}")
+    else:
+        text = f"no changes in {_count(files, 'file')}"
+    if sync.add:
+        text += f"; {_count(len(sync.add), 'partition')} added"
+    if sync.unrooted:
+        text += f"; {_count(len(sync.unrooted), 'partition')} of unregistered roots removed (their documents are kept)"
+    return text
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @run_failure_sensor(name="record_run_failures", default_status=DefaultSensorStatus.RUNNING,

@@ -3,6 +3,7 @@ partitions in one run, skipped inputs, per-file failures, and the Postgres-backe
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -127,9 +128,11 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
                       for ev in again.get_asset_materialization_events()}
         for asset in ("raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table"):
             assert again_mats[(asset, FILES[1])]["status"].value == "unchanged", asset
-            first = {k: v for k, v in mats[(asset, FILES[1])].items() if k != "status" and not k.startswith("run_")}
-            kept = {k: v for k, v in again_mats[(asset, FILES[1])].items() if k != "status" and not k.startswith("run_")}
+            mine = {"status", "rows_written"}  # what this materialization did
+            first = {k: v for k, v in mats[(asset, FILES[1])].items() if k not in mine and not k.startswith("run_")}
+            kept = {k: v for k, v in again_mats[(asset, FILES[1])].items() if k not in mine and not k.startswith("run_")}
             assert kept == first, asset
+        assert again_mats[("vector_table", FILES[1])]["rows_written"].value == 0
         assert "| tokens | chunks |" in again_mats[("chunks", FILES[1])]["chunk_size_histogram"].value
         assert again_mats[("raw_documents", FILES[2])]["skip_reason"].value == "template"
         # Forced: every stage redone, every vector from the embedding cache; the chunks are the
@@ -146,6 +149,42 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         doc = kb.show(RELS[1])
         assert doc["source_path"] == str((root / RELS[1]).resolve())
         assert len(doc["chunks"]) == mats[("chunks", FILES[1])]["chunks"].value
+
+
+def test_vector_table_tells_the_rows_a_run_wrote_from_the_rows_a_file_serves(corpus_copy, rag_factory, database_url,
+                                                                            provider, tmp_path):
+    """`rows_written`: the chunk rows this materialization published (a JSONL file's unchanged
+    records and an unchanged file: none); `rows_stored`: the file's chunk rows serving after it."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    records = [{"_id": f"r{i}", "title": f"Note {i}", "text": f"Desk note {i} on rates, credit spreads and the curve."}
+               for i in range(3)]
+
+    def write(rows):
+        (root / "notes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def vector_table_metadata(resource, instance, key):
+        result = materialize(ASSETS, instance=instance, resources={"rag": resource}, tags=range_tags(key, key))
+        (meta,) = [e.step_materialization_data.materialization.metadata for e in result.get_asset_materialization_events()
+                   if e.asset_key.to_user_string() == "vector_table"]
+        return {k: meta[k].value for k in ("status", "rows_written", "rows_stored")}
+
+    write(records)
+    resource = rag_factory(root)
+    with instance_for_test() as instance, _kb(database_url, tmp_path, provider) as kb:
+        (key,) = _register(instance, root)
+
+        def serving() -> int:  # the file's chunk rows in the serving table
+            return sum(len(kb.show(d["path"], collection="default")["chunks"]) for d in kb.list_documents())
+
+        first = vector_table_metadata(resource, instance, key)
+        assert first == {"status": "ok", "rows_written": serving(), "rows_stored": serving()} and serving() >= 3
+        write(records[:2] + [{**records[2], "text": "Desk note 2, revised: the curve steepened after the auction."}])
+        one_changed = vector_table_metadata(resource, instance, key)
+        assert one_changed["status"] == "ok" and one_changed["rows_stored"] == serving()
+        assert 0 < one_changed["rows_written"] < one_changed["rows_stored"]  # one record of three
+        assert vector_table_metadata(resource, instance, key) == {"status": "unchanged", "rows_written": 0,
+                                                                  "rows_stored": serving()}
 
 
 def test_failing_file_fails_only_its_partition(corpus_copy, rag_factory, database_url, provider, tmp_path):

@@ -12,21 +12,28 @@ import warnings
 import pytest
 from dagster import (
     AddDynamicPartitionsRequest,
+    DagsterEvent,
     DagsterEventType,
+    DagsterRunStatus,
     DeleteDynamicPartitionsRequest,
     SkipReason,
     build_run_status_sensor_context,
     build_schedule_context,
+    build_sensor_context,
 )
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
 from testkit import sensor_tick  # noqa: E402
 
+from pipelines import dagster_private  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
+from pipelines.launch import LOCATION, location_in_process  # noqa: E402
 from pipelines.partitions import (  # noqa: E402
     CORPUS_FILES,
     MERGE_GAP,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
     PartitionMap,
     decode_key,
     encode_key,
@@ -35,7 +42,7 @@ from pipelines.partitions import (  # noqa: E402
 )
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
 from pipelines.schedules import nightly_reconcile, reembed_schedule  # noqa: E402
-from pipelines.sensors import record_run_failures  # noqa: E402
+from pipelines.sensors import corpus_sensor, record_run_failures  # noqa: E402
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
 from rag_lib.errors import NotFoundError  # noqa: E402
@@ -63,11 +70,21 @@ def env(corpus_copy, database_url, provider, tmp_path, pg_instance):
 
 def launch(instance, rag, run_request):
     job = defs.resolve_job_def("ingest_files")
+    selection = run_request.asset_selection
+    if run_request.asset_check_keys is not None:  # as the daemon submits it: these assets and checks only
+        job, selection = job.get_subset(asset_selection=set(selection or ()),
+                                        asset_check_selection=set(run_request.asset_check_keys)), None
     config = {"database_url": rag.database_url, "home": rag.home}
-    return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=run_request.asset_selection,
+    return job.execute_in_process(instance=instance, tags=run_request.tags, asset_selection=selection,
                                   run_config={"resources": {"rag": {"config": config}},
                                               "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
                                   raise_on_error=False)
+
+
+def shown(instance, rag, cursor) -> str | None:
+    """The text the UI shows for a corpus sensor tick that launched nothing (Dagster's evaluation)."""
+    with build_sensor_context(instance=instance, cursor=cursor, resources={"rag": rag}) as context:
+        return corpus_sensor.evaluate_tick(context).skip_message
 
 
 def test_keys_round_trip_and_ranges():
@@ -167,13 +184,14 @@ def test_sensor_new_changed_deleted(env):
     assert kb.show(RELS[0])["chunk_count"] > 0
 
     # A tick without a cursor (`rag dev` started after `rag materialize`) finds every file current
-    # and materialized: no run.
+    # and materialized: no run, and the tick says so (not Dagster's "returned an empty result").
     assert not sensor_tick(instance, rag, None).run_requests
+    assert shown(instance, rag, None) == "first tick: 2 files current, nothing to run"
 
     # Nothing changed; a touched file (same bytes, new mtime) is not a change either.
     os.utime(root / RELS[1], ns=(1, 1))
     quiet = sensor_tick(instance, rag, first.cursor)
-    assert not quiet.run_requests and quiet.skip_reason is not None
+    assert not quiet.run_requests and quiet.skip_reason.skip_message == "no changes in 2 files"
 
     # A changed file: one run for that file only, no new partitions.
     original = (root / RELS[0]).read_bytes()
@@ -200,6 +218,7 @@ def test_sensor_new_changed_deleted(env):
     with open(root / RELS[0], "a") as fh:
         fh.write("\ndesk_note: ingested by hand\n")
     kb.ingest([root])
+    assert shown(instance, rag, reverted.cursor).startswith("1 changed file current already (ingested by `rag ingest`")
     by_hand = sensor_tick(instance, rag, reverted.cursor)
     assert not by_hand.run_requests
 
@@ -222,7 +241,7 @@ def test_sensor_new_changed_deleted(env):
     deleted = sensor_tick(instance, rag, cursor)
     (delete,) = deleted.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[1]]
-    # ... and the index's checks run on what is left (a run of hnsw_index alone, no partition)
+    # ... and the index and every check run on what is left (a run of no partition)
     (refresh,) = deleted.run_requests
     assert [k.to_user_string() for k in refresh.asset_selection] == ["hnsw_index"]
     assert launch(instance, rag, refresh).success
@@ -267,6 +286,9 @@ def test_unregistered_root_drops_partitions_keeps_documents(env):
     first = sensor_tick(instance, rag, None)
     assert launch(instance, rag, first.run_requests[0]).success
     kb.remove_root(root)  # the last root: its partitions still go, its documents stay
+    assert shown(instance, rag, first.cursor) == (  # what the UI shows for the tick below
+        "no corpus roots registered: register one with `rag roots add PATH` (or `rag materialize PATH`, or "
+        "pipeline.roots in rag.yaml); 2 partitions of unregistered roots removed (their documents are kept)")
     after = sensor_tick(instance, rag, first.cursor)
     (delete,) = after.dynamic_partitions_requests
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and sorted(delete.partition_keys) == sorted(FILES)
@@ -275,6 +297,27 @@ def test_unregistered_root_drops_partitions_keeps_documents(env):
     when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         assert isinstance(nightly_reconcile(ctx), SkipReason)  # nothing registered, nothing to do
+
+
+@pytest.mark.slow
+def test_a_tick_that_only_deletes_refreshes_every_check(env):
+    """The checks on vector_table and the other assets look at the whole corpus; after a tick that
+    only deleted a file they must not keep showing what was there before (here: the deleted file's
+    failure, red in failed_files)."""
+    root, rag, kb, instance = env
+    first = sensor_tick(instance, rag, None)
+    (root / RELS[1]).unlink()  # gone before its run: that file fails, the other is published
+    run = launch(instance, rag, first.run_requests[0])
+    assert {e.check_name: e.passed for e in run.get_asset_check_evaluations()}["failed_files"] is False
+    (refresh,) = sensor_tick(instance, rag, first.cursor).run_requests  # the deletion: rows, then partition
+    result = launch(instance, rag, refresh)
+    assert result.success
+    evaluations = {e.asset_check_key.to_user_string(): e for e in result.get_asset_check_evaluations()}
+    assert evaluations["vector_table:failed_files"].passed, evaluations["vector_table:failed_files"].description
+    assert evaluations["vector_table:vector_table_orphans"].passed
+    assert set(evaluations) == {k.to_user_string() for k in defs.resolve_asset_graph().asset_check_keys}
+    # ... in a run of the index alone: no file is run again
+    assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {"hnsw_index"}
 
 
 @pytest.mark.slow
@@ -372,6 +415,50 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         none = reembed_schedule(ctx)
     assert none.skip_message.startswith("no corpus roots registered") and "3 partitions" in none.skip_message
+
+
+def test_a_schedule_leaves_files_to_the_run_already_queued_for_them(env):
+    """Overlapping ticks: a reconcile or re-embed tick whose files an earlier run still holds
+    (queued or in progress) launches nothing for them and names that run; a file no run covers
+    gets its run; once the earlier run is over, the files get a run again."""
+    root, rag, kb, instance = env
+    job = defs.resolve_job_def("ingest_files")
+    ticks = [dt.datetime(2026, 1, d, 2, 0, tzinfo=dt.timezone.utc) for d in (1, 2, 3, 4)]
+
+    def evaluate(schedule, when, resource=rag):
+        with build_schedule_context(instance=instance, resources={"rag": resource}, scheduled_execution_time=when) as ctx:
+            return schedule(ctx)
+
+    (first,) = evaluate(nightly_reconcile, ticks[0])
+    with location_in_process(instance) as location:  # a run of the location's job, submitted to the queue
+        queued = dagster_private.create_location_run(instance, location, LOCATION, job.name, {}, first.tags)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_ENQUEUED.value, job.name), queued.run_id)
+    queued = instance.get_run_by_id(queued.run_id)
+    assert queued.status == DagsterRunStatus.QUEUED
+    skipped = evaluate(nightly_reconcile, ticks[1])
+    assert skipped.skip_message == (f"all 2 files needing a run are in runs already queued or in progress: "
+                                    f"{queued.run_id} (ingest_files, queued, nightly_reconcile); nothing launched")
+    (root / "extra.md").write_text("# Extra\n\n## Body\n\nA note on rates.\n")  # a file that run does not hold
+    (extra,) = evaluate(nightly_reconcile, ticks[2])
+    assert extra.tags[RANGE_START_TAG] == extra.tags[RANGE_END_TAG] == "corpus/extra.md"
+    instance.report_run_canceled(queued)  # over: its files need a run again
+    (again,) = evaluate(nightly_reconcile, ticks[3])
+    order = instance.get_dynamic_partitions(CORPUS_FILES)
+    assert (again.tags[RANGE_START_TAG], again.tags[RANGE_END_TAG]) == (order[0], order[-1]) and len(order) == 3
+
+    # The re-embed schedule leaves stale files to a re-embed run in progress, and to an ingest run
+    # (which does a re-embed's work and more).
+    assert kb.ingest([root]).count("failed") == 0
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
+    preload_provider(bumped.settings(), kb.provider)
+    (reembed,) = evaluate(reembed_schedule, ticks[0], bumped)
+    running = instance.create_run_for_job(defs.resolve_job_def("reembed"), tags=reembed.tags,
+                                          status=DagsterRunStatus.STARTED)
+    assert f"{running.run_id} (reembed, started, reembed_schedule)" in evaluate(reembed_schedule, ticks[1], bumped).skip_message
+    instance.report_run_canceled(running)
+    instance.create_run_for_job(job, tags={"dagster/partition": order[0]}, status=DagsterRunStatus.STARTED)
+    (rest,) = evaluate(reembed_schedule, ticks[2], bumped)  # the files the ingest run does not hold
+    assert (rest.tags[RANGE_START_TAG], rest.tags[RANGE_END_TAG]) == (order[1], order[2])
 
 
 @pytest.mark.slow

@@ -581,6 +581,7 @@ class StageRunner:
 
         # An unchanged file's documents must still be live and current (a deleted one is republished).
         outcomes = self._run(VECTORS, targets, (SECTIONS, CHUNKS, EMBEDDINGS), collect, still_current=published_current)
+        outcomes = self._rows_of_unchanged(targets, outcomes)
         if not pending:
             return outcomes
         idents = [_ident(t) for t, _, _ in pending.values()]
@@ -601,6 +602,24 @@ class StageRunner:
         self._save(saves)
         return [done.get(o.key, o) for o in outcomes]
 
+    def _rows_of_unchanged(self, targets: list[FileTarget], outcomes: list[StageOutcome]) -> list[StageOutcome]:
+        """An unchanged file's vector_table metadata as its last publish stored it, with this run's
+        `rows_written` (none) and the `rows_stored` it serves: its chunks stage's count, as every
+        document of it is live and current with those chunks. (Before 2026-11-28 the stored metadata
+        had one `rows`: the rows its publish wrote, shown again for an unchanged file as if stored.)"""
+        chunks = self.rows((CHUNKS,), [_ident(t) for t in targets])  # read by `_run` already
+        by_key = {t.key: t for t in targets}
+        out = []
+        for o in outcomes:
+            if o.status == "unchanged":
+                t = by_key[o.key]
+                chunked = (chunks.get((t.collection, t.rel, CHUNKS)) or {}).get("meta") or {}
+                meta = {k: v for k, v in o.metadata.items() if k != "rows"}
+                meta.update(rows_written=0, rows_stored=int(chunked.get("chunks", meta.get("rows_stored", 0))))
+                o = dataclasses.replace(o, metadata=meta)
+            out.append(o)
+        return out
+
     def _publish_file(self, t: FileTarget, raw: dict, stored: dict, staged: dict[str, np.ndarray],
                       states: dict[str, tuple[str, str]]) -> tuple[dict, list[str], dict[str, tuple[str, int]]]:
         cfg = self.engine.settings.embedding
@@ -610,13 +629,14 @@ class StageRunner:
         # the documents as this run parsed them (with their body, which the graph reads) when it did
         loaded = self._loaded.get(_ident(t))
         parsed = {d.path: d for d in loaded.documents} if loaded and loaded.file_hash == raw["file_hash"] else {}
-        published, statuses, count = [], {}, 0
+        published, statuses, written, live = [], {}, 0, 0
         for meta in raw["documents"]:
             doc = parsed.get(meta["path"]) or _doc_from_meta(meta)
             if doc.path in kept:
                 continue
             entry = chunks_out[doc.path]
             published.append(doc.path)
+            live += len(entry["chunks"])  # a current document's live rows are these chunks too
             if not self.force and self.engine.publisher.is_current(doc, states):
                 statuses[doc.path] = ("unchanged", 0)  # e.g. the other records of a changed JSONL file
                 continue
@@ -630,13 +650,15 @@ class StageRunner:
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
             self.engine.publisher.publish(Prepared(doc, sections, chunks), vectors)
             statuses[doc.path] = ("changed" if doc.path in states else "new", len(chunks))
-            count += len(chunks)
+            written += len(chunks)
         gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published) - kept
         gone |= {p for p in states if p.startswith(f"{t.rel}#")} - set(published) - kept  # JSONL records
         for ref in sorted(gone):
             self.store.delete_document(t.collection, ref)
-        return ({"documents": len(published), "rows": count, "space": self.engine.provider.space,
-                 "removed": len(gone)}, published, statuses)
+        # rows_written: the chunk rows this publish wrote (a current document is left alone);
+        # rows_stored: the file's chunk rows in the serving table after it
+        return ({"documents": len(published), "rows_written": written, "rows_stored": live,
+                 "space": self.engine.provider.space, "removed": len(gone)}, published, statuses)
 
     # ---- housekeeping ------------------------------------------------------------------
 
