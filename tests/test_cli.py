@@ -239,3 +239,52 @@ def test_a_mistyped_document_path_is_answered_with_the_closest_ones(rag, corpus_
     assert code == 1 and f"(did you mean {path}?)" in err
     code, _, err = rag("show", "nothing-like-it.md")
     assert code == 1 and "did you mean" not in err
+
+
+@pytest.mark.subprocess
+@pytest.mark.warm_cache(False)  # the model embeds: the ingest lasts long enough to be interrupted mid-way
+def test_ctrl_c_during_ingest_keeps_whole_documents_and_says_how_to_resume(rag, database_url, corpus_copy, tmp_path):
+    import signal
+    import time
+
+    import psycopg
+
+    root = corpus_copy("tradegent-docs/.claude")
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path / "child")}
+    rag_bin = Path(sys.executable).parent / "rag"
+    # its own process group, as a terminal's Ctrl-C signals the whole foreground group
+    proc = subprocess.Popen([str(rag_bin), "ingest", str(root)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        def published() -> int:
+            return conn.execute("SELECT count(*) FROM rag_documents").fetchone()[0]
+
+        while proc.poll() is None and published() == 0:  # interrupted once it has started publishing
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        stopped_in = time.monotonic() - interrupted_at
+        kept = published()
+        # every document is whole: its chunks all there, each with its vector
+        partial = conn.execute(
+            """SELECT d.path FROM rag_documents d
+               LEFT JOIN rag_chunks c ON c.collection = d.collection AND c.path = d.path
+               LEFT JOIN rag_chunk_vectors v USING (chunk_id)
+               GROUP BY d.path, d.chunk_count HAVING count(c.chunk_id) <> d.chunk_count
+                  OR count(v.chunk_id) <> d.chunk_count""").fetchall()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    line = err.strip()
+    assert "\n" not in line and line.startswith("interrupted: rag ingest stopped"), err
+    assert "stay published" in line and "run the same command again" in line
+    assert 0 < kept < len(files) and partial == []
+    assert stopped_in < 30, f"the ingest took {stopped_in:.1f} s to stop after Ctrl-C"
+
+    code, out, _ = rag("validate", "--json")
+    assert code == 0 and json.loads(out)["problems"] == 0
+    code, out, _ = rag("ingest", str(root), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["failed"] == 0
+    assert report["unchanged"] == kept and report["new"] == len(files) - kept
