@@ -288,3 +288,23 @@ def test_ctrl_c_during_ingest_keeps_whole_documents_and_says_how_to_resume(rag, 
     report = json.loads(out)
     assert code == 0 and report["failed"] == 0
     assert report["unchanged"] == kept and report["new"] == len(files) - kept
+
+
+def test_status_lists_only_failures_not_fixed_since(rag, tmp_path):
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.md").write_text(f"# Notes\n\n## Metals\n\nThe desk watches {metal} supply.\n")
+    assert rag("ingest", str(first), "-c", "desk")[0] == 0
+    assert rag("ingest", str(second), "-c", "desk")[0] == 1  # the same document path from another file
+    failures = json.loads(rag("status", "--json")[1])["failures"]
+    assert [f["partition"] for f in failures] == ["notes.md"]
+
+    (first / "notes.md").unlink()  # fixed: the file moved, so desk_b's takes the document over
+    assert rag("ingest", str(second), "-c", "desk")[0] == 0
+    code, out, _ = rag("status", "--json")
+    status = json.loads(out)
+    assert code == 0 and status["failures"] == [] and status["failures_fixed"] == 1
+    code, out, _ = rag("status")
+    assert "recent pipeline failures" not in out
+    assert "1 earlier file failures are fixed" in out
