@@ -93,6 +93,12 @@ class ReembedRunningError(RagError):
     code = "reembed_running"
 
 
+class StoppedError(RagError):
+    """A run was told to stop (Ctrl-C on `rag ingest`): raised inside its steps, never a file's failure."""
+
+    code = "stopped"
+
+
 class AmbiguousReferenceError(RagError):
     """A document id that several documents of a collection carry: a lookup or delete by that id
     would pick one at random (or delete them all); the caller must name the document by its path."""

@@ -320,3 +320,72 @@ def test_prune_keeps_a_folder_that_lists_no_files_until_told_with_the_command_it
     assert command == ["rag", "ingest", str(root), "--collection", "default", "--prune-empty"]
     code, out, _ = rag(*command[1:], "--json")
     assert code == 0 and sorted(json.loads(out)["pruned"]) == ["a.md", "sub/c.md"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.warm_cache(False)  # the model embeds: the ingest lasts long enough to be interrupted mid-way
+def test_ctrl_c_during_ingest_keeps_whole_documents_and_says_how_to_resume(rag, database_url, corpus_copy, tmp_path):
+    import signal
+    import time
+
+    import psycopg
+
+    root = corpus_copy("tradegent-docs/.claude")
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path / "child")}
+    rag_bin = Path(sys.executable).parent / "rag"
+    # its own process group, as a terminal's Ctrl-C signals the whole foreground group
+    proc = subprocess.Popen([str(rag_bin), "ingest", str(root)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        def published() -> int:
+            return conn.execute("SELECT count(*) FROM rag_documents").fetchone()[0]
+
+        while proc.poll() is None and published() == 0:  # interrupted once it has started publishing
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        stopped_in = time.monotonic() - interrupted_at
+        kept = published()
+        # every document is whole: its chunks all there, each with its vector
+        partial = conn.execute(
+            """SELECT d.path FROM rag_documents d
+               LEFT JOIN rag_chunks c ON c.collection = d.collection AND c.path = d.path
+               LEFT JOIN rag_chunk_vectors v USING (chunk_id)
+               GROUP BY d.path, d.chunk_count HAVING count(c.chunk_id) <> d.chunk_count
+                  OR count(v.chunk_id) <> d.chunk_count""").fetchall()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    line = err.strip()
+    assert "\n" not in line and line.startswith("interrupted: rag ingest stopped"), err
+    assert "stay published" in line and "run the same command again" in line
+    assert 0 < kept < len(files) and partial == []
+    assert stopped_in < 30, f"the ingest took {stopped_in:.1f} s to stop after Ctrl-C"
+
+    code, out, _ = rag("validate", "--json")
+    assert code == 0 and json.loads(out)["problems"] == 0
+    code, out, _ = rag("ingest", str(root), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["failed"] == 0
+    assert report["unchanged"] == kept and report["new"] == len(files) - kept
+
+
+def test_status_lists_only_failures_not_fixed_since(rag, tmp_path):
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.md").write_text(f"# Notes\n\n## Metals\n\nThe desk watches {metal} supply.\n")
+    assert rag("ingest", str(first), "-c", "desk")[0] == 0
+    assert rag("ingest", str(second), "-c", "desk")[0] == 1  # the same document path from another file
+    failures = json.loads(rag("status", "--json")[1])["failures"]
+    assert [f["partition"] for f in failures] == ["notes.md"]
+
+    (first / "notes.md").unlink()  # fixed: the file moved, so desk_b's takes the document over
+    assert rag("ingest", str(second), "-c", "desk")[0] == 0
+    code, out, _ = rag("status", "--json")
+    status = json.loads(out)
+    assert code == 0 and status["failures"] == [] and status["failures_fixed"] == 1
+    code, out, _ = rag("status")
+    assert "recent pipeline failures" not in out
+    assert "1 earlier file failures are fixed" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -26,14 +27,28 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 log = get_logger("cli")
-STATE: dict[str, Any] = {"debug": False, "kb": None}
+STATE: dict[str, Any] = {"debug": False, "kb": None, "command": None, "interrupted": False}
+
+# What an interrupted command leaves behind and how to go on (the rest of `interrupted_line`)
+_WRITES_WHOLE = ("files already published stay published and none is half-written (each document is one "
+                 "transaction); run the same command again to resume: published files are skipped as unchanged")
+INTERRUPTED = {
+    "ingest": _WRITES_WHOLE,
+    "embed": _WRITES_WHOLE,
+    "reembed": ("what was re-embedded so far is kept whole (each batch or document is one transaction) and the "
+                "active space keeps serving; run the same command again to resume"),
+    "eval": "its scores so far are discarded; run the same command again",
+    "search": "nothing was changed; run the search again",
+}
 
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
 ) -> None:
     STATE["debug"] = debug
+    STATE["command"] = ctx.invoked_subcommand
     if debug:
         setup_logging("DEBUG")
 
@@ -70,15 +85,38 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def interrupted_line(command: str | None) -> str:
+    """The one line an interrupt (Ctrl-C) prints: what stopped, what is kept, what to do."""
+    name = f"rag {command}" if command else "rag"
+    kept = INTERRUPTED.get(command or "", "what it finished writing is kept whole; run the same command again")
+    return f"interrupted: {name} stopped before it finished; {kept}"
+
+
+def _note_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT: remember it (typer turns the KeyboardInterrupt into a silent exit code 130), then interrupt."""
+    STATE["interrupted"] = True
+    signal.default_int_handler(signum, frame)
+
+
+def _interrupted() -> None:
+    log.info("interrupted by the user (SIGINT) during rag %s", STATE["command"] or "")
+    err_console.print(escape(interrupted_line(STATE["command"])), highlight=False, soft_wrap=True)
+    sys.exit(130)
+
+
 def main() -> None:
     """Console-script entry point."""
     skip_final_collections()  # torch, Dagster and GE make a plain exit take seconds
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    STATE["interrupted"] = False
+    previous = signal.signal(signal.SIGINT, _note_interrupt)
     try:
         # Non-standalone click returns the code of typer.Exit instead of raising it.
         code = app(standalone_mode=False)
+        if STATE["interrupted"]:
+            _interrupted()
         if isinstance(code, int) and code:
             sys.exit(code)
     except RagError as exc:
@@ -89,7 +127,9 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
+        _interrupted()
+    except typer.Abort:
         err_console.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors and unexpected failures
@@ -105,6 +145,7 @@ def main() -> None:
                           "(for the traceback: rag --debug COMMAND ...)", highlight=False, soft_wrap=True)
         sys.exit(1)
     finally:
-        if STATE["kb"] is not None:
+        if STATE["kb"] is not None:  # its pools and encoder threads, also after an interrupt
             STATE["kb"].close()
             STATE["kb"] = None
+        signal.signal(signal.SIGINT, previous)

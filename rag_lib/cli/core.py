@@ -217,6 +217,8 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         for row in data["failures"]:
             table.add_row(str(row["failed_at"])[:19], row["source"], row["partition"] or "", row["message"][:200])
         console.print(table)
+    if data.get("failures_fixed"):
+        console.print(f"{data['failures_fixed']} earlier file failures are fixed (the files ingested since, or deleted)")
     from rag_lib.cli.cache import print_usage
 
     print_usage(data.get("embedding_usage"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -49,8 +50,10 @@ class EmbeddingProvider(ABC):
         tokens = sum(self.tokenizer().count_many(texts)) + 2 * len(texts) if texts else 0
         return vectors, [Usage(self.name, self.model, self.dimensions, inputs=len(texts), tokens=tokens)]
 
-    def start_counted(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
+    def start_counted(self, texts: list[str], stop: threading.Event | None = None
+                      ) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
         """Start embedding `texts` and return what waits for `embed_counted`'s result: an ingest
         starts its next round's texts while the current round's last ones are encoded. A provider
-        that cannot encode in the background (this default) does all the work when that is called."""
+        that cannot encode in the background (this default) does all the work when that is called.
+        `stop` (a stopped ingest): a provider that can stop early raises `StoppedError` once it is set."""
         return lambda: self.embed_counted(texts)

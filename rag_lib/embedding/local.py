@@ -144,7 +144,8 @@ class LocalProvider(EmbeddingProvider):
         the encoder (~2% of an ingest on this machine)."""
         return self.start_counted(texts)()
 
-    def start_counted(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
+    def start_counted(self, texts: list[str], stop: threading.Event | None = None
+                      ) -> Callable[[], tuple[np.ndarray, list[Usage]]]:
         """A batch on ONNX: its texts tokenized and its mini-batches queued for the encoder's
         workers now (`OnnxEncoder.submit_rows`), the vectors waited for when the returned function
         is called; anything else is encoded then, as is everything for a subclass that replaces
@@ -156,7 +157,7 @@ class LocalProvider(EmbeddingProvider):
         rows = self.tokenizer().model_inputs_many(texts)
         with self._count_lock:
             self.calls += 1
-        encoding = self._batch_encoder.submit_rows(rows, self.batch_size, slots=self._batch_slots)
+        encoding = self._batch_encoder.submit_rows(rows, self.batch_size, slots=self._batch_slots, stop=stop)
         usage = [Usage(self.name, self.model, self.dimensions, inputs=len(texts),
                        tokens=sum(len(r["input_ids"]) for r in rows))]
 
@@ -164,6 +165,7 @@ class LocalProvider(EmbeddingProvider):
             with embed_call("local", self.model, len(texts)):
                 return encoding.result(), usage
 
+        result.cancel = encoding.cancel  # Embedder.abandon: a stopped ingest does not encode the rest
         return result
 
     def _embed(self, texts: list[str]) -> np.ndarray:

@@ -19,13 +19,14 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager, nullcontext
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from rag_lib.errors import ConfigError
+from rag_lib.errors import ConfigError, StoppedError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer, get_tokenizer
 
@@ -112,13 +113,16 @@ class OnnxEncoder:
         return self.submit_rows(rows, batch_size, slots, workers).result()
 
     def submit_rows(self, rows: list[dict[str, np.ndarray]], batch_size: int,
-                    slots: AbstractContextManager | None = None, workers: int | None = None) -> Encoding:
+                    slots: AbstractContextManager | None = None, workers: int | None = None,
+                    stop: threading.Event | None = None) -> Encoding:
         """Queue `rows`' mini-batches for the encoder's workers and return at once (an ingest's next
         round is queued while the current one's last mini-batches run, so no worker waits between
         rounds): `Encoding.result()` waits for the vectors. The workers take mini-batches in the
         order they were queued, whoever queued them; at most `QUEUE_DEPTH` wait unstarted, so a call
         blocks while the queue is full (what bounds the memory of tokens queued ahead, and lets
-        two ingests sharing the encoder take turns). `workers` 1: encoded here, on this thread."""
+        two ingests sharing the encoder take turns). `workers` 1: encoded here, on this thread.
+        Once `stop` is set (a stopped ingest), queuing and waiting raise `StoppedError` and the
+        mini-batches not started yet are dropped."""
         slots = slots or nullcontext()
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
         out = np.zeros((len(rows), self.dimensions), dtype=np.float32)
@@ -153,13 +157,15 @@ class OnnxEncoder:
 
         try:
             for start in starts:
-                queued.acquire()  # blocks while QUEUE_DEPTH mini-batches wait unstarted
+                while not queued.acquire(timeout=STOP_POLL_SECONDS):  # waits while QUEUE_DEPTH wait unstarted
+                    _raise_if_stopped(stop)
+                _raise_if_stopped(stop, queued)
                 futures.append(pool.submit(started, start))
                 futures[-1].add_done_callback(dropped)
         except BaseException:
             Encoding(out, futures).cancel()
             raise
-        return Encoding(out, futures)
+        return Encoding(out, futures, stop)
 
     def _pool(self) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
         """The batch workers, shared by every batch of this encoder, and the places in their queue
@@ -171,19 +177,36 @@ class OnnxEncoder:
             return self._workers[1], self._workers[2]
 
 
+STOP_POLL_SECONDS = 0.25  # how often a wait for the encoder looks at its `stop` (a Ctrl-C's latency)
+
+
+def _raise_if_stopped(stop: threading.Event | None, slot: threading.BoundedSemaphore | None = None) -> None:
+    """Raise `StoppedError` once `stop` is set (giving back the queue place `slot` taken for nothing)."""
+    if stop is not None and stop.is_set():
+        if slot is not None:
+            slot.release()
+        raise StoppedError("the ingest was stopped")
+
+
 class Encoding:
     """The mini-batches of one `OnnxEncoder.submit_rows` call, queued or running."""
 
-    def __init__(self, out: np.ndarray, futures: list[Future]):
+    def __init__(self, out: np.ndarray, futures: list[Future], stop: threading.Event | None = None):
         self._out = out
         self._futures = futures
+        self._stop = stop
 
     def result(self) -> np.ndarray:
         """The vectors, once every mini-batch ran; a mini-batch's error is raised here (the others
-        not started yet are dropped)."""
+        not started yet are dropped), and so is `StoppedError` once the call's `stop` is set."""
         try:
             for future in self._futures:
-                future.result()
+                while True:
+                    try:
+                        future.result(timeout=None if self._stop is None else STOP_POLL_SECONDS)
+                        break
+                    except FutureTimeout:
+                        _raise_if_stopped(self._stop)
         except BaseException:
             self.cancel()
             raise

@@ -13,12 +13,16 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def overlapped(items: Iterable[T], steps: Sequence[Callable[[T], None]], in_flight: int) -> Iterator[T]:
+def overlapped(items: Iterable[T], steps: Sequence[Callable[[T], None]], in_flight: int,
+               stop: Callable[[], None] | None = None) -> Iterator[T]:
     """Yield each of `items` once every step has run on it. A step runs on one item at a time, in
     the items' order, and starts on an item when the step before it has finished it. An exception
     in a step is raised here when its item's turn comes, that is after every earlier item went
     through every step (a failing round leaves the rounds before it complete); no step starts on a
-    later item once it is raised (an outage is not met again by the next round)."""
+    later item once it is raised (an outage is not met again by the next round). When the consumer
+    stops early (an error, an interrupt, a `break`), `stop` is called before the steps already
+    running are waited for, so they can stop between their own pieces of work (a Ctrl-C is not
+    kept waiting for a whole round)."""
     if in_flight < 1:
         raise ValueError("in_flight must be at least 1")
     pools = [ThreadPoolExecutor(1, thread_name_prefix=f"ingest-step{i}") for i in range(len(steps))]
@@ -50,6 +54,10 @@ def overlapped(items: Iterable[T], steps: Sequence[Callable[[T], None]], in_flig
             done, future = pending.popleft()
             future.result()
             yield done
+    except BaseException:  # GeneratorExit too: the consumer left before the last item
+        if stop is not None:
+            stop()
+        raise
     finally:
         for pool in pools:  # on an error: steps already running finish, the others never start
             pool.shutdown(wait=True, cancel_futures=True)

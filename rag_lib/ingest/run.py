@@ -157,7 +157,8 @@ def ingest(
     steps.insert(1, lambda r: runner.encode_ahead(r.targets))
     done = 0
     try:
-        for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT):
+        # stopped early (Ctrl-C, an outage): the other steps stop at their next file, not their round's end
+        for r in overlapped(rounds, steps, ROUNDS_IN_FLIGHT, stop=runner.stop):
             rows = runner.rows((RAW, CHUNKS), [(t.collection, t.rel) for t in r.targets])
             for t in r.targets:
                 seen.update(_report_file(engine, report, t, r.outcomes[t.key], rows))

@@ -7,6 +7,7 @@ base; the per-file state machine that drives them (`rag ingest` and the Dagster 
 
 from __future__ import annotations
 
+import inspect
 import threading
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -20,7 +21,7 @@ from rag_lib.config import Settings
 from rag_lib.corpus_files import ReadLimits
 from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
-from rag_lib.errors import DimensionMismatchError, EmbeddingError, TooManyChunksError
+from rag_lib.errors import DimensionMismatchError, EmbeddingError, StoppedError, TooManyChunksError
 from rag_lib.flatten import flatten, load_mapping
 from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
@@ -233,11 +234,12 @@ class Embedder:
         provider, checked (size, NaN, zero) and then cached. Bad vectors raise, nothing is cached."""
         return self.finish(self.start(texts, borrow))
 
-    def start(self, texts: dict[str, str], borrow: bool = True) -> Call:
+    def start(self, texts: dict[str, str], borrow: bool = True, stop: threading.Event | None = None) -> Call:
         """Look `texts` up in the cache and start the provider on the rest (`provider.start_counted`:
         the local model queues them for its workers and returns); `finish` waits for them. A text
         that a call started before and not finished yet is embedding is taken from that call, not
-        sent twice (`borrow` False: sent anyway). Never raises: an error is raised by `finish`."""
+        sent twice (`borrow` False: sent anyway). Never raises: an error is raised by `finish`.
+        `stop`: the run's stop signal, for a provider that can stop early (`start_counted`)."""
         call = Call(texts)
         try:
             call.cached = self.store.cache_get(list(texts), self.settings.embedding.cache_model(self.model),
@@ -253,7 +255,11 @@ class Embedder:
                     else:
                         call.borrowed[h] = other
             if call.missing:
-                call.pending = self.provider.start_counted([texts[h] for h in call.missing])
+                missing = [texts[h] for h in call.missing]
+                # the stop signal only to a provider that takes it (a plugin's may not)
+                takes_stop = stop is not None and "stop" in inspect.signature(self.provider.start_counted).parameters
+                call.pending = (self.provider.start_counted(missing, stop=stop) if takes_stop
+                                else self.provider.start_counted(missing))
         except Exception as exc:  # noqa: BLE001 - raised by finish, on the thread that reports it
             call.error = exc
         return call
@@ -268,7 +274,11 @@ class Embedder:
 
     def abandon(self, call: Call) -> None:
         """Forget a started call that will not be finished (its run stopped): later calls embed its
-        texts themselves instead of waiting for it."""
+        texts themselves instead of waiting for it, and what the provider has not started on is
+        dropped (where it can say so: the local model's queued mini-batches)."""
+        cancel = getattr(call.pending, "cancel", None)
+        if cancel is not None:
+            cancel()
         with self._lock:
             for h in call.missing:
                 if self._in_flight.get(h) is call:
@@ -322,19 +332,21 @@ class Embedder:
         hits = sum(1 for c in chunks if c.content_hash not in fresh)
         return EmbedResult(vectors, cache_hits=hits, embedded=len(fresh), usage=got.usage)
 
-    def start_files(self, files: Sequence[tuple[Hashable, list[Chunk]]]) -> list[FileGroup]:
+    def start_files(self, files: Sequence[tuple[Hashable, list[Chunk]]],
+                    stop: threading.Event | None = None) -> list[FileGroup]:
         """Start embedding many files' chunks, in the groups `embed_files` makes (see `start`);
         `embed_files(files, started)` finishes them."""
-        return [FileGroup(group, self.start(_texts(c for _, cs in group for c in cs)))
+        return [FileGroup(group, self.start(_texts(c for _, cs in group for c in cs), stop=stop))
                 for group in _groups(files)]
 
     def embed_files(self, files: Sequence[tuple[Hashable, list[Chunk]]],
-                    started: Sequence[FileGroup] = ()) -> FileVectors:
+                    started: Sequence[FileGroup] = (), stop: threading.Event | None = None) -> FileVectors:
         """Embed the chunks of many files in large batches; a failing batch is retried file by file
         so only the bad file gets an error (any exception, not only provider errors). A provider
         that fails for every file (an outage, not a bad file) raises its `EmbeddingError`, as before.
         `started`: groups `start_files` started, for the files with these same chunks (others are
-        grouped and embedded here)."""
+        grouped and embedded here). Once `stop` is set, the next group (or a failing one) raises
+        `StoppedError` instead of being embedded or retried."""
         out = FileVectors()
         streak = [0]  # consecutive single-file provider errors while nothing has succeeded yet
         hashes = {key: [c.content_hash for c in cs] for key, cs in files}
@@ -350,11 +362,15 @@ class Embedder:
         groups = ready + [FileGroup(group, None) for group in _groups([f for f in files if f[0] not in covered])]
 
         def run(group: list[tuple[Hashable, list[Chunk]]], call: Call | None) -> None:
+            if stop is not None and stop.is_set():
+                raise StoppedError("the ingest was stopped")
             try:
                 if call is None:
-                    call = self.start(_texts(c for _, cs in group for c in cs))
+                    call = self.start(_texts(c for _, cs in group for c in cs), stop=stop)
                 result = self._embedded([c for _, cs in group for c in cs], call)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
+                if stop is not None and stop.is_set():  # e.g. its queued mini-batches were dropped
+                    raise StoppedError("the ingest was stopped") from exc
                 if len(group) > 1:
                     log.warning("embedding %d files failed (%s); retrying file by file", len(group), error_text(exc))
                     for item in group:

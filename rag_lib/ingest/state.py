@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import numpy as np
 
 from rag_lib.config import Settings
 from rag_lib.corpus_files import file_gone
-from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, TooManyChunksError
+from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, StoppedError, TooManyChunksError
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.documents import file_of
@@ -172,6 +173,7 @@ class StageRunner:
         # encode_ahead: the chunks it started embedding (with the file's hash) and their groups by file key
         self._chunks: dict[tuple[str, str], tuple[str, list[Chunk]]] = {}
         self._started: dict[str, FileGroup] = {}
+        self.stopping = threading.Event()  # set by `stop`: the stages stop between files
 
     @cached_property
     def engine(self) -> Engine:
@@ -344,6 +346,12 @@ class StageRunner:
                 out.setdefault(outcome.key, {})[stage] = outcome
         return out
 
+    def stop(self) -> None:
+        """Stop the stages running on other threads at their next file (publishing: after the
+        document being written, whole; embedding: within a mini-batch); what a stage has not
+        finished is not stored, so the next run does it (`rag ingest` on Ctrl-C)."""
+        self.stopping.set()  # the encoder's waits and queuing look at it (`OnnxEncoder.submit_rows`)
+
     def abandon_started(self) -> None:
         """Forget what `encode_ahead` started and `embeddings` will not finish (the run stopped)."""
         for group in dict.fromkeys(self._started.values()):  # a group by identity (FileGroup: eq=False)
@@ -509,7 +517,7 @@ class StageRunner:
             chunks = [Chunk.from_dict(x) for d in chunked["documents"] for x in d["chunks"]]
             files.append((t.key, chunks))
             self._chunks[(c, p)] = (raw["file_hash"], chunks)
-        for group in self.engine.embedder.start_files(files):
+        for group in self.engine.embedder.start_files(files, stop=self.stopping):
             for key, _ in group.files:
                 self._started[key] = group
 
@@ -532,9 +540,10 @@ class StageRunner:
         started = [g for g in dict.fromkeys(self._started.pop(t.key, None) for t in targets) if g is not None]
         try:
             with self.recording():
-                result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()], started)
+                result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()], started,
+                                                          stop=self.stopping)
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
-            if self.outage_raises:
+            if self.outage_raises or isinstance(exc, StoppedError):
                 raise
             result = FileVectors(errors={key: exc for key in pending})
         self.embed_totals["cache_hits"] += result.cache_hits
@@ -591,6 +600,8 @@ class StageRunner:
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
+            if self.stopping.is_set():  # the files not published yet stay as they were, for the next run
+                break
             try:
                 meta, published, statuses = self._publish_file(t, raw, stored, staged.get(_ident(t), {}),
                                                                states[t.collection])

@@ -17,6 +17,16 @@ FILTER_FIELDS = {"doc_type": ("doc_type",), "ticker": ("ticker",), "dates": ("da
                  "formats": ("formats",), "tags": ("tags",)}
 
 
+FAILURE_SCOPE = "%(c)s::text IS NULL OR f.collection = %(c)s OR f.collection IS NULL"
+# A failure is current unless it was one file's (its collection and partition known) and that file
+# fails in no stage any more: fixed and ingested again, or deleted (its stage rows are gone). The
+# partition is the file's path (`rag ingest`) or its Dagster key, `<root name>/<path>`.
+STILL_FAILING = """f.collection IS NULL OR f.partition IS NULL OR EXISTS (
+    SELECT 1 FROM rag_stage_outputs s WHERE s.collection = f.collection
+       AND s.payload->>'status' IN ('failed', 'upstream_failed')
+       AND (s.path = f.partition OR right(f.partition, length(s.path) + 1) = '/' || s.path))"""
+
+
 class StatusStore:
     """Mixin: needs `self.db` (Connections)."""
 
@@ -39,9 +49,11 @@ class StatusStore:
             skipped = _dicts(conn.execute(
                 f"SELECT path, reason, detail FROM rag_skipped WHERE {scope} ORDER BY path", params))
             failures = _dicts(conn.execute(
-                "SELECT source, run_id, partition, message, failed_at, collection FROM rag_failures"
-                " WHERE %(c)s::text IS NULL OR collection = %(c)s OR collection IS NULL"
-                " ORDER BY failed_at DESC LIMIT 10", params))
+                f"SELECT source, run_id, partition, message, failed_at, collection FROM rag_failures f"
+                f" WHERE ({FAILURE_SCOPE}) AND ({STILL_FAILING}) ORDER BY failed_at DESC LIMIT 10", params))
+            fixed = conn.execute(
+                f"SELECT count(*) FROM rag_failures f WHERE ({FAILURE_SCOPE}) AND NOT ({STILL_FAILING})",
+                params).fetchone()[0]
             cache = conn.execute("SELECT count(*) FROM rag_embedding_cache").fetchone()[0]
         return {
             "documents": docs[0],
@@ -53,6 +65,7 @@ class StatusStore:
             "vectors": vectors,
             "skipped": skipped,
             "failures": failures,
+            "failures_fixed": fixed,
             "cache_entries": cache,
             "embedding_usage": self.usage_summary() if hasattr(self, "usage_summary") else None,
         }
