@@ -323,7 +323,6 @@ def test_prune_keeps_a_folder_that_lists_no_files_until_told_with_the_command_it
 
 
 @pytest.mark.subprocess
-@pytest.mark.warm_cache(False)  # the model embeds: the ingest lasts long enough to be interrupted mid-way
 def test_ctrl_c_during_ingest_keeps_whole_documents_and_says_how_to_resume(rag, database_url, corpus_copy, tmp_path):
     import signal
     import time
@@ -331,6 +330,12 @@ def test_ctrl_c_during_ingest_keeps_whole_documents_and_says_how_to_resume(rag, 
     import psycopg
 
     root = corpus_copy("tradegent-docs/.claude")
+    # The copied files' vectors are cached, so they publish at once; the model has to embed this one
+    # (text seen nowhere else, listed last), so the ingest is still running when it is interrupted.
+    (root / "zz_desk_log.md").write_text("# Desk log\n\n" + "\n\n".join(
+        f"## Session {n}\n\n" + " ".join(f"Session {n} note {m}: the desk sized position {n * 31 + m} in "
+                                          f"contract {m * 17 + n} after the open." for m in range(12))
+        for n in range(40)))
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path / "child")}
     rag_bin = Path(sys.executable).parent / "rag"
