@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -389,3 +390,47 @@ def test_status_lists_only_failures_not_fixed_since(rag, tmp_path):
     code, out, _ = rag("status")
     assert "recent pipeline failures" not in out
     assert "1 earlier file failures are fixed" in out
+
+
+def test_a_jsonl_file_of_repeated_ids_is_a_few_rows_in_the_tables_and_whole_in_json(rag, tmp_path, monkeypatch):
+    """2,000 records on 10 ids (1,990 `duplicate_id` skips, one a line) and 40 unreadable lines: the
+    ingest's and status's tables give each file and reason one row (the count, the first lines, the
+    first detail), where they gave a row a line; --json and the log still name every line."""
+    import logging
+
+    root = tmp_path / "beir"
+    root.mkdir()
+    lines = [json.dumps({"_id": f"r{n % 10}", "text": f"Record {n} on copper supply."}) for n in range(2000)]
+    lines += ["{not json"] * 40
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "other.jsonl").write_text('{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')  # one: a row as before
+
+    code, out, _ = rag("ingest", str(root), "--json")
+    files = json.loads(out)["files"]
+    duplicates = [f["path"] for f in files if f["reason"] == "duplicate_id"]
+    assert code == 0 and len(duplicates) == 1991 and "corpus.jsonl:11" in duplicates and "other.jsonl:2" in duplicates
+    assert sum(f["reason"] == "malformed_json" for f in files) == 40
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("rag_lib.cli").addHandler(handler)
+    monkeypatch.setenv("RAG_LOG_LEVEL", "INFO")
+    try:
+        code, out, _ = rag("ingest", str(root))  # unchanged: its skips are reported again
+    finally:
+        logging.getLogger("rag_lib.cli").removeHandler(handler)
+        monkeypatch.delenv("RAG_LOG_LEVEL")
+    flat = re.sub(r"[│┃\s]+", " ", out)  # a cell's lines joined (only the detail column wraps)
+    assert code == 0 and len(out.splitlines()) < 40, out
+    assert "1990 records (lines 11, 12, 13, 14, 15 and 1,985 more); first: line 11: _id 'r0' is already used on line 1" in flat
+    assert "40 records (lines 2001, 2002" in flat and "other.jsonl:2" in flat and "--json lists every one" in flat
+    (line,) = [m for m in logged if m.startswith("corpus.jsonl: 1990 records")]
+    assert line.startswith("corpus.jsonl: 1990 records skipped as duplicate_id: lines 11, 12, 13,") and line.endswith(", 2000")
+
+    code, out, _ = rag("status")
+    table = out.split("skipped inputs")[1].split("embedding usage")[0]
+    assert code == 0 and len(table.splitlines()) < 25, out
+    assert "1990 records (lines 11, 12, 13, 14, 15 and 1,985 more)" in re.sub(r"[│┃\s]+", " ", table)
+    skipped = json.loads(rag("status", "--json")[1])["skipped"]
+    assert sum(s["reason"] == "duplicate_id" for s in skipped) == 1991 and len(skipped) == 2031
