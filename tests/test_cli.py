@@ -434,3 +434,45 @@ def test_a_jsonl_file_of_repeated_ids_is_a_few_rows_in_the_tables_and_whole_in_j
     assert "1990 records (lines 11, 12, 13, 14, 15 and 1,985 more)" in re.sub(r"[│┃\s]+", " ", table)
     skipped = json.loads(rag("status", "--json")[1])["skipped"]
     assert sum(s["reason"] == "duplicate_id" for s in skipped) == 1991 and len(skipped) == 2031
+
+
+def test_status_names_files_served_from_an_older_version_and_what_to_do(rag, tmp_path):
+    """A file whose newest edit is malformed is skipped, and its last good version is still served:
+    `rag status` (text and --json) names the file, why, what is served (a JSONL file: its records)
+    and what to do; fixed and ingested again, or deleted, it is no longer listed. A JSONL file with
+    some bad lines serves its good ones as they are now: not listed."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: The desk is long copper.\n")
+    (root / "beir.jsonl").write_text("".join(json.dumps({"_id": f"d{n}", "text": f"Record {n} on rates."}) + "\n"
+                                             for n in range(7)))
+    (root / "mixed.jsonl").write_text('{"_id": "m1", "text": "Tin."}\n{"_id": "m2", "text": "Zinc."}\n')
+    assert rag("ingest", str(root))[0] == 0
+    assert json.loads(rag("status", "--json")[1])["held"] == []
+
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: [The desk is long copper.\n")
+    (root / "beir.jsonl").write_text("{broken\n" * 3)  # every record unreadable
+    (root / "mixed.jsonl").write_text('{"_id": "m1", "text": "Tin, revised."}\n{broken\n')
+    assert rag("ingest", str(root))[0] == 0
+    code, out, _ = rag("status", "--json")
+    held = {h["path"]: h for h in json.loads(out)["held"]}
+    assert code == 0 and sorted(held) == ["beir.jsonl", "copper.yaml"]
+    assert held["copper.yaml"]["reason"] == "malformed_yaml" and held["copper.yaml"]["documents"] == 1
+    assert held["copper.yaml"]["action"] == ("fix copper.yaml and run rag ingest on it again, or delete what is "
+                                             "served: rag delete copper.yaml --collection default")
+    beir = held["beir.jsonl"]
+    assert beir["reason"] == "malformed_json" and beir["detail"].startswith("line 1: ")
+    assert beir["documents"] == 7 and beir["examples"] == [f"beir.jsonl#d{n}" for n in range(5)]
+    code, out, _ = rag("status")
+    lines = out.split("served from an older version (2; the newest edit is skipped):\n")[1].splitlines()
+    assert lines[0].startswith("  beir.jsonl (default): malformed_json: line 1: ") and lines[0].endswith(
+        "; serves 7 documents: beir.jsonl#d0, beir.jsonl#d1, beir.jsonl#d2, beir.jsonl#d3, beir.jsonl#d4 and 2 more; "
+        "fix beir.jsonl and run rag ingest on it again, or delete what is served: rag delete beir.jsonl --collection default")
+    assert lines[1].startswith("  copper.yaml (default): malformed_yaml: ") and "; serves its 1 document; fix" in lines[1]
+
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: The desk is short copper.\n")
+    assert rag("ingest", str(root))[0] == 0
+    assert rag("delete", "beir.jsonl")[0] == 0
+    code, out, _ = rag("status", "--json")
+    assert code == 0 and json.loads(out)["held"] == []
+    assert "served from an older version" not in rag("status")[1]

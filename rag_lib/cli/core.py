@@ -122,6 +122,14 @@ def _folded_caption(rows: list[dict]) -> str | None:
     return "rows of many records of one JSONL file are folded: --json lists every one (RAG_LOG_LEVEL=INFO logs them)"
 
 
+def _served(row: dict) -> str:
+    """The documents a held file still serves: how many, and which (the first few)."""
+    if row["examples"] == [row["path"]]:
+        return "its 1 document"
+    more = row["documents"] - len(row["examples"])
+    return f"{row['documents']} documents: " + ", ".join(row["examples"]) + (f" and {more:,} more" if more > 0 else "")
+
+
 def _some(paths: list[str], shown: int = 20) -> str:
     """The first `shown` paths and how many more."""
     return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
@@ -232,7 +240,7 @@ def _plan_hints(plan: dict) -> str:
 
 @app.command()
 def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonOpt) -> None:
-    """Documents, chunks, vectors, skipped inputs and recent failures."""
+    """Documents, chunks, vectors, skipped inputs, files served from an older version and recent failures."""
     data = kb().status(collection)
     if as_json:
         print_json(data)
@@ -267,6 +275,11 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
             table.add_row(row["path"], row["reason"], row["detail"])
         table.caption = _folded_caption(rows)
         console.print(table)
+    if data.get("held"):  # a skip never deletes: what is served is not what the file says now
+        console.print(f"[yellow]served from an older version[/] ({len(data['held'])}; the newest edit is skipped):")
+        for row in data["held"]:
+            console.print(escape(f"  {row['path']} ({row['collection']}): {row['reason']}: {row['detail']}; serves "
+                                 f"{_served(row)}; {row['action']}"), soft_wrap=True, highlight=False)
     if data["failures"]:
         table = Table(title="recent pipeline failures")
         for col in ("when", "source", "partition", "message"):
