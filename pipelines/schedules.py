@@ -36,10 +36,15 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     else:  # also files never materialized on this instance, as `rag materialize` runs them
         plan, unmaterialized = plan_runs(context.instance, rag.kb(), on_disk)
     wanted = plan.stale if only_stale else sorted(set(plan.keys) | set(unmaterialized))
+    if plan.held:  # a run would skip them again: said on every tick, not left to look current
+        context.log.warning("%s", held_text(plan.held))
     if not wanted:
-        return SkipReason(f"all {len(on_disk)} files are current" + (
+        current = f"all {len(on_disk)} files are current" if not plan.held else \
+            f"{len(on_disk) - len(plan.held)} of {len(on_disk)} files are current"
+        return SkipReason(current + (
             f" (embedded with {rag.kb().settings.embedding.model}, embed_version "
-            f"{rag.kb().settings.embedding.embed_version})" if only_stale else ""))
+            f"{rag.kb().settings.embedding.embed_version})" if only_stale else "")
+            + (f"; {held_text(plan.held)}" if plan.held else ""))
     # A run still queued or running for some of these files (an earlier tick's, the sensor's, a
     # backfill's) does their work: a second one beside it would do it twice. ingest_files
     # materializes every corpus asset, so it covers a re-embed's work too.
@@ -56,9 +61,18 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
         RunRequest(run_key=run_key(trigger, wanted + [tick, start, end]), job_name=job_name,
                    tags={**range_tags(start, end), "rag/trigger": trigger,
                          "rag/missing": str(len(plan.missing)), "rag/failed": str(len(plan.failed)),
-                         "rag/stale": str(len(plan.stale)), "rag/unmaterialized": str(len(unmaterialized))})
+                         "rag/stale": str(len(plan.stale)), "rag/unmaterialized": str(len(unmaterialized)),
+                         "rag/held": str(len(plan.held))})
         for start, end in plan_ranges(wanted, sync.ordered, rag.kb().settings.pipeline.parallel_runs)
     ]
+
+
+def held_text(held: list[str], limit: int = 3) -> str:
+    """The files a run cannot bring up to date (`ReconcilePlan.held`) and what to do about them."""
+    named = ", ".join(held[:limit]) + (f" and {len(held) - limit} more" if len(held) > limit else "")
+    return (f"{len(held)} served from an older version, as their newest edit is skipped (a run skips it again, "
+            f"so what they serve keeps the settings and vectors it was published with): {named}; fix them and run again, or rag delete them "
+            "(rag status names what each serves)")
 
 
 def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:

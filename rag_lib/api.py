@@ -25,6 +25,7 @@ from rag_lib.log import get_logger, setup_logging
 from rag_lib.models import (CorpusRoot, IngestReport, ParsedFile, SearchFilters, SearchResult, collection_problem,
                             is_number)
 from rag_lib.ingest.stages import Engine
+from rag_lib.ingest.state import held_files
 from rag_lib.search.retrieval import SearchCaches
 from rag_lib.store import Store
 from rag_lib.store.roots import refuse_nested_root
@@ -872,6 +873,7 @@ class KnowledgeBase:
         counts["index_size_mb"] = stats["index_size_mb"]
         counts["index"] = stats
         counts["tickers"] = sorted(self.store.known_tickers(collection))
+        counts["held"] = held_files(self.store, collection)  # served from an older version: see held_files
         # seed 001's RAGStats names beside ours
         counts.update(document_count=counts["documents"], chunk_count=counts["chunks"],
                       doc_types=counts["by_type"], last_embed=counts["last_ingest"])

@@ -610,6 +610,18 @@ def file_of(doc_path: str) -> str:
     return doc_path[: cut + len(".jsonl")] if cut >= 0 else doc_path
 
 
+def record_of(path: str) -> tuple[str, str] | None:
+    """(file, record) of a JSONL record's path: `<file>.jsonl:<line>` (a skipped record) gives
+    (file, "line N"), `<file>.jsonl#<_id>` gives (file, the id); None for any other path."""
+    file = file_of(path)
+    if file != path:
+        return file, path[len(file) + 1:]
+    head, sep, line = path.rpartition(":")
+    if sep and line.isdigit() and Path(head).suffix.lower() in JSONL_SUFFIXES:
+        return head, f"line {line}"
+    return None
+
+
 def _load_jsonl(
     text: str, rel: str, digest: str, common: dict[str, Any], max_bytes: int, limits: ParseLimits
 ) -> Iterator[Document | Skipped]:

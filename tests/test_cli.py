@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -394,3 +395,89 @@ def test_status_lists_only_failures_not_fixed_since(rag, tmp_path):
     code, out, _ = rag("status")
     assert "recent pipeline failures" not in out
     assert "1 earlier file failures are fixed" in out
+
+
+def test_a_jsonl_file_of_repeated_ids_is_a_few_rows_in_the_tables_and_whole_in_json(rag, tmp_path, monkeypatch):
+    """2,000 records on 10 ids (1,990 `duplicate_id` skips, one a line) and 40 unreadable lines: the
+    ingest's and status's tables give each file and reason one row (the count, the first lines, the
+    first detail), where they gave a row a line; --json and the log still name every line."""
+    import logging
+
+    root = tmp_path / "beir"
+    root.mkdir()
+    lines = [json.dumps({"_id": f"r{n % 10}", "text": f"Record {n} on copper supply."}) for n in range(2000)]
+    lines += ["{not json"] * 40
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "other.jsonl").write_text('{"_id": "a", "text": "x"}\n{"_id": "a", "text": "y"}\n')  # one: a row as before
+
+    code, out, _ = rag("ingest", str(root), "--json")
+    files = json.loads(out)["files"]
+    duplicates = [f["path"] for f in files if f["reason"] == "duplicate_id"]
+    assert code == 0 and len(duplicates) == 1991 and "corpus.jsonl:11" in duplicates and "other.jsonl:2" in duplicates
+    assert sum(f["reason"] == "malformed_json" for f in files) == 40
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("rag_lib.cli").addHandler(handler)
+    monkeypatch.setenv("RAG_LOG_LEVEL", "INFO")
+    try:
+        code, out, _ = rag("ingest", str(root))  # unchanged: its skips are reported again
+    finally:
+        logging.getLogger("rag_lib.cli").removeHandler(handler)
+        monkeypatch.delenv("RAG_LOG_LEVEL")
+    flat = re.sub(r"[│┃\s]+", " ", out)  # a cell's lines joined (only the detail column wraps)
+    assert code == 0 and len(out.splitlines()) < 40, out
+    assert "1990 records (lines 11, 12, 13, 14, 15 and 1,985 more); first: line 11: _id 'r0' is already used on line 1" in flat
+    assert "40 records (lines 2001, 2002" in flat and "other.jsonl:2" in flat and "--json lists every one" in flat
+    (line,) = [m for m in logged if m.startswith("corpus.jsonl: 1990 records")]
+    assert line.startswith("corpus.jsonl: 1990 records skipped as duplicate_id: lines 11, 12, 13,") and line.endswith(", 2000")
+
+    code, out, _ = rag("status")
+    table = out.split("skipped inputs")[1].split("embedding usage")[0]
+    assert code == 0 and len(table.splitlines()) < 25, out
+    assert "1990 records (lines 11, 12, 13, 14, 15 and 1,985 more)" in re.sub(r"[│┃\s]+", " ", table)
+    skipped = json.loads(rag("status", "--json")[1])["skipped"]
+    assert sum(s["reason"] == "duplicate_id" for s in skipped) == 1991 and len(skipped) == 2031
+
+
+def test_status_names_files_served_from_an_older_version_and_what_to_do(rag, tmp_path):
+    """A file whose newest edit is malformed is skipped, and its last good version is still served:
+    `rag status` (text and --json) names the file, why, what is served (a JSONL file: its records)
+    and what to do; fixed and ingested again, or deleted, it is no longer listed. A JSONL file with
+    some bad lines serves its good ones as they are now: not listed."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: The desk is long copper.\n")
+    (root / "beir.jsonl").write_text("".join(json.dumps({"_id": f"d{n}", "text": f"Record {n} on rates."}) + "\n"
+                                             for n in range(7)))
+    (root / "mixed.jsonl").write_text('{"_id": "m1", "text": "Tin."}\n{"_id": "m2", "text": "Zinc."}\n')
+    assert rag("ingest", str(root))[0] == 0
+    assert json.loads(rag("status", "--json")[1])["held"] == []
+
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: [The desk is long copper.\n")
+    (root / "beir.jsonl").write_text("{broken\n" * 3)  # every record unreadable
+    (root / "mixed.jsonl").write_text('{"_id": "m1", "text": "Tin, revised."}\n{broken\n')
+    assert rag("ingest", str(root))[0] == 0
+    code, out, _ = rag("status", "--json")
+    held = {h["path"]: h for h in json.loads(out)["held"]}
+    assert code == 0 and sorted(held) == ["beir.jsonl", "copper.yaml"]
+    assert held["copper.yaml"]["reason"] == "malformed_yaml" and held["copper.yaml"]["documents"] == 1
+    assert held["copper.yaml"]["action"] == ("fix copper.yaml and run rag ingest on it again, or delete what is "
+                                             "served: rag delete copper.yaml --collection default")
+    beir = held["beir.jsonl"]
+    assert beir["reason"] == "malformed_json" and beir["detail"].startswith("line 1: ")
+    assert beir["documents"] == 7 and beir["examples"] == [f"beir.jsonl#d{n}" for n in range(5)]
+    code, out, _ = rag("status")
+    lines = out.split("served from an older version (2; the newest edit is skipped):\n")[1].splitlines()
+    assert lines[0].startswith("  beir.jsonl (default): malformed_json: line 1: ") and lines[0].endswith(
+        "; serves 7 documents: beir.jsonl#d0, beir.jsonl#d1, beir.jsonl#d2, beir.jsonl#d3, beir.jsonl#d4 and 2 more; "
+        "fix beir.jsonl and run rag ingest on it again, or delete what is served: rag delete beir.jsonl --collection default")
+    assert lines[1].startswith("  copper.yaml (default): malformed_yaml: ") and "; serves its 1 document; fix" in lines[1]
+
+    (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: The desk is short copper.\n")
+    assert rag("ingest", str(root))[0] == 0
+    assert rag("delete", "beir.jsonl")[0] == 0
+    code, out, _ = rag("status", "--json")
+    assert code == 0 and json.loads(out)["held"] == []
+    assert "served from an older version" not in rag("status")[1]

@@ -3,6 +3,7 @@ re-runs, changed files, prune, force, collections, and atomic publishing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -79,6 +80,49 @@ def test_a_file_turning_bad_keeps_its_live_version(kb, corpus_copy):
     (root / LEARNING).write_bytes(good)
     assert kb.ingest([root]).outcomes[0].status == "unchanged"
     assert kb.status()["skipped"] == []
+
+
+def test_the_reconcile_plan_holds_files_served_from_an_older_version(kb, settings, provider, corpus_copy):
+    """A file whose newest edit is skipped is served from its last good version: the reconcile and
+    re-embed plan names it `held` (a run would skip it again), also after a settings change makes
+    the other files stale, where it used to pass over it in silence; one fixed on disk is stale (a
+    run publishes it). A document over the chunk limit keeps its older version too: held."""
+    from rag_lib.api import KnowledgeBase
+    from rag_lib.corpus_scan import FileTarget
+    from rag_lib.ingest.state import plan_reconcile
+
+    root = corpus_copy(LEARNING, TRADE)
+    (root / "note.md").write_text("# Note\n\n## One\n\nCopper.\n\n## Two\n\nTin.\n\n## Three\n\nZinc.\n")
+    long = " ".join(f"Copper grade {n} held at the port." for n in range(300))
+    (root / "recs.jsonl").write_text(json.dumps({"_id": "long", "text": long}) + "\n"
+                                     + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
+    kb.ingest([root])
+    (root / LEARNING).write_text("pattern: [unclosed\n  bad: : yaml")
+    kb.ingest([root])
+    targets = [FileTarget("default", root, rel, rel) for rel in (LEARNING, TRADE, "note.md")]
+    fingerprint = kb.settings.pipeline_fingerprint()
+    plan = plan_reconcile(kb.store, kb.settings, targets, fingerprint)
+    assert plan.held == [LEARNING] and plan.keys == []
+    plan = plan_reconcile(kb.store, kb.settings, targets, "another model")  # what a re-embed plans
+    assert plan.held == [LEARNING] and plan.stale == [TRADE, "note.md"]
+
+    strict = KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(max_chunks_per_document=1)}),
+                           provider=provider)
+    try:
+        report = strict.ingest([root / "note.md", root / "recs.jsonl"], root=root, force=True)
+        assert [(o.path, o.status) for o in report.outcomes] == [
+            ("note.md", "skipped"), ("recs.jsonl#long", "skipped"), ("recs.jsonl#short", "changed")]
+        plan = plan_reconcile(strict.store, strict.settings, [*targets, FileTarget("default", root, "recs.jsonl", "r")],
+                              strict.settings.pipeline_fingerprint())
+        assert plan.held == [LEARNING, "note.md", "r"]
+        held = {h["path"]: h for h in strict.status()["held"]}
+        assert held["note.md"]["documents"] == 1 and held["note.md"]["reason"] == "too_many_chunks"
+        assert held["recs.jsonl"]["examples"] == ["recs.jsonl#long"] and held["recs.jsonl"]["target"] == "recs.jsonl#long"
+    finally:
+        strict.close()
+    (root / LEARNING).write_text("pattern: fixed on disk, not ingested yet\n")
+    plan = plan_reconcile(kb.store, kb.settings, targets, fingerprint)
+    assert plan.stale == [LEARNING] and plan.held == ["note.md"]
 
 
 @pytest.mark.warm_cache(False)  # the first ingest embeds every chunk

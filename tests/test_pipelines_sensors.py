@@ -417,6 +417,30 @@ def test_schedules_reconcile_and_reembed(env):
     assert none.skip_message.startswith("no corpus roots registered") and "3 partitions" in none.skip_message
 
 
+def test_the_schedules_name_files_served_from_an_older_version(env):
+    """A file whose newest edit is malformed keeps serving its last good version: the reconcile and
+    re-embed ticks say so (skip reason, `rag/held` tag, a warning) and re-run nothing for it, where
+    they called every file current."""
+    root, rag, kb, instance = env
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    assert kb.ingest([root]).count("new") == 2
+    (root / RELS[0]).write_text("pattern: [unclosed\n  bad: : yaml")
+    assert kb.ingest([root]).count("skipped") == 1
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        skipped = reembed_schedule(ctx)
+    assert skipped.skip_message == (
+        "1 of 2 files are current (embedded with all-MiniLM-L6-v2, embed_version 1); 1 served from an older "
+        "version, as their newest edit is skipped (a run skips it again, so what they serve keeps the settings "
+        f"and vectors it was published with): {FILES[0]}; fix them and run again, or rag delete them (rag status "
+        "names what each serves)")
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
+    preload_provider(bumped.settings(), kb.provider)
+    with build_schedule_context(instance=instance, resources={"rag": bumped}, scheduled_execution_time=when) as ctx:
+        (run,) = reembed_schedule(ctx)
+    assert run.tags["rag/stale"] == "1" and run.tags["rag/held"] == "1"
+    assert run.tags[RANGE_START_TAG] == run.tags[RANGE_END_TAG] == FILES[1]
+
+
 def test_a_schedule_leaves_files_to_the_run_already_queued_for_them(env):
     """Overlapping ticks: a reconcile or re-embed tick whose files an earlier run still holds
     (queued or in progress) launches nothing for them and names that run; a file no run covers

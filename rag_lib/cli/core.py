@@ -12,8 +12,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json
+from rag_lib.documents import record_of
+from rag_lib.log import get_logger
 from rag_lib.models import IngestReport
 
+log = get_logger("cli")
+FOLD_OVER = 3  # a JSONL file's rows of one status and reason beyond this many are one row of a table
+FOLD_SHOWN = 5  # the records a folded row names
 
 
 def _date(value: Optional[str], name: str) -> Optional[dt.date]:
@@ -49,8 +54,11 @@ def print_ingest_report(report: IngestReport) -> None:
         detail = Table(title="skipped and failed inputs")
         for col in ("path", "status", "reason", "detail"):
             detail.add_column(col, overflow="fold")
-        for o in problems:
-            detail.add_row(o.path, o.status, o.reason or "", o.detail or "")
+        rows = folded([{"path": o.path, "status": o.status, "reason": o.reason or "", "detail": o.detail or ""}
+                       for o in problems])
+        for row in rows:
+            detail.add_row(row["path"], row["status"], row["reason"], row["detail"])
+        detail.caption = _folded_caption(rows)
         console.print(detail)
     warned = [(o.path, w) for o in report.outcomes for w in o.warnings]
     if warned:
@@ -65,6 +73,61 @@ def print_ingest_report(report: IngestReport) -> None:
     if report.stale:  # a renamed file's old document would otherwise come back in searches unnoticed
         console.print(f"still served though their files are gone: {escape(_some(report.stale))}; run the same "
                       "command with --prune to delete them", soft_wrap=True, highlight=False)
+
+
+def folded(rows: list[dict]) -> list[dict]:
+    """Table rows (`path`, `reason`, `detail`, maybe `status`) with the JSONL records of one file
+    that share a status and reason folded into one row when there are more than FOLD_OVER of them (a
+    file repeating one `_id` on 2,000 lines gave 2,000 rows): the file, how many, the first records
+    and the first one's detail, `folded` set to the count. The records of each fold are logged at
+    INFO; `--json` keeps every row."""
+    groups: dict[tuple, list[dict]] = {}
+    for n, row in enumerate(rows):
+        record = record_of(row["path"])
+        key = (record[0], row.get("status"), row["reason"]) if record else (n,)
+        groups.setdefault(key, []).append(row)
+    out = []
+    for key, group in groups.items():
+        if len(group) <= FOLD_OVER:
+            out.extend(group)
+            continue
+        group = sorted(group, key=_record_order)  # status lists them by path text: line 10 before line 2
+        records = [record_of(r["path"])[1] for r in group]
+        named = _named_records(records)
+        log.info("%s: %d records %s as %s: %s", key[0], len(group), group[0].get("status", "skipped"), key[2],
+                 _named_records(records, len(records)))
+        out.append({**group[0], "path": key[0], "folded": len(group),
+                    "detail": f"{len(group)} records ({named}); first: {group[0]['detail']}"})
+    return out
+
+
+def _record_order(row: dict) -> int:
+    """A record row's line number (a skipped record's), for sorting; 0 for a record named by its id."""
+    label = record_of(row["path"])[1]
+    return int(label.removeprefix("line ")) if label.startswith("line ") and label[5:].isdigit() else 0
+
+
+def _named_records(records: list[str], shown: int = FOLD_SHOWN) -> str:
+    """`lines 3, 4, 5 and 1,995 more` (skipped records) or `ids a, b, c` (documents)."""
+    lines = all(r.startswith("line ") for r in records)
+    names = [r.removeprefix("line ") for r in records] if lines else records
+    more = len(names) - shown
+    return ("lines " if lines else "ids ") + ", ".join(names[:shown]) + (f" and {more:,} more" if more > 0 else "")
+
+
+def _folded_caption(rows: list[dict]) -> str | None:
+    """Under a table with folded rows: where every record is listed."""
+    if not any(r.get("folded") for r in rows):
+        return None
+    return "rows of many records of one JSONL file are folded: --json lists every one (RAG_LOG_LEVEL=INFO logs them)"
+
+
+def _served(row: dict) -> str:
+    """The documents a held file still serves: how many, and which (the first few)."""
+    if row["examples"] == [row["path"]]:
+        return "its 1 document"
+    more = row["documents"] - len(row["examples"])
+    return f"{row['documents']} documents: " + ", ".join(row["examples"]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def _some(paths: list[str], shown: int = 20) -> str:
@@ -177,7 +240,7 @@ def _plan_hints(plan: dict) -> str:
 
 @app.command()
 def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonOpt) -> None:
-    """Documents, chunks, vectors, skipped inputs and recent failures."""
+    """Documents, chunks, vectors, skipped inputs, files served from an older version and recent failures."""
     data = kb().status(collection)
     if as_json:
         print_json(data)
@@ -207,9 +270,16 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         table = Table(title="skipped inputs")
         for col in ("path", "reason", "detail"):
             table.add_column(col, overflow="fold")
-        for row in data["skipped"]:
+        rows = folded(data["skipped"])
+        for row in rows:
             table.add_row(row["path"], row["reason"], row["detail"])
+        table.caption = _folded_caption(rows)
         console.print(table)
+    if data.get("held"):  # a skip never deletes: what is served is not what the file says now
+        console.print(f"[yellow]served from an older version[/] ({len(data['held'])}; the newest edit is skipped):")
+        for row in data["held"]:
+            console.print(escape(f"  {row['path']} ({row['collection']}): {row['reason']}: {row['detail']}; serves "
+                                 f"{_served(row)}; {row['action']}"), soft_wrap=True, highlight=False)
     if data["failures"]:
         table = Table(title="recent pipeline failures")
         for col in ("when", "source", "partition", "message"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import shlex
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -688,13 +689,28 @@ def _skipped_paths(chunks_row: dict | None) -> set[str]:
     return {s["path"] for s in (chunks_row or {}).get("skipped", []) if s.get("path")}
 
 
+def held_files(store: Store, collection: str | None = None) -> list[dict[str, Any]]:
+    """Files served from an older version: their newest content was skipped (malformed, over a
+    limit) and the documents of their last good version are still live. Each: collection, path,
+    reason, detail, documents (how many served), examples (their first paths), target, and
+    `action`, what to do about it."""
+    rows = store.held_files(collection, RAW, CHUNKS)
+    for row in rows:
+        row["action"] = (f"fix {row['path']} and run rag ingest on it again, or delete what is served: "
+                         f"rag delete {shlex.quote(row['target'])} --collection {shlex.quote(row['collection'])}")
+    return rows
+
+
 @dataclass
 class ReconcilePlan:
-    """Files that need a run: never processed, failed somewhere, or stale (content or settings)."""
+    """Files that need a run: never processed, failed somewhere, or stale (content or settings);
+    and `held`, files a run cannot bring up to date: their current content is skipped while an
+    older version is served (its vectors stay in the space and settings they were made with)."""
 
     missing: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> list[str]:
@@ -707,6 +723,7 @@ def plan_reconcile(store: Store, settings: Settings, targets: list[FileTarget], 
     published = store.stage_index(VECTORS)
     broken = {k for stage in STAGES for k, (_, status, _) in store.stage_index(stage).items()
               if status in ("failed", "upstream_failed")}
+    held = {(r["collection"], r["path"]) for r in held_files(store)}
     plan = ReconcilePlan()
     for t in targets:
         ident = (t.collection, t.rel)
@@ -720,9 +737,12 @@ def plan_reconcile(store: Store, settings: Settings, targets: list[FileTarget], 
         if digest != file_hash(t.path, t.root, settings):
             plan.stale.append(t.key)
         elif status == "skipped":
-            continue
+            if ident in held:  # a run would skip it again: its older version stays as it is
+                plan.held.append(t.key)
         elif ident not in published:
             plan.missing.append(t.key)
         elif published[ident][2] != fingerprint:
-            plan.stale.append(t.key)
+            plan.stale.append(t.key)  # a run under new settings may publish what was over a limit
+        elif ident in held:
+            plan.held.append(t.key)
     return plan

@@ -348,14 +348,15 @@ def client_roots(kb: KnowledgeBase) -> list[Path]:
 
 
 def status(kb: KnowledgeBase, collection: str | None = None) -> dict[str, Any]:
-    """Counts, active space, index size (`index_size_mb`), skipped inputs and recent failures. The
-    failure messages and skip details name files relative to their root (any other absolute path
+    """Counts, active space, index size (`index_size_mb`), skipped inputs, files served from an
+    older version (`held`) and recent failures. The failure messages and skip details name files
+    relative to their root (any other absolute path
     becomes `<path>`): read-only clients learn nothing of the server's filesystem; `rag status` on
     the server shows them whole."""
     raw = kb.status(collection)
     roots = client_roots(kb)
-    for row in [*(raw.get("failures") or []), *(raw.get("skipped") or [])]:
-        for key in ("message", "detail", "path", "partition"):
+    for row in [*(raw.get("failures") or []), *(raw.get("skipped") or []), *(raw.get("held") or [])]:
+        for key in ("message", "detail", "path", "partition", "action"):
             if isinstance(row.get(key), str):
                 row[key] = scrub_paths(row[key], roots)
     return raw

@@ -26,6 +26,40 @@ STILL_FAILING = """f.collection IS NULL OR f.partition IS NULL OR EXISTS (
        AND s.payload->>'status' IN ('failed', 'upstream_failed')
        AND (s.path = f.partition OR right(f.partition, length(s.path) + 1) = '/' || s.path))"""
 
+# A skipped file's last good documents stay live (a skip never deletes): held by a raw_documents row
+# that skipped the file's current bytes (malformed, over a limit; a JSONL file: every record), by a
+# chunks row of those bytes that skipped the whole file, or, for one document, by such a row's
+# `skipped` entry (over limits.max_chunks_per_document while its file's other documents publish).
+# A document belongs to its file as `file_of` says: `<file>.jsonl#<_id>` is in `<file>.jsonl`.
+HELD_FILES = """
+WITH files AS (
+    SELECT r.collection, r.path, r.payload->>'status' AS raw_status, r.payload->>'skip_reason' AS raw_reason,
+           r.payload->'meta'->>'skip_detail' AS raw_detail, c.payload AS chunks
+      FROM rag_stage_outputs r
+      LEFT JOIN rag_stage_outputs c ON c.collection = r.collection AND c.path = r.path AND c.stage = %(chunks)s
+           AND c.content_hash IS NOT DISTINCT FROM r.content_hash
+     WHERE r.stage = %(raw)s AND (%(c)s::text IS NULL OR r.collection = %(c)s)
+       AND (r.payload->>'status' = 'skipped' OR c.payload->>'status' = 'skipped'
+            OR jsonb_array_length(coalesce(c.payload->'skipped', '[]')) > 0)
+), held AS (
+    SELECT collection, path, coalesce(raw_reason, chunks->>'skip_reason') AS reason,
+           coalesce(raw_detail, chunks->>'skip_detail', '') AS detail, NULL::text AS doc
+      FROM files WHERE raw_status = 'skipped' OR chunks->>'status' = 'skipped'
+    UNION ALL
+    SELECT f.collection, f.path, s->>'reason', coalesce(s->>'detail', ''), s->>'path'
+      FROM files f CROSS JOIN LATERAL jsonb_array_elements(f.chunks->'skipped') s
+     WHERE f.raw_status = 'ok' AND f.chunks->>'status' = 'ok'
+), served AS (
+    SELECT collection, path, CASE WHEN strpos(lower(path), '.jsonl#') > 0
+                                  THEN left(path, strpos(lower(path), '.jsonl#') + 5) ELSE path END AS file
+      FROM rag_documents WHERE %(c)s::text IS NULL OR collection = %(c)s
+)
+SELECT h.collection, h.path, h.reason, h.detail, count(*) AS documents,
+       (array_agg(d.path ORDER BY d.path))[1:%(shown)s::int] AS examples, coalesce(h.doc, h.path) AS target
+  FROM held h JOIN served d ON d.collection = h.collection AND d.file = h.path AND (h.doc IS NULL OR d.path = h.doc)
+ GROUP BY h.collection, h.path, h.reason, h.detail, h.doc
+ ORDER BY h.collection, h.path, h.doc"""
+
 
 class StatusStore:
     """Mixin: needs `self.db` (Connections)."""
@@ -69,6 +103,16 @@ class StatusStore:
             "cache_entries": cache,
             "embedding_usage": self.usage_summary() if hasattr(self, "usage_summary") else None,
         }
+
+    def held_files(self, collection: str | None, raw_stage: str, chunks_stage: str,
+                   shown: int = 5) -> list[dict[str, Any]]:
+        """Files whose newest content was skipped while documents of an earlier version of theirs are
+        still served: collection, path (the file), reason, detail, documents (how many are served),
+        examples (the first `shown` of their paths), target (what `rag delete` takes: the file, or the
+        one document the chunks stage skipped). See HELD_FILES."""
+        with self.db.connection() as conn:
+            return _dicts(conn.execute(HELD_FILES, {"c": collection, "raw": raw_stage, "chunks": chunks_stage,
+                                                    "shown": shown}))
 
     def chunk_total(self, collection: str) -> int:
         """Chunks of the collection's documents (what `status_counts` reports as `chunks`), in one
