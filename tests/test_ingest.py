@@ -82,6 +82,32 @@ def test_a_file_turning_bad_keeps_its_live_version(kb, corpus_copy):
     assert kb.status()["skipped"] == []
 
 
+def test_a_jsonl_record_turning_bad_keeps_its_live_version_until_the_file_reads_cleanly(kb, tmp_path):
+    """A record line broken by an edit can't say which `_id` it was, so no record absent from the new
+    version is deleted while the file has unreadable lines; once it reads cleanly, removed records go."""
+    root = tmp_path / "recs"
+    root.mkdir()
+    lines = {i: json.dumps({"_id": i, "text": f"Record {i}: the desk's view on {metal} supply."})
+             for i, metal in (("a", "copper"), ("b", "nickel"), ("c", "zinc"))}
+    (root / "r.jsonl").write_text("\n".join(lines.values()) + "\n")
+    kb.ingest([root])
+    live = {"r.jsonl#a", "r.jsonl#b", "r.jsonl#c"}
+    assert {d["path"] for d in kb.list_documents()} == live
+
+    # b's line loses a brace (its id can't be read); c changes
+    changed_c = json.dumps({"_id": "c", "text": "Record c: zinc supply tightens."})
+    (root / "r.jsonl").write_text("\n".join([lines["a"], lines["b"][:-1], changed_c]) + "\n")
+    report = kb.ingest([root])
+    assert {d["path"] for d in kb.list_documents()} == live  # b's live version kept
+    assert any(o.reason == "malformed_json" for o in report.outcomes)
+    assert "zinc supply tightens" in " ".join(h.text for h in kb.search("zinc supply tightens", mode="lexical").hits)
+
+    # fixed by deleting b's line on purpose: now its record goes
+    (root / "r.jsonl").write_text("\n".join([lines["a"], changed_c]) + "\n")
+    kb.ingest([root])
+    assert {d["path"] for d in kb.list_documents()} == {"r.jsonl#a", "r.jsonl#c"}
+
+
 def test_the_reconcile_plan_holds_files_served_from_an_older_version(kb, settings, provider, corpus_copy):
     """A file whose newest edit is skipped is served from its last good version: the reconcile and
     re-embed plan names it `held` (a run would skip it again), also after a settings change makes
