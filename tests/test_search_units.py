@@ -103,6 +103,19 @@ def test_an_excerpt_with_no_word_of_the_query_shows_the_passage_not_its_heading(
     assert excerpt(text, "stop loss") == "The stop loss sits at 131.50. … Stop loss moved to 128."
 
 
+def test_an_excerpt_matching_a_yaml_key_shows_the_block_under_it():
+    """`rag search "compare META and GOOGL bear case"` showed `bear case:` and `bear:` alone: the key
+    matched the question, its indented value (probability, target, driver) shared no word and was left out."""
+    scenarios = ("bull:\n  probability pct: 40\n  outcome: AI momentum continues\nbear:\n  probability pct: 15\n"
+                 "  outcome: Broader market correction\n  price target: 270.0\nexpected value pct: 12.01")
+    assert excerpt(scenarios, "compare META and GOOGL bear case") == \
+        "bear: probability pct: 15 outcome: Broader market correction price target: 270.0"
+    review = ("what failed: Could have held longer\nbiases detected:\n"
+              "  - bias: disposition-effect, impact: Sold too early, left 5% on table\nnext: review")
+    assert excerpt(review, "what biases did I show") == \
+        "biases detected: - bias: disposition-effect, impact: Sold too early, left 5% on table"
+
+
 def test_query_syntax_detection():
     assert is_websearch('"bull call spread" NVDA') and is_websearch("earnings -NFLX")
     assert not is_websearch("PFE vs AMD: risk per trade")

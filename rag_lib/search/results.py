@@ -10,7 +10,6 @@ from pathlib import Path
 from rag_lib.documents import FILE_DATE
 from rag_lib.models import SearchHit
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _TOKEN = re.compile(r"[a-z0-9][a-z0-9_.%$/-]*[a-z0-9%]|[a-z0-9]")
 _STOP = {
     "a", "an", "and", "are", "as", "at", "be", "by", "did", "do", "does", "for", "from", "has", "have", "how",
@@ -96,16 +95,45 @@ def query_stems(query: str) -> set[str]:
 _BARE = re.compile(r"^(#{1,6}\s.*|#{1,6}|[-=*_]{3,}|\|?[\s:|-]*-{3,}[\s:|-]*\|?|```.*|~~~.*)$")
 
 
+# A flattened YAML key whose value is the indented block under it ("bear case:", "  - bias: x, ...").
+_KEY_ONLY = re.compile(r"^(\s*)(?:-\s+)?[^\s:][^:]*:\s*$")
+_WITHIN_LINE = re.compile(r"(?<=[.!?])\s+")
+
+
+def _stems_of(text: str) -> set[str]:
+    return {_stem(w) for w in _TOKEN.findall(text.lower())}
+
+
+def _sentences_in_context(text: str) -> list[tuple[str, set[str]]]:
+    """Each sentence of `text` with the stems of the keys it is nested under: in flattened YAML a
+    key-only line ("bear case:") names what the indented lines below it are about."""
+    out: list[tuple[str, set[str]]] = []
+    keys: list[tuple[int, set[str]]] = []  # the open key-only lines: (indent, stems)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        while keys and keys[-1][0] >= indent:
+            keys.pop()
+        inherited = set().union(*(k for _, k in keys)) if keys else set()
+        out += [(s.strip(), inherited) for s in _WITHIN_LINE.split(line) if s.strip()]
+        if _KEY_ONLY.match(line):
+            keys.append((indent, _stems_of(line)))
+    return out
+
+
 def excerpt(text: str, query: str, max_chars: int = 240) -> str:
     """The sentences sharing most words with the query, in their original order, within `max_chars`;
     with no sentence sharing a word (a semantic match), the passage's first sentences. Headings and
-    rule lines are left out where there is anything else."""
+    rule lines are left out where there is anything else. A line nested under a key shares the key's
+    words, so a matching "bear case:" comes with the lines that say what the bear case is."""
     stems = query_stems(query)
-    sentences = [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+    nested = _sentences_in_context(text)
+    sentences = [s for s, _ in nested]
     if not sentences:
         return ""
     content = [n for n, s in enumerate(sentences) if not _BARE.match(s)] or list(range(len(sentences)))
-    overlaps = {n: len(stems & {_stem(w) for w in _TOKEN.findall(sentences[n].lower())}) for n in content}
+    overlaps = {n: len(stems & (_stems_of(sentences[n]) | nested[n][1])) for n in content}
     # most shared words first, then earliest; sentences sharing none only when none shares any
     order = sorted(content, key=lambda n: (-overlaps[n], n))
     if overlaps[order[0]] > 0:
