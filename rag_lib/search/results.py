@@ -95,6 +95,7 @@ def query_stems(query: str) -> set[str]:
 _BARE = re.compile(r"^(#{1,6}\s.*|#{1,6}|[-=*_]{3,}|\|?[\s:|-]*-{3,}[\s:|-]*\|?|```.*|~~~.*)$")
 
 
+EXCERPT_CHARS = 240  # an excerpt's length at most (`SearchHit.excerpt`)
 # A flattened YAML key whose value is the indented block under it ("bear case:", "  - bias: x, ...").
 _KEY_ONLY = re.compile(r"^(\s*)(?:-\s+)?[^\s:][^:]*:\s*$")
 _WITHIN_LINE = re.compile(r"(?<=[.!?])\s+")
@@ -122,7 +123,7 @@ def _sentences_in_context(text: str) -> list[tuple[str, set[str]]]:
     return out
 
 
-def excerpt(text: str, query: str, max_chars: int = 240) -> str:
+def excerpt(text: str, query: str, max_chars: int = EXCERPT_CHARS) -> str:
     """The sentences sharing most words with the query, in their original order, within `max_chars`;
     with no sentence sharing a word (a semantic match), the passage's first sentences. Headings and
     rule lines are left out where there is anything else. A line nested under a key shares the key's
