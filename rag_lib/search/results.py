@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -43,12 +44,30 @@ def written_at(hit: SearchHit) -> dt.datetime | None:
     return dt.datetime.combine(hit.doc_date, dt.time.min)
 
 
+def date_key(newest_first: bool = False) -> Callable[[SearchHit], float]:
+    """A sort key putting hits in the order their documents were written (`written_at`), newest
+    first when asked; undated hits after every dated one."""
+    def key(hit: SearchHit) -> float:
+        at = written_at(hit)
+        if at is None:
+            return math.inf
+        seconds = at.replace(tzinfo=dt.timezone.utc).timestamp()
+        return -seconds if newest_first else seconds
+    return key
+
+
 def by_date(hits: list[SearchHit], newest_first: bool = False) -> list[SearchHit]:
     """Trend questions read best oldest to newest, questions about the latest newest first, by date
     and time of day (`written_at`: two trades of one day in the order they were made); results
     written at the same time keep their rank order, undated ones theirs at the end."""
-    dated = sorted((h for h in hits if h.doc_date is not None), key=written_at, reverse=newest_first)
-    return dated + [h for h in hits if h.doc_date is None]
+    return sorted(hits, key=date_key(newest_first))
+
+
+def by_rank(hits: list[SearchHit]) -> list[SearchHit]:
+    """Hits in the order search ranked them (a trend question's come back in date order): a
+    reranked head by its rerank score, then the rest by fused score."""
+    return sorted(hits, key=lambda h: (h.rerank_score is None,
+                                       -(h.score if h.rerank_score is None else h.rerank_score)))
 
 
 def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
