@@ -130,6 +130,19 @@ def test_the_search_table_shows_the_query_and_passages_as_written_and_excerpts_w
     assert code == 0 and all(e.replace("\n", " ") in out for e in excerpts)
 
 
+def test_a_trend_search_says_its_results_read_in_date_order(rag, corpus_copy):
+    """`rag search "latest MSFT analysis recommendation"` listed scores 1.000, 0.637, 0.544, 0.995: the
+    results of a trend question read in date order, and nothing said so."""
+    from rag_lib.cli.core import _order_hint
+
+    assert _order_hint({"kind": "retrieval", "query": "MSFT stop"}) == ""
+    assert _order_hint({"kind": "trend", "query": "how has MSFT evolved"}).startswith("in date order, oldest first")
+    stock = "tradegent/knowledge/analysis/stock/"
+    assert rag("ingest", str(corpus_copy(stock + "MSFT_20260220T1805.yaml", stock + "MSFT_20260221T1145.yaml")))[0] == 0
+    code, out, _ = rag("search", "latest MSFT analysis recommendation", "--mode", "hybrid")
+    assert code == 0 and "in date order, newest first" in out
+
+
 def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, out, err = rag("show", "no-such-doc")
     assert code == 1

@@ -157,8 +157,9 @@ def search(
         score = f"{hit.score:.3f}" if hit.rerank_score is None else f"{hit.score:.3f} / {hit.rerank_score:.3f}"
         table.add_row(str(n), score, escape(hit.unit_id), escape(_excerpt_cell(hit)))
     console.print(table)
-    if hints := _plan_hints(result.plan or {}):
-        console.print(f"[dim]{escape(hints)}[/]")
+    for line in (_plan_hints(result.plan or {}), _order_hint(result.plan or {})):
+        if line:
+            console.print(f"[dim]{escape(line)}[/]")
 
 
 def _excerpt_cell(hit) -> str:
@@ -182,6 +183,17 @@ def _plan_hints(plan: dict) -> str:
     if plan.get("dates"):
         parts.append(f"dated {' to '.join(dict.fromkeys(plan['dates']))}")
     return "preferred: " + "; ".join(parts) if parts else ""
+
+
+def _order_hint(plan: dict) -> str:
+    """Why a trend question's scores are out of order: its results read in date order."""
+    from rag_lib.search.classify import asks_for_latest
+
+    if plan.get("kind") != "trend":
+        return ""
+    newest = asks_for_latest(plan.get("query") or "")
+    return f"in date order, {'newest' if newest else 'oldest'} first (a question about " \
+           f"{'the latest' if newest else 'change over time'}), not by score"
 
 
 @app.command()

@@ -78,7 +78,7 @@ class QueryPlan:
     def recent(self) -> bool:
         """A trend question asking for the newest ("latest", "recent", "the last 3 weeks"): its results
         read newest first; other trend questions ("how has X evolved") oldest first."""
-        return self.kind == "trend" and _RECENT.search(self.query) is not None
+        return self.kind == "trend" and asks_for_latest(self.query)
 
     @property
     def selects_documents(self) -> bool:
@@ -95,6 +95,11 @@ class QueryPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def asks_for_latest(query: str) -> bool:
+    """Whether the query asks for the newest ("latest", "recent", "the last 3 weeks")."""
+    return _RECENT.search(query) is not None
 
 
 def find_tickers(query: str, known: set[str]) -> list[str]:
