@@ -226,6 +226,15 @@ def test_time_filtered_context_keeps_the_best_passages_not_the_oldest(corpus_kb)
     assert [h.chunk_id for h in out.vector_results] == [c.chunk_id for c in out.passages.citations]
 
 
+def test_a_ticker_the_query_excludes_is_left_out_not_preferred(corpus_kb):
+    """`rag search '"bull call spread" -NFLX' --mode hybrid` ranked NFLX's earnings analysis first: the
+    excluded ticker counted as named (boosted; in semantic mode linked) while full text left it out."""
+    for mode in ("semantic", "hybrid", "lexical"):
+        res = corpus_kb.search('"bull call spread" -NFLX', mode=mode, top_k=10)
+        assert res.hits and all(h.ticker != "NFLX" for h in res.hits), mode
+        assert res.plan["tickers"] == [] and res.plan["excluded"] == ["NFLX"], mode
+
+
 def test_ticker_hint_is_a_soft_boost(corpus_kb):
     # NVDA's own documents hold more than 30 sections about its earnings: look deep enough to see others
     res = corpus_kb.search("NVDA earnings reaction history", mode="hybrid", top_k=100)

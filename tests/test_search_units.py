@@ -74,6 +74,12 @@ def test_boost_is_soft():
     assert out[0].chunk_id == "5"  # ticker in the file name, but not inside the word "metadata"
 
 
+def test_a_ticker_written_with_a_leading_minus_is_excluded_not_named():
+    plan = classify('"bull call spread" -NFLX NVDA', KNOWN)
+    assert plan.tickers == ["NVDA"] and plan.excluded == ["NFLX"]
+    assert classify("AMD-NVDA spread", KNOWN).excluded == []  # a hyphen inside a word is no exclusion
+
+
 def test_group_by_unit_keeps_best_chunk():
     hits = [hit("1", section="a"), hit("2", section="b"), hit("3", section="a")]
     assert [h.chunk_id for h in group_by_unit(hits)] == ["1", "2"]
