@@ -122,6 +122,20 @@ def test_an_excerpt_matching_a_yaml_key_shows_the_block_under_it():
         "biases detected: - bias: disposition-effect, impact: Sold too early, left 5% on table"
 
 
+def test_an_excerpt_joins_hard_wrapped_lines_into_sentences():
+    """`rag search "CRM Salesforce risks"` showed "CRM has compelling fundamentals with Agentforce AI
+    momentum (330% ARR growth)," and stopped: each wrapped line of a YAML block scalar (or markdown
+    paragraph) was taken for a sentence of its own. List items and keys stay lines."""
+    rationale = ("rationale:\nCRM has compelling fundamentals with Agentforce AI momentum (330% ARR growth),\n"
+                 "strong cash flow, and upside to analyst targets.\nHowever, poor technicals create unfavorable\n"
+                 "entry timing.")
+    assert excerpt(rationale, "CRM Salesforce risks") == \
+        "CRM has compelling fundamentals with Agentforce AI momentum (330% ARR growth), strong cash flow, " \
+        "and upside to analyst targets."
+    items = "Setup notes\n- alerts one\n- two\nlimit: alerts\nend"
+    assert excerpt(items, "alerts") == "- alerts one … limit: alerts"
+
+
 def test_query_syntax_detection():
     assert is_websearch('"bull call spread" NVDA') and is_websearch("earnings -NFLX")
     assert not is_websearch("PFE vs AMD: risk per trade")

@@ -124,14 +124,48 @@ def _stems_of(text: str) -> set[str]:
     return {_stem(w) for w in _TOKEN.findall(text.lower())}
 
 
+# A line that starts something of its own: a key, a list item, a table row, a heading, a quote, a fence
+_STARTS_ITEM = re.compile(r"^\s*(?:[-*+>|#]|\d+[.)]\s|```|~~~|[^\s:][^:]{0,60}:(?:\s|$))")
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LAYOUT = re.compile(r"\S {3,}\S|[\u2500-\u257f]")  # a run of spaces inside a line, box drawing
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The lines of `text` with hard-wrapped prose joined: a line that starts nothing of its own, at
+    the indentation of a prose line that ended mid-sentence, continues it (a YAML block scalar's or a
+    markdown paragraph's wrapped lines: "... (330% ARR growth)," / "strong cash flow, and ...")."""
+    out: list[str] = []
+    joinable = False  # whether the last line ended mid-sentence, in a paragraph
+    code = False  # inside a fenced code block: its lines stay lines
+    for line in text.splitlines():
+        if not line.strip() or code:
+            joinable = False
+            code = code != bool(_FENCE.match(line))
+            if line.strip():
+                out.append(line.rstrip())
+            continue
+        indent = len(line) - len(line.lstrip())
+        if joinable and indent == len(out[-1]) - len(out[-1].lstrip()) and not _STARTS_ITEM.match(line) \
+                and not _LAYOUT.search(line.strip()):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line.rstrip())
+        code = bool(_FENCE.match(line))
+        # prose only: a key's value or a list item on one line is complete ("limit: 50" / "end"), and
+        # a diagram's or aligned table's lines are lines (a chunk can start inside a code block)
+        joinable = not code and not _STARTS_ITEM.match(out[-1]) and not _LAYOUT.search(out[-1].strip()) \
+            and out[-1][-1] not in ".!?:;|"
+    return out
+
+
 def _sentences_in_context(text: str) -> list[tuple[str, set[str]]]:
-    """Each sentence of `text` with the stems of the keys it is nested under: in flattened YAML a
-    key-only line ("bear case:") names what the indented lines below it are about."""
+    """Each sentence of `text` (wrapped lines joined) with the stems of the keys it is nested under:
+    in flattened YAML a key-only line ("bear case:") names what the indented lines below it are about."""
     out: list[tuple[str, set[str]]] = []
     keys: list[tuple[int, set[str]]] = []  # the open key-only lines: (indent, stems)
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    for line in _logical_lines(text):
         indent = len(line) - len(line.lstrip())
         while keys and keys[-1][0] >= indent:
             keys.pop()
