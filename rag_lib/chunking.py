@@ -16,7 +16,7 @@ from rag_lib.config import ChunkSettings
 from rag_lib.models import Chunk, Document, Section
 from rag_lib.tokens import SpanCounter, Tokenizer
 
-CHUNKER_VERSION = "1"
+CHUNKER_VERSION = "2"  # 2: a chunk's section path names its outermost YAML key, no markdown "key"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -233,6 +233,7 @@ class Chunker:
         for section in sections:
             counter = self.tok.span_counter(section.text)
             section.token_count = counter.count(0, len(section.text))
+            own_start = 0  # where the chunk's text stops repeating the chunk before (overlap)
             for n, (span, embed_text, tokens) in enumerate(self.split_section(doc, section, counter)):
                 text_hash = sha256(embed_text)
                 chunks.append(
@@ -243,7 +244,7 @@ class Chunker:
                         doc_id=doc.doc_id,
                         doc_type=doc.doc_type,
                         section=section.name,
-                        section_path=_section_path(section, span),
+                        section_path=_section_path(section, span, doc.format, own_start),
                         ordinal=len(chunks),
                         text=section.text[span.start : span.end],
                         embed_text=embed_text,
@@ -256,16 +257,38 @@ class Chunker:
                         metadata={"section_title": section.title, "line": section.line, "part": n},
                     )
                 )
+                own_start = span.end
         return chunks
 
 
-def _section_path(section: Section, span: Span) -> str:
-    """`section > first sub-key/heading` of the span, so a result says where inside it lives."""
-    first_line = section.text[span.start : span.end].lstrip().split("\n", 1)[0]
-    heading = re.match(r"^#{3,6} (.+)$", first_line)
-    key = re.match(r"^-?\s*([^:\n]{1,60}):", first_line)
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _section_path(section: Section, span: Span, doc_format: str, own_start: int = 0) -> str:
+    """`section > sub-heading/sub-key` of the span, so a result says where inside it lives: a heading
+    on its first line; in YAML, the top-level key under which the span's own text begins (from
+    `own_start`, past the overlap repeated from the chunk before: the indented tail of another key).
+    Markdown and JSONL text has no keys (a code line or "Note:" named none)."""
+    text = section.text
+    first = text[span.start : span.end].lstrip().split("\n", 1)[0]
+    heading = re.match(r"^#{3,6} (.+)$", first)
     if heading:
         return f"{section.name} > {heading.group(1).strip()}"
-    if key and span.start > 0:
-        return f"{section.name} > {key.group(1).strip()}"
-    return section.name
+    if doc_format != "yaml" or span.start == 0:
+        return section.name
+    lines: list[tuple[int, str]] = []  # (offset, line) of the section's non-blank lines
+    at = 0
+    for line in text.split("\n"):
+        if line.strip():
+            lines.append((at, line))
+        at += len(line) + 1
+    begin = max(span.start, own_start)
+    i = next((n for n, (at, line) in enumerate(lines) if at + len(line) > begin and at < span.end), None)
+    if i is None:
+        return section.name
+    top = min(_indent(line) for _, line in lines)
+    while i > 0 and _indent(lines[i][1]) > top:  # up to the top-level key that holds it
+        i -= 1
+    key = re.match(r"^-?\s*([^:\n]{1,60}):", lines[i][1].lstrip())
+    return f"{section.name} > {key.group(1).strip()}" if key else section.name

@@ -111,6 +111,39 @@ def test_a_search_says_what_it_preferred_and_why(rag, corpus_copy):
     assert code == 0 and "preferred: document types learning" in out
 
 
+def test_the_search_table_shows_the_query_and_passages_as_written_and_excerpts_whole(rag, corpus_copy, monkeypatch):
+    """`rag search` read a query's or passage's brackets as console markup (a query holding "[/x]" failed
+    with "unexpected MarkupError"; "[localhost:8501](http://...)" lost its link text) and cut every
+    excerpt at 200 characters mid-word ("exit rationale: Targe") without a mark."""
+    from rag_lib.cli.app import console
+
+    monkeypatch.setattr(console, "width", 500)  # one line per row: the cells are compared whole
+    portal = "tradegent-docs/tradegent/dashboard/METABASE_PORTAL_SETUP.md"
+    assert rag("ingest", str(corpus_copy(LEARNING, portal)))[0] == 0
+    code, out, err = rag("search", "Streamlit [/x] custom dashboards", "--mode", "lexical", "-k", "1")
+    assert code == 0, err
+    assert "[/x]" in out and "[localhost:8501](http://localhost:8501)" in out
+    query = "loss aversion pattern behavior when position reaches profit before earnings"
+    code, out, _ = rag("search", query, "--mode", "hybrid", "--json")
+    excerpts = [h["excerpt"] for h in json.loads(out)["results"]]
+    assert any(len(e) > 200 for e in excerpts)
+    code, out, _ = rag("search", query, "--mode", "hybrid")
+    assert code == 0 and all(e.replace("\n", " ") in out for e in excerpts)
+
+
+def test_a_trend_search_says_its_results_read_in_date_order(rag, corpus_copy):
+    """`rag search "latest MSFT analysis recommendation"` listed scores 1.000, 0.637, 0.544, 0.995: the
+    results of a trend question read in date order, and nothing said so."""
+    from rag_lib.cli.core import _order_hint
+
+    assert _order_hint({"kind": "retrieval", "query": "MSFT stop"}) == ""
+    assert _order_hint({"kind": "trend", "query": "how has MSFT evolved"}).startswith("in date order, oldest first")
+    stock = "tradegent/knowledge/analysis/stock/"
+    assert rag("ingest", str(corpus_copy(stock + "MSFT_20260220T1805.yaml", stock + "MSFT_20260221T1145.yaml")))[0] == 0
+    code, out, _ = rag("search", "latest MSFT analysis recommendation", "--mode", "hybrid")
+    assert code == 0 and "in date order, newest first" in out
+
+
 def test_errors_are_one_clear_line_with_nonzero_exit(rag):
     code, out, err = rag("show", "no-such-doc")
     assert code == 1

@@ -56,6 +56,28 @@ def test_null_stub_sections_are_kept_as_empty_and_never_chunked(mapping, tokeniz
     assert not {c.section for c in chunks} & set(empty)
 
 
+def test_a_chunk_is_named_after_the_top_level_key_or_heading_it_lies_under(mapping, tokenizer):
+    """A chunk's section path named the key of its first line, however deep ("phase5_probability >
+    probability" for the tail of a scenario), and in markdown a code line or a bold label ("Scenario 3:
+    Scanner Alerts with React Query > const displayAlerts = wsConnected ? alerts")."""
+    chunker = Chunker(tokenizer, ChunkSettings())
+    doc, raw = load("tradegent/knowledge/analysis/earnings/NFLX_20250118T0800.yaml")
+    sections = {s.name: s for s in flatten(doc, mapping, raw)}
+    chunks = chunker.chunk(doc, list(sections.values()))
+    named = [c for c in chunks if " > " in c.section_path]
+    assert named
+    for c in named:
+        top_keys = {line.split(":")[0] for line in sections[c.section].text.splitlines() if line[:1].strip()}
+        assert c.section_path.split(" > ", 1)[1] in top_keys, c.section_path
+    tail = next(c for c in chunks if c.section == "phase5_probability" and c.text.startswith("    "))
+    assert tail.section_path == "phase5_probability > scenarios"
+    doc, raw = load("tradegent-docs/docs/CLIENT_USAGE_EXAMPLES.md")
+    sections = {s.name: s for s in flatten(doc, mapping, raw)}
+    for c in chunker.chunk(doc, list(sections.values())):
+        if " > " in c.section_path:
+            assert "### " + c.section_path.split(" > ", 1)[1] in sections[c.section].text, c.section_path
+
+
 def test_markdown_splits_on_h2_outside_code_fences():
     text = "---\ntitle: x\n---\n# Title\nintro text\n## First\nbody\n```\n## not a heading\n```\n### Sub\nmore\n## Second\nend\n"
     sections = flatten_markdown(text)

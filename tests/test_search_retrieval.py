@@ -207,6 +207,34 @@ def test_time_filtered_context_reads_in_date_order_with_learnings_after(corpus_k
             assert later and all(c.doc_type in LEARNING_TYPES or c.doc_date is None for c in later)
 
 
+def test_time_filtered_context_keeps_the_best_passages_not_the_oldest(corpus_kb):
+    """A trend question's context picked its passages in date order, so the oldest documents' least
+    relevant sections (a ticker profile's company and metrics) filled the budget: "how has the NVDA
+    thesis evolved over time" at 1,500 tokens left out the best-ranked passage (the earnings
+    analysis's summary) and both documents of November 2025. Passages are picked best first and
+    still read in date order."""
+    from rag_lib.search.results import by_rank
+
+    query = "how has the NVDA thesis evolved over time"
+    out = corpus_kb.hybrid_context(query, token_budget=1500)
+    assert out.route == "time-filtered"
+    ranked = by_rank(corpus_kb.search(query, mode="hybrid", ticker=["NVDA"], top_k=25, group=False).hits)
+    cited = [c for c in out.passages.citations if c.doc_type not in ("learning", "post-trade-review")]
+    assert {h.chunk_id for h in ranked[:3]} <= {c.chunk_id for c in cited}
+    dates = [c.doc_date for c in cited]
+    assert dates == sorted(dates) and len(set(dates)) >= 4
+    assert [h.chunk_id for h in out.vector_results] == [c.chunk_id for c in out.passages.citations]
+
+
+def test_a_ticker_the_query_excludes_is_left_out_not_preferred(corpus_kb):
+    """`rag search '"bull call spread" -NFLX' --mode hybrid` ranked NFLX's earnings analysis first: the
+    excluded ticker counted as named (boosted; in semantic mode linked) while full text left it out."""
+    for mode in ("semantic", "hybrid", "lexical"):
+        res = corpus_kb.search('"bull call spread" -NFLX', mode=mode, top_k=10)
+        assert res.hits and all(h.ticker != "NFLX" for h in res.hits), mode
+        assert res.plan["tickers"] == [] and res.plan["excluded"] == ["NFLX"], mode
+
+
 def test_ticker_hint_is_a_soft_boost(corpus_kb):
     # NVDA's own documents hold more than 30 sections about its earnings: look deep enough to see others
     res = corpus_kb.search("NVDA earnings reaction history", mode="hybrid", top_k=100)

@@ -74,6 +74,12 @@ def test_boost_is_soft():
     assert out[0].chunk_id == "5"  # ticker in the file name, but not inside the word "metadata"
 
 
+def test_a_ticker_written_with_a_leading_minus_is_excluded_not_named():
+    plan = classify('"bull call spread" -NFLX NVDA', KNOWN)
+    assert plan.tickers == ["NVDA"] and plan.excluded == ["NFLX"]
+    assert classify("AMD-NVDA spread", KNOWN).excluded == []  # a hyphen inside a word is no exclusion
+
+
 def test_group_by_unit_keeps_best_chunk():
     hits = [hit("1", section="a"), hit("2", section="b"), hit("3", section="a")]
     assert [h.chunk_id for h in group_by_unit(hits)] == ["1", "2"]
@@ -101,6 +107,33 @@ def test_an_excerpt_with_no_word_of_the_query_shows_the_passage_not_its_heading(
     # matching sentences apart are marked as such; the query's words still choose them
     text = "Alpha one. The stop loss sits at 131.50. Beta two. Gamma three. Stop loss moved to 128."
     assert excerpt(text, "stop loss") == "The stop loss sits at 131.50. … Stop loss moved to 128."
+
+
+def test_an_excerpt_matching_a_yaml_key_shows_the_block_under_it():
+    """`rag search "compare META and GOOGL bear case"` showed `bear case:` and `bear:` alone: the key
+    matched the question, its indented value (probability, target, driver) shared no word and was left out."""
+    scenarios = ("bull:\n  probability pct: 40\n  outcome: AI momentum continues\nbear:\n  probability pct: 15\n"
+                 "  outcome: Broader market correction\n  price target: 270.0\nexpected value pct: 12.01")
+    assert excerpt(scenarios, "compare META and GOOGL bear case") == \
+        "bear: probability pct: 15 outcome: Broader market correction price target: 270.0"
+    review = ("what failed: Could have held longer\nbiases detected:\n"
+              "  - bias: disposition-effect, impact: Sold too early, left 5% on table\nnext: review")
+    assert excerpt(review, "what biases did I show") == \
+        "biases detected: - bias: disposition-effect, impact: Sold too early, left 5% on table"
+
+
+def test_an_excerpt_joins_hard_wrapped_lines_into_sentences():
+    """`rag search "CRM Salesforce risks"` showed "CRM has compelling fundamentals with Agentforce AI
+    momentum (330% ARR growth)," and stopped: each wrapped line of a YAML block scalar (or markdown
+    paragraph) was taken for a sentence of its own. List items and keys stay lines."""
+    rationale = ("rationale:\nCRM has compelling fundamentals with Agentforce AI momentum (330% ARR growth),\n"
+                 "strong cash flow, and upside to analyst targets.\nHowever, poor technicals create unfavorable\n"
+                 "entry timing.")
+    assert excerpt(rationale, "CRM Salesforce risks") == \
+        "CRM has compelling fundamentals with Agentforce AI momentum (330% ARR growth), strong cash flow, " \
+        "and upside to analyst targets."
+    items = "Setup notes\n- alerts one\n- two\nlimit: alerts\nend"
+    assert excerpt(items, "alerts") == "- alerts one … limit: alerts"
 
 
 def test_query_syntax_detection():

@@ -210,18 +210,28 @@ def search(
     if not result.hits:
         console.print("no results" + (f": {result.note}" if result.note else ""), soft_wrap=True)
         return
-    table = Table(title=f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)")
+    # the query, unit ids and passages are printed as they are, not read as console markup
+    table = Table(title=escape(f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)"))
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")
     table.add_column("unit", overflow="fold")
     table.add_column("text", overflow="fold")
     for n, hit in enumerate(result.hits, 1):
-        excerpt = (hit.excerpt or hit.text).replace("\n", " ")
         score = f"{hit.score:.3f}" if hit.rerank_score is None else f"{hit.score:.3f} / {hit.rerank_score:.3f}"
-        table.add_row(str(n), score, hit.unit_id, excerpt[:200])
+        table.add_row(str(n), score, escape(hit.unit_id), escape(_excerpt_cell(hit)))
     console.print(table)
-    if hints := _plan_hints(result.plan or {}):
-        console.print(f"[dim]{escape(hints)}[/]")
+    for line in (_plan_hints(result.plan or {}), _order_hint(result.plan or {})):
+        if line:
+            console.print(f"[dim]{escape(line)}[/]")
+
+
+def _excerpt_cell(hit) -> str:
+    """A hit's excerpt on one line, whole (the excerpt marks its own cuts with "…"); without one, its
+    text cut at `EXCERPT_CHARS` with "…", never mid-word without a mark."""
+    from rag_lib.search.results import EXCERPT_CHARS
+
+    text = (hit.excerpt or hit.text).replace("\n", " ")
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…"
 
 
 def _plan_hints(plan: dict) -> str:
@@ -236,6 +246,17 @@ def _plan_hints(plan: dict) -> str:
     if plan.get("dates"):
         parts.append(f"dated {' to '.join(dict.fromkeys(plan['dates']))}")
     return "preferred: " + "; ".join(parts) if parts else ""
+
+
+def _order_hint(plan: dict) -> str:
+    """Why a trend question's scores are out of order: its results read in date order."""
+    from rag_lib.search.classify import asks_for_latest
+
+    if plan.get("kind") != "trend":
+        return ""
+    newest = asks_for_latest(plan.get("query") or "")
+    return f"in date order, {'newest' if newest else 'oldest'} first (a question about " \
+           f"{'the latest' if newest else 'change over time'}), not by score"
 
 
 @app.command()
@@ -313,7 +334,7 @@ def list_documents(
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["collection"], r["path"], r["doc_id"], r["doc_type"], r["ticker"] or "",
+        table.add_row(r["collection"], escape(r["path"]), escape(r["doc_id"]), r["doc_type"], r["ticker"] or "",
                       str(r["doc_date"] or ""), str(r["chunk_count"]))
     console.print(table)
 
@@ -332,13 +353,15 @@ def show(ref: str = typer.Argument(..., help="Document id or path."), collection
     for col in ("#", "name", "title", "tokens", "empty"):
         table.add_column(col)
     for s in doc["sections"]:
-        table.add_row(str(s["ordinal"]), s["name"], s["title"], str(s["token_count"]), "yes" if s["is_empty"] else "")
+        table.add_row(str(s["ordinal"]), escape(s["name"]), escape(s["title"]), str(s["token_count"]),
+                      "yes" if s["is_empty"] else "")
     console.print(table)
     table = Table(title="chunks")
     for col in ("#", "section path", "tokens", "preview"):
         table.add_column(col, overflow="fold")
     for c in doc["chunks"]:
-        table.add_row(str(c["ordinal"]), c["section_path"], str(c["token_count"]), c["preview"].replace("\n", " "))
+        table.add_row(str(c["ordinal"]), escape(c["section_path"]), str(c["token_count"]),
+                      escape(c["preview"].replace("\n", " ")))
     console.print(table)
 
 

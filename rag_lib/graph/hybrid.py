@@ -15,7 +15,7 @@ from rag_lib.graph.queries import context_markdown, ticker_context
 from rag_lib.documents import type_spellings
 from rag_lib.models import SearchFilters, SearchHit
 from rag_lib.search.context import ContextResult, assemble
-from rag_lib.search.results import by_date, first_by
+from rag_lib.search.results import by_rank, date_key, first_by
 from rag_lib.search.retrieval import SearchOptions, link_query, plan_query
 
 ANALYSIS_TYPES = ("stock-analysis", "earnings-analysis", "research", "ticker-profile")
@@ -103,9 +103,10 @@ def _time_filter(query: str) -> dict[str, Any]:
 
 def _render(kb, query: str, kind: str, route: str, tickers: list[str], related: list[str], hits: list[SearchHit],
             graph: list[dict[str, Any]], token_budget: int,
-            after: Callable[[SearchHit], bool] | None = None) -> HybridContext:
-    """Graph facts first (at most a share of the budget), then the best passages in what is left;
-    passages `after` accepts go last, under `OUTSIDE_TIMELINE`."""
+            after: Callable[[SearchHit], bool] | None = None,
+            doc_order: Callable[[SearchHit], Any] | None = None) -> HybridContext:
+    """Graph facts first (at most a share of the budget), then the best passages in what is left,
+    their documents in `doc_order` when given; passages `after` accepts go last, under `OUTSIDE_TIMELINE`."""
     store, provider = kb.search_context()
     count = provider.tokenizer().count
     graph_md = ""
@@ -121,16 +122,16 @@ def _render(kb, query: str, kind: str, route: str, tickers: list[str], related: 
     available = max(0, token_budget - used)
     while True:
         passages = assemble(query, route, hits, count, available, positions, after,
-                            OUTSIDE_TIMELINE if after is not None else "")
+                            OUTSIDE_TIMELINE if after is not None else "", doc_order)
         parts = [p for p in (graph_md, heading + passages.context if passages.context else "") if p]
         markdown = "\n\n".join(parts)
         tokens = count(markdown) if markdown else 0
         if tokens <= token_budget or available == 0:  # joins can shift a token or two: retry tighter
             break
         available = max(0, available - (tokens - token_budget) - 4)
-    cited = {c.chunk_id for c in passages.citations}
+    cited = {c.chunk_id: n for n, c in enumerate(passages.citations)}
     return HybridContext(query, kind, route, tickers, related, passages, graph, markdown, tokens, token_budget,
-                         [h for h in hits if h.chunk_id in cited])
+                         sorted((h for h in hits if h.chunk_id in cited), key=lambda h: cited[h.chunk_id]))
 
 
 def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int = 4000,
@@ -174,19 +175,22 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
     elif plan.kind == "trend":
         route = "time-filtered"
         graph = _graph_contexts(kb, collection, tickers[:1])
-        hits = by_date(search(query, ticker=tickers or None, **_time_filter(query)), newest_first=plan.recent)
+        # passages are picked best first and read in date order: picked in date order, the oldest
+        # documents' least relevant sections filled the budget and the newest were left out
+        hits = by_rank(search(query, ticker=tickers or None, **_time_filter(query)))
     else:
         route = "hybrid"
         graph = _graph_contexts(kb, collection, tickers[:1])
         hits = search(query, ticker=tickers[:1] or None)
     learnings = kb.search(query, mode="hybrid", collection=collection, doc_type=list(LEARNING_TYPES), top_k=2).hits
     # Learnings are picked after the passages of the first few documents so a tight budget still keeps one.
-    after = None
+    after = order = None
     if route == "time-filtered":  # ...but read after the dated passages, whose order is the point
         timeline = {h.chunk_id for h in hits if h.doc_date is not None}
         after = lambda h: h.chunk_id not in timeline  # noqa: E731
+        order = date_key(newest_first=plan.recent)
     hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
-    out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget, after)
+    out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget, after, order)
     out.note = _thin_context_note(kb, collection, ticker, hits, out, analysis_type)
     return out
 

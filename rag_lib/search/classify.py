@@ -69,6 +69,7 @@ class QueryPlan:
     doc_types: list[str] = field(default_factory=list)
     linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
     dates: list[str] = field(default_factory=list)  # [first, last] ISO day of a month or day the query names
+    excluded: list[str] = field(default_factory=list)  # tickers the query excludes ("-NFLX"): their documents are left out
     # hybrid: how close full text's first chunks are to the question, relative to the semantic list's
     # (`rag_lib.search.fusion.lexical_closeness`); below `search.lexical_far_ratio` the semantic
     # lists weigh `search.convex_alpha_far`
@@ -78,7 +79,7 @@ class QueryPlan:
     def recent(self) -> bool:
         """A trend question asking for the newest ("latest", "recent", "the last 3 weeks"): its results
         read newest first; other trend questions ("how has X evolved") oldest first."""
-        return self.kind == "trend" and _RECENT.search(self.query) is not None
+        return self.kind == "trend" and asks_for_latest(self.query)
 
     @property
     def selects_documents(self) -> bool:
@@ -97,12 +98,29 @@ class QueryPlan:
         return asdict(self)
 
 
+def asks_for_latest(query: str) -> bool:
+    """Whether the query asks for the newest ("latest", "recent", "the last 3 weeks")."""
+    return _RECENT.search(query) is not None
+
+
+# A word the query excludes in web-search syntax ("bull call spread" -NFLX), as full text reads it
+_NEGATED = re.compile(r"(?:^|\s)-([A-Za-z][A-Za-z0-9.]*)")
+
+
+def excluded_tickers(query: str, known: set[str]) -> list[str]:
+    """Known tickers the query excludes with a leading minus ("-NFLX"): not named, but left out."""
+    return list(dict.fromkeys(t.upper() for t in _NEGATED.findall(query) if t.upper() in known))
+
+
 def find_tickers(query: str, known: set[str]) -> list[str]:
-    """Known tickers named in the query: upper-case always, lower-case unless a common word."""
+    """Known tickers named in the query: upper-case always, lower-case unless a common word; not
+    those it excludes ("-NFLX")."""
     found: list[str] = []
+    excluded = set(excluded_tickers(query, known))
     for token in _WORD.findall(query):
         upper = token.upper()
-        if upper in known and (token.isupper() or token.lower() not in _COMMON) and upper not in found:
+        if upper in known and upper not in excluded and (token.isupper() or token.lower() not in _COMMON) \
+                and upper not in found:
             found.append(upper)
     return found
 
@@ -150,4 +168,5 @@ def classify(query: str, known_tickers: set[str] | None = None, known_types: set
         kind = "global"
     else:
         kind = "retrieval"
-    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query))
+    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query),
+                     excluded=excluded_tickers(query, known_tickers or set()))

@@ -109,11 +109,13 @@ def assemble(
     positions: dict[str, tuple[int, int]] | None = None,
     after: Callable[[SearchHit], bool] | None = None,
     after_heading: str = "",
+    doc_order: Callable[[SearchHit], Any] | None = None,
 ) -> ContextResult:
     """Pick passages best first (skipping duplicates and what does not fit), then order them by
-    document (best document first) and position in the document; never exceeds `token_budget`.
-    Passages `after` accepts go last, under `after_heading` (a timeline's learnings and undated
-    passages: picked in rank order, but not read between the dated ones)."""
+    document (best document first, or by `doc_order`: a timeline's dates) and position in the
+    document; never exceeds `token_budget`. Passages `after` accepts go last, under `after_heading`
+    (a timeline's learnings and undated passages: picked in rank order, but not read between the
+    dated ones)."""
     chosen: list[SearchHit] = []
     seen_text: set[str] = set()
     seen_shingles: set[tuple[str, ...]] = set()
@@ -144,7 +146,8 @@ def assemble(
     for n, hit in enumerate(chosen):
         doc_rank.setdefault(hit.path, n)
     positions = positions or {}
-    chosen.sort(key=lambda h: (h.chunk_id in last, doc_rank[h.path], positions.get(h.chunk_id, (0, 0))))
+    chosen.sort(key=lambda h: (h.chunk_id in last, doc_order(h) if doc_order else 0, doc_rank[h.path],
+                               positions.get(h.chunk_id, (0, 0))))
     citations: list[Citation] = []
     blocks: list[str] = []
     for n, hit in enumerate(chosen, 1):

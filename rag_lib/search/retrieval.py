@@ -165,7 +165,8 @@ def link_query(store, plan: QueryPlan, vector, space: str, collection: str | Non
     if not (opts.entity_linking and opts.routing) or plan.tickers or vector is None:
         return plan
     known = (caches or SearchCaches()).ticker_profiles(store, collection, space)
-    linked = profiles.link_tickers(known, vector, opts.link_threshold, opts.link_margin, opts.link_max)
+    linked = [(t, s) for t, s in profiles.link_tickers(known, vector, opts.link_threshold, opts.link_margin,
+                                                        opts.link_max) if t not in plan.excluded]
     if linked:
         plan.tickers = [t for t, _ in linked]
         plan.linked = dict(linked)
@@ -230,6 +231,14 @@ def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilt
     allowed = filters.ticker
     allowed = None if not allowed else {t.upper() for t in ([allowed] if isinstance(allowed, str) else allowed)}
     return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
+
+
+def _without_excluded(hits: list[SearchHit], plan: QueryPlan) -> list[SearchHit]:
+    """`hits` without the documents of the tickers the query excludes ("-NFLX"): full text leaves them
+    out, and the semantic list, which cannot read the minus, must not bring them back."""
+    if not plan.excluded:
+        return hits
+    return [h for h in hits if (h.ticker or "").upper() not in plan.excluded]
 
 
 def _has_word(text: str) -> bool:
@@ -464,7 +473,7 @@ def search(
     # variant) and fuses the other lists again; fusion rewrites the hits' scores, so from copies.
     kept = [dataclasses.replace(c, hits=[copy.copy(h) for h in c.hits]) for c in lists[len(variants):]] \
         if feedback else []
-    ranked = _first_pass(lists, plan, opts, mode, timings)
+    ranked = _without_excluded(_first_pass(lists, plan, opts, mode, timings), plan)
     toward = feedback_chunks(ranked, opts.feedback_depth, opts.feedback_scope == "shared") if feedback else []
     if toward:
         with _timed(timings, "feedback"):
@@ -486,7 +495,7 @@ def search(
             for hit in (h for c in kept for h in c.hits if h.similarity is None):
                 hit.similarity = cosines.get(hit.chunk_id)
             lists = again + kept
-            ranked = _first_pass(lists, plan, opts, mode, timings)
+            ranked = _without_excluded(_first_pass(lists, plan, opts, mode, timings), plan)
     # The graph list only for queries anchored on graph nodes (a ticker or a document type named):
     # on the dev set it lowered vocabulary-mismatch and platform questions, which name neither.
     if mode == "hybrid" and opts.graph_fusion and ranked and (plan.tickers or plan.doc_types):
@@ -497,7 +506,7 @@ def search(
                 # retrievers' lists, with their summed weight; under RRF the lists are fused again
                 base = lists if opts.fusion != "convex" else [
                     Candidates("fused", ranked, sum(c.weight for c in lists if c.hits))]
-                ranked = _hints(rrf(base + [related], opts.rrf_k), plan, opts)
+                ranked = _without_excluded(_hints(rrf(base + [related], opts.rrf_k), plan, opts), plan)
     if reranker is not None and ranked:
         with _timed(timings, "rerank"):
             head = ranked[: opts.rerank_depth]
