@@ -82,6 +82,22 @@ def file_hash(path: Path, root: Path, settings: Settings) -> str:
     return ReadLimits.of(settings).digest(path, root)
 
 
+def database_gone(exc: BaseException) -> bool:
+    """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
+    import psycopg
+    import psycopg.errors
+    from psycopg_pool import PoolTimeout
+
+    gone = (PoolTimeout, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow)
+    seen = 0
+    while exc is not None and seen < 5:
+        # a bare OperationalError is a lost or refused connection; its subclasses are statements' errors
+        if isinstance(exc, gone) or type(exc) is psycopg.OperationalError:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def error_text(exc: BaseException) -> str:
     """One line naming the exception type and message (RecursionError etc. have no RagError code)."""
     return f"{type(exc).__name__}: {exc}"[:2000]
@@ -371,6 +387,8 @@ class Embedder:
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 if stop is not None and stop.is_set():  # e.g. its queued mini-batches were dropped
                     raise StoppedError("the ingest was stopped") from exc
+                if database_gone(exc):  # no file's fault: retried file by file, each waited out the pool's timeout
+                    raise
                 if len(group) > 1:
                     log.warning("embedding %d files failed (%s); retrying file by file", len(group), error_text(exc))
                     for item in group:
