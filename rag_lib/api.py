@@ -640,10 +640,20 @@ class KnowledgeBase:
         space = self.store.active_space()
         checks = self.store.serving_orphans(space["space"] if space else "")
         checks["active_space"] = space["space"] if space else None
+        checks["documents_with_other_settings"] = self.documents_with_other_settings()
         names = ("chunks_without_vector", "vectors_without_chunk", "chunks_with_stale_hash",
-                 "chunks_without_document", "duplicate_chunks")
+                 "chunks_without_document", "duplicate_chunks", "documents_with_other_settings")
         checks["problems"] = sum(checks[n]["count"] for n in names)
         return checks
+
+    def documents_with_other_settings(self, collection: str | None = None) -> dict[str, Any]:
+        """Documents published under settings other than today's (chunking, embedding model,
+        sections mapping, loader version): `count` and the first `ids` (collection:path). Searches
+        serve them as they were until `rag ingest` (or `rag reembed --all`) publishes them again."""
+        from rag_lib.chunking import CHUNKER_VERSION
+
+        return self.store.documents_under_other_fingerprint(self.settings.pipeline_fingerprint(CHUNKER_VERSION),
+                                                            collection)
 
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version
@@ -868,6 +878,7 @@ class KnowledgeBase:
         space = self.store.active_space()
         counts["active_space"] = space
         counts["configured_space"] = f"{self.settings.embedding.model}:{self.settings.embedding.dimensions}"
+        counts["documents_with_other_settings"] = self.documents_with_other_settings(collection)["count"]
         stats = self.store.index_stats()
         counts["index_size_mb"] = stats["index_size_mb"]
         counts["index"] = stats

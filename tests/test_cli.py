@@ -216,6 +216,46 @@ def test_reset_deletes_everything(rag, corpus_copy):
     assert json.loads(out)["documents"] == 0
 
 
+def test_validate_and_status_name_documents_published_under_other_chunking_settings(rag, tmp_path, monkeypatch):
+    """After chunking.max_tokens changed, `rag validate` said "no problems" and `rag status` nothing
+    while searches served the old chunks (and a part-finished ingest left a mix of both)."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    body = " ".join(f"Rates sentence {n} on the curve and credit spreads." for n in range(40))
+    (root / "rates.md").write_text(f"# Rates\n\n## Outlook\n\n{body}\n")
+    (root / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(root))[0] == 0
+    assert rag("validate")[0] == 0
+
+    monkeypatch.setenv("RAG_CHUNKING__MAX_TOKENS", "64")
+    code, out, _ = rag("validate", "--json")
+    stale = json.loads(out)["documents_with_other_settings"]
+    assert code == 1 and stale == {"count": 2, "ids": ["default:fx.md", "default:rates.md"]}
+    code, out, _ = rag("validate")
+    assert code == 1 and "2 documents were published under other settings" in " ".join(out.split())
+    assert "rag reembed --all" in out
+    code, out, _ = rag("status")
+    assert "2 documents were published under other settings" in " ".join(out.split())
+    assert json.loads(rag("status", "--json")[1])["documents_with_other_settings"] == 2
+
+    assert rag("ingest", str(root))[0] == 0  # publishes both again under today's settings
+    code, out, _ = rag("validate", "--json")
+    assert code == 0 and json.loads(out)["documents_with_other_settings"]["count"] == 0
+    assert "other settings" not in rag("status")[1]
+
+
+def test_status_says_when_the_settings_name_another_embedding_space_than_the_active_one(rag, tmp_path, monkeypatch):
+    """After `rag reembed --to` switched spaces, or embedding settings changed, status said nothing
+    while every ingest was refused."""
+    (tmp_path / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(tmp_path / "fx.md"))[0] == 0
+    monkeypatch.setenv("RAG_EMBEDDING__MODEL", "rotated-minilm")
+    out = " ".join(rag("status")[1].split())
+    assert ("the settings name embedding space rotated-minilm:384, not the active all-MiniLM-L6-v2:384: ingests are "
+            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.* to "
+            "all-MiniLM-L6-v2:384)") in out
+
+
 def test_db_status_reports_an_external_database(rag):
     code, out, _ = rag("db", "status", "--json")
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}
