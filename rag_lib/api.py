@@ -901,6 +901,21 @@ class KnowledgeBase:
         facts = self.store.empty_search_facts(SearchFilters(collection=self._collection(collection)))
         return notes.empty_collection_note(facts)
 
+    def empty_database_note(self) -> str | None:
+        """When no collection of this database holds a document: which database it is and how to
+        point at another (with RAG_HOME unset each working folder gets its own `.rag`, so a command run
+        from another folder opened a new, empty database without a word); None otherwise. For the
+        CLI only: it names a server path."""
+        facts = self.store.empty_search_facts(SearchFilters(collection=self._collection(None)))
+        if any(c["documents"] for c in facts["collections"]):
+            return None
+        from rag_lib.db import redacted_url
+
+        where = (f"the database at {redacted_url(self.settings.database_url)} ($RAG_DATABASE_URL)"
+                 if self.settings.database_url else f"the embedded database in {self.settings.pgdata}")
+        return (f"{where} holds no documents at all; if your knowledge base is elsewhere, set RAG_HOME to the folder "
+                "holding its pgdata (or RAG_DATABASE_URL to its server), else ingest with `rag ingest PATH`")
+
     def no_results_note(self, filters: SearchFilters, min_similarity: float = 0.0) -> str | None:
         """Why a search of `filters` found nothing (`SearchResult.note`): an empty collection, a filter
         matching none of its documents (with what it holds: types, close tickers, dates, paths), filters

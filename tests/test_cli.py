@@ -256,6 +256,22 @@ def test_status_says_when_the_settings_name_another_embedding_space_than_the_act
             "all-MiniLM-L6-v2:384)") in out
 
 
+def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, database_url):
+    """Run from another folder without RAG_HOME, rag opened a new empty `.rag` database and said only
+    "collection 'default' holds no documents", as if the knowledge base had been lost."""
+    code, out, _ = rag("search", "NVDA bull case")
+    said = " ".join(out.split())
+    assert code == 0 and "holds no documents at all" in said and "set RAG_HOME" in said and "RAG_DATABASE_URL" in said
+    assert database_url.split("@")[-1].split("?")[0] in said  # which database it opened
+    assert "holds no documents at all" in " ".join(rag("status")[1].split())
+    assert "holds no documents at all" in " ".join(rag("list")[1].split())
+
+    (tmp_path / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(tmp_path / "fx.md"), "--collection", "desk")[0] == 0
+    code, out, _ = rag("search", "NVDA bull case")  # the default collection is empty, the database is not
+    assert "holds no documents" in out and "at all" not in out and "RAG_HOME" not in out
+
+
 def test_db_status_reports_an_external_database(rag):
     code, out, _ = rag("db", "status", "--json")
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}

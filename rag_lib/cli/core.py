@@ -146,6 +146,7 @@ def search(
         return
     if not result.hits:
         console.print("no results" + (f": {result.note}" if result.note else ""), soft_wrap=True)
+        _say_if_the_database_is_empty()
         return
     table = Table(title=f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)")
     table.add_column("#", justify="right")
@@ -187,6 +188,8 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         f"[bold]{data['documents']}[/] documents, [bold]{data['chunks']}[/] chunks, {data['tokens']} tokens; "
         f"active space {space}; last ingest {data['last_ingest'] or 'never'}"
     )
+    if not data["documents"]:
+        _say_if_the_database_is_empty()
     configured = data["configured_space"]
     if data["active_space"] and configured != space:
         console.print(f"the settings name embedding space {configured}, not the active {space}: ingests are refused "
@@ -246,7 +249,10 @@ def list_documents(
         return
     if not rows and collection and offset == 0 and (note := kb().empty_collection_note(collection)):
         console.print(f"no documents: {escape(note)}", soft_wrap=True)
+        _say_if_the_database_is_empty()
         return
+    if not rows and offset == 0:
+        _say_if_the_database_is_empty()
     table = Table(title=f"{len(rows)} documents")
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
         table.add_column(col, overflow="fold")
@@ -308,6 +314,12 @@ def _validate_database(as_json: bool) -> None:
         console.print("no problems" if not report["problems"] else f"[red]{report['problems']} problems[/]")
     if report["problems"]:
         raise typer.Exit(1)
+
+
+def _say_if_the_database_is_empty() -> None:
+    """One yellow line naming the database when it holds no documents at all (see `empty_database_note`)."""
+    if note := kb().empty_database_note():
+        console.print(note, style="yellow", markup=False, soft_wrap=True)
 
 
 def other_settings_note(count: int) -> str:
