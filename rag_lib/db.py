@@ -144,6 +144,22 @@ def database_url(settings: Settings, dbname: str | None = None, start: bool = Tr
     return base
 
 
+def database_gone(exc: BaseException) -> bool:
+    """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
+    import psycopg
+    import psycopg.errors
+    from psycopg_pool import PoolTimeout
+
+    gone = (PoolTimeout, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow)
+    seen = 0
+    while exc is not None and seen < 5:
+        # a bare OperationalError is a lost or refused connection; its subclasses are statements' errors
+        if isinstance(exc, gone) or type(exc) is psycopg.OperationalError:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def redacted_url(url: str) -> str:
     """`url` with its password replaced by `***` (for status lines and logs)."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo

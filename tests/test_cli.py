@@ -272,6 +272,25 @@ def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, 
     assert "holds no documents" in out and "at all" not in out and "RAG_HOME" not in out
 
 
+def test_a_command_that_loses_the_database_says_so_in_one_line(rag, monkeypatch):
+    """`rag reembed` with the server stopped mid-fill ended in "error: unexpected PoolTimeout: couldn't get a
+    connection after 30.00 sec (for the traceback: ...)", as if rag had a bug."""
+    from psycopg_pool import PoolTimeout
+
+    from rag_lib.store import Store
+
+    def gone(self, *args, **kwargs):
+        raise PoolTimeout("couldn't get a connection after 30.00 sec")
+
+    monkeypatch.setattr(Store, "list_spaces", gone)
+    code, _, err = rag("reembed", "--status")
+    assert code == 1 and "unexpected" not in err and "Traceback" not in err
+    assert " ".join(err.split()) == (
+        "error: the database stopped answering (PoolTimeout); what was re-embedded so far is kept whole (each batch "
+        "or document is one transaction) and the active space keeps serving; run the same command again to resume; "
+        "start the database first (`rag db start`, or the server of RAG_DATABASE_URL)")
+
+
 def test_db_status_reports_an_external_database(rag):
     code, out, _ = rag("db", "status", "--json")
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}

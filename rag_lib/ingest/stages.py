@@ -19,6 +19,7 @@ import numpy as np
 from rag_lib.chunking import CHUNKER_VERSION, Chunker
 from rag_lib.config import Settings
 from rag_lib.corpus_files import ReadLimits
+from rag_lib.db import database_gone
 from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, StoppedError, TooManyChunksError
@@ -80,22 +81,6 @@ def file_hash(path: Path, root: Path, settings: Settings) -> str:
     """SHA-256 of a file's bytes, read in blocks within its size limit (what decides whether a
     file changed); equal to what `Engine.load` records. See `rag_lib.corpus_files.file_digest`."""
     return ReadLimits.of(settings).digest(path, root)
-
-
-def database_gone(exc: BaseException) -> bool:
-    """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
-    import psycopg
-    import psycopg.errors
-    from psycopg_pool import PoolTimeout
-
-    gone = (PoolTimeout, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow)
-    seen = 0
-    while exc is not None and seen < 5:
-        # a bare OperationalError is a lost or refused connection; its subclasses are statements' errors
-        if isinstance(exc, gone) or type(exc) is psycopg.OperationalError:
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 def error_text(exc: BaseException) -> str:

@@ -25,8 +25,8 @@ import numpy as np
 from rag_lib.config import Settings
 from rag_lib.corpus_files import file_gone
 from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, StoppedError, TooManyChunksError
-from rag_lib.ingest.stages import (Engine, FileGroup, FileVectors, Loaded, Prepared, database_gone, error_text,
-                                   file_hash)
+from rag_lib.db import database_gone
+from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.documents import file_of
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
