@@ -131,6 +131,7 @@ def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub,
     assert rkb.store.active_space()["space"] == NEW
     report = rm.rollback(rkb.settings, rkb.store)
     assert report.switched and report.space == OLD and report.filled == 0
+    assert report.seconds > 0  # what `rag reembed --rollback` reports it took
     assert rkb.store.active_space()["space"] == OLD
     assert [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits] == before
 
