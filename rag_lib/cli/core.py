@@ -199,9 +199,13 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         console.print(other_settings_note(data["documents_with_other_settings"]), style="yellow", markup=False,
                       soft_wrap=True)
     for building in (v for v in data["vectors"] if v["status"] == "building"):
-        console.print(f"a re-embed into {building['space']} is under way or was stopped: {building['vectors']} of "
-                      f"{data['chunks']} chunks have a vector there; `rag reembed --to {building['space']}` resumes "
-                      "it, `rag reembed --abort` abandons it", style="yellow", markup=False, soft_wrap=True)
+        name = building["space"]
+        state = (f"is filled but not active (--no-switch, or a gate failed); `rag reembed --to {name}` checks and "
+                 "switches to it" if building["vectors"] >= data["chunks"] else
+                 f"is under way or was stopped: {building['vectors']} of {data['chunks']} chunks have a vector there; "
+                 f"`rag reembed --to {name}` resumes it")
+        console.print(f"a re-embed into {name} {state}, `rag reembed --abort` abandons it", style="yellow",
+                      markup=False, soft_wrap=True)
     if collection and not data["documents"] and any(c["documents"] for c in data["collections"]):  # others do
         console.print(f"[yellow]{escape(kb().empty_collection_note(collection) or '')}[/]", soft_wrap=True)
     index = data.get("index") or {}
