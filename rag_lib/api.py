@@ -913,8 +913,8 @@ class KnowledgeBase:
 
         where = (f"the database at {redacted_url(self.settings.database_url)} ($RAG_DATABASE_URL)"
                  if self.settings.database_url else f"the embedded database in {self.settings.pgdata}")
-        return (f"{where} holds no documents at all; if your knowledge base is elsewhere, set RAG_HOME to the folder "
-                "holding its pgdata (or RAG_DATABASE_URL to its server), else ingest with `rag ingest PATH`")
+        return (f"{where} holds no documents at all; if your knowledge base is elsewhere, point RAG_HOME at the folder "
+                "holding its pgdata (or RAG_DATABASE_URL at its server), else ingest with `rag ingest PATH`")
 
     def no_results_note(self, filters: SearchFilters, min_similarity: float = 0.0) -> str | None:
         """Why a search of `filters` found nothing (`SearchResult.note`): an empty collection, a filter

@@ -261,7 +261,7 @@ def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, 
     "collection 'default' holds no documents", as if the knowledge base had been lost."""
     code, out, _ = rag("search", "NVDA bull case")
     said = " ".join(out.split())
-    assert code == 0 and "holds no documents at all" in said and "set RAG_HOME" in said and "RAG_DATABASE_URL" in said
+    assert code == 0 and "holds no documents at all" in said and "point RAG_HOME at" in said and "RAG_DATABASE_URL" in said
     assert database_url.split("@")[-1].split("?")[0] in said  # which database it opened
     assert "holds no documents at all" in " ".join(rag("status")[1].split())
     assert "holds no documents at all" in " ".join(rag("list")[1].split())
