@@ -641,10 +641,20 @@ class KnowledgeBase:
         space = self.store.active_space()
         checks = self.store.serving_orphans(space["space"] if space else "")
         checks["active_space"] = space["space"] if space else None
+        checks["documents_with_other_settings"] = self.documents_with_other_settings()
         names = ("chunks_without_vector", "vectors_without_chunk", "chunks_with_stale_hash",
-                 "chunks_without_document", "duplicate_chunks")
+                 "chunks_without_document", "duplicate_chunks", "documents_with_other_settings")
         checks["problems"] = sum(checks[n]["count"] for n in names)
         return checks
+
+    def documents_with_other_settings(self, collection: str | None = None) -> dict[str, Any]:
+        """Documents published under settings other than today's (chunking, embedding model,
+        sections mapping, loader version): `count` and the first `ids` (collection:path). Searches
+        serve them as they were until `rag ingest` (or `rag reembed --all`) publishes them again."""
+        from rag_lib.chunking import CHUNKER_VERSION
+
+        return self.store.documents_under_other_fingerprint(self.settings.pipeline_fingerprint(CHUNKER_VERSION),
+                                                            collection)
 
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version
@@ -869,6 +879,7 @@ class KnowledgeBase:
         space = self.store.active_space()
         counts["active_space"] = space
         counts["configured_space"] = f"{self.settings.embedding.model}:{self.settings.embedding.dimensions}"
+        counts["documents_with_other_settings"] = self.documents_with_other_settings(collection)["count"]
         stats = self.store.index_stats()
         counts["index_size_mb"] = stats["index_size_mb"]
         counts["index"] = stats
@@ -891,6 +902,21 @@ class KnowledgeBase:
 
         facts = self.store.empty_search_facts(SearchFilters(collection=self._collection(collection)))
         return notes.empty_collection_note(facts)
+
+    def empty_database_note(self) -> str | None:
+        """When no collection of this database holds a document: which database it is and how to
+        point at another (with RAG_HOME unset each working folder gets its own `.rag`, so a command run
+        from another folder opened a new, empty database without a word); None otherwise. For the
+        CLI only: it names a server path."""
+        facts = self.store.empty_search_facts(SearchFilters(collection=self._collection(None)))
+        if any(c["documents"] for c in facts["collections"]):
+            return None
+        from rag_lib.db import redacted_url
+
+        where = (f"the database at {redacted_url(self.settings.database_url)} ($RAG_DATABASE_URL)"
+                 if self.settings.database_url else f"the embedded database in {self.settings.pgdata}")
+        return (f"{where} holds no documents at all; if your knowledge base is elsewhere, point RAG_HOME at the folder "
+                "holding its pgdata (or RAG_DATABASE_URL at its server), else ingest with `rag ingest PATH`")
 
     def no_results_note(self, filters: SearchFilters, min_similarity: float = 0.0) -> str | None:
         """Why a search of `filters` found nothing (`SearchResult.note`): an empty collection, a filter

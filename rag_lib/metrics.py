@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rag_lib.db import database_gone
 from rag_lib.log import get_logger
 from rag_lib.models import EmbedMetric, SearchMetric, SearchResult, is_number
 
@@ -94,9 +95,11 @@ class MetricsRecorder:
         embeds = [m for m in batch if isinstance(m, EmbedMetric)]
         try:
             self._write(searches, embeds)
-        except Exception:  # noqa: BLE001 - metrics must never break searching; the loss is logged
+        except Exception as exc:  # noqa: BLE001 - metrics must never break searching; the loss is logged
             self.dropped += len(batch)
-            log.warning("could not write %d metric records", len(batch), exc_info=True)
+            # a database that went away is said by the command itself: one line here, not a traceback
+            log.warning("could not write %d metric records (%s: %s)", len(batch), type(exc).__name__,
+                        str(exc).split("\n")[0], exc_info=not database_gone(exc))
         if self.jsonl_path and searches:
             try:
                 self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)

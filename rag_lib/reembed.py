@@ -229,6 +229,7 @@ def rollback(settings: Settings, store: Store, target: EmbeddingProvider | None 
              progress: ProgressFn | None = None) -> ReembedReport:
     """Switch back to the most recently retired space, catching up chunks that changed since
     (from the cache, or its provider), with its HNSW index in place first."""
+    started = time.perf_counter()
     previous = store.previous_space()
     if previous is None:
         raise NotFoundError("no retired embedding space to roll back to; see `rag reembed --status`")
@@ -248,6 +249,7 @@ def rollback(settings: Settings, store: Store, target: EmbeddingProvider | None 
             continue
         report.switched = True
         break
+    report.seconds = time.perf_counter() - started  # `rag reembed --rollback` said "in 0.0s" however long it took
     return report
 
 

@@ -250,9 +250,95 @@ def test_reset_deletes_everything(rag, corpus_copy):
     assert json.loads(out)["documents"] == 0
 
 
+def test_validate_and_status_name_documents_published_under_other_chunking_settings(rag, tmp_path, monkeypatch):
+    """After chunking.max_tokens changed, `rag validate` said "no problems" and `rag status` nothing
+    while searches served the old chunks (and a part-finished ingest left a mix of both)."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    body = " ".join(f"Rates sentence {n} on the curve and credit spreads." for n in range(40))
+    (root / "rates.md").write_text(f"# Rates\n\n## Outlook\n\n{body}\n")
+    (root / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(root))[0] == 0
+    assert rag("validate")[0] == 0
+
+    monkeypatch.setenv("RAG_CHUNKING__MAX_TOKENS", "64")
+    code, out, _ = rag("validate", "--json")
+    stale = json.loads(out)["documents_with_other_settings"]
+    assert code == 1 and stale == {"count": 2, "ids": ["default:fx.md", "default:rates.md"]}
+    code, out, _ = rag("validate")
+    assert code == 1 and "2 documents were published under other settings" in " ".join(out.split())
+    assert "rag reembed --all" in out
+    code, out, _ = rag("status")
+    assert "2 documents were published under other settings" in " ".join(out.split())
+    assert json.loads(rag("status", "--json")[1])["documents_with_other_settings"] == 2
+
+    assert rag("ingest", str(root))[0] == 0  # publishes both again under today's settings
+    code, out, _ = rag("validate", "--json")
+    assert code == 0 and json.loads(out)["documents_with_other_settings"]["count"] == 0
+    assert "other settings" not in rag("status")[1]
+
+
+def test_status_says_when_the_settings_name_another_embedding_space_than_the_active_one(rag, tmp_path, monkeypatch):
+    """After `rag reembed --to` switched spaces, or embedding settings changed, status said nothing
+    while every ingest was refused."""
+    (tmp_path / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(tmp_path / "fx.md"))[0] == 0
+    monkeypatch.setenv("RAG_EMBEDDING__MODEL", "rotated-minilm")
+    out = " ".join(rag("status")[1].split())
+    assert ("the settings name embedding space rotated-minilm:384, not the active all-MiniLM-L6-v2:384: ingests are "
+            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.* to "
+            "all-MiniLM-L6-v2:384)") in out
+
+
+def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, database_url):
+    """Run from another folder without RAG_HOME, rag opened a new empty `.rag` database and said only
+    "collection 'default' holds no documents", as if the knowledge base had been lost."""
+    code, out, _ = rag("search", "NVDA bull case")
+    said = " ".join(out.split())
+    assert code == 0 and "holds no documents at all" in said and "point RAG_HOME at" in said and "RAG_DATABASE_URL" in said
+    assert database_url.split("@")[-1].split("?")[0] in said  # which database it opened
+    assert "holds no documents at all" in " ".join(rag("status")[1].split())
+    assert "holds no documents at all" in " ".join(rag("list")[1].split())
+
+    (tmp_path / "fx.md").write_text("# FX\n\n## Dollar\n\nThe dollar view.\n")
+    assert rag("ingest", str(tmp_path / "fx.md"), "--collection", "desk")[0] == 0
+    code, out, _ = rag("search", "NVDA bull case")  # the default collection is empty, the database is not
+    assert "holds no documents" in out and "at all" not in out and "RAG_HOME" not in out
+
+
+def test_a_command_that_loses_the_database_says_so_in_one_line(rag, monkeypatch):
+    """`rag reembed` with the server stopped mid-fill ended in "error: unexpected PoolTimeout: couldn't get a
+    connection after 30.00 sec (for the traceback: ...)", as if rag had a bug."""
+    from psycopg_pool import PoolTimeout
+
+    from rag_lib.store import Store
+
+    def gone(self, *args, **kwargs):
+        raise PoolTimeout("couldn't get a connection after 30.00 sec")
+
+    monkeypatch.setattr(Store, "list_spaces", gone)
+    code, _, err = rag("reembed", "--status")
+    assert code == 1 and "unexpected" not in err and "Traceback" not in err
+    assert " ".join(err.split()) == (
+        "error: the database stopped answering (PoolTimeout); what was re-embedded so far is kept whole (each batch "
+        "or document is one transaction) and the active space keeps serving; run the same command again to resume; "
+        "start the database first (`rag db start`, or the server of RAG_DATABASE_URL)")
+
+
 def test_db_status_reports_an_external_database(rag):
     code, out, _ = rag("db", "status", "--json")
     assert code == 0 and json.loads(out) == {**json.loads(out), "embedded": False, "running": True}
+
+
+def test_db_status_says_an_external_database_that_does_not_answer_is_not_running(rag, tmp_path, monkeypatch):
+    """It read the setting only: "external server running" (exit 0) for a server that was down."""
+    monkeypatch.setenv("RAG_DATABASE_URL", f"postgresql://rag_app:s3cret@/rag?host={tmp_path / 'no-server'}")
+    code, out, _ = rag("db", "status", "--json")
+    data = json.loads(out)
+    assert code == 3 and data["embedded"] is False and data["running"] is False
+    assert "no-server" in data["error"] and "s3cret" not in out
+    code, out, _ = rag("db", "status")
+    assert code == 3 and out.startswith("external server at ") and "does not answer" in out and "s3cret" not in out
 
 
 @pytest.mark.subprocess

@@ -39,6 +39,7 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path):
             assert conn.execute("SELECT '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] < 1e-6
         status = server_status(Settings(home=tmp_path, database_url=None))
         assert status.embedded and status.running
+        assert f"/rag?host={pgdata}" in status.url  # the library's database, not the server's `postgres`
     finally:
         assert stop_embedded(pgdata)
     assert not embedded_running(pgdata)

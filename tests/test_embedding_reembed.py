@@ -131,6 +131,7 @@ def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub,
     assert rkb.store.active_space()["space"] == NEW
     report = rm.rollback(rkb.settings, rkb.store)
     assert report.switched and report.space == OLD and report.filled == 0
+    assert report.seconds > 0  # what `rag reembed --rollback` reports it took
     assert rkb.store.active_space()["space"] == OLD
     assert [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits] == before
 
@@ -144,11 +145,23 @@ def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub,
 
 
 def test_documents_published_during_a_build_are_caught_up(rkb, stub):
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
     partial = rm.reembed(rkb.settings, rkb.store, NEW, switch=False)
     assert not partial.switched and rkb.store.active_space()["space"] == OLD
     rkb.ingest([rkb.root / EXTRA], root=rkb.root)  # published into the active space only
     info = rkb.store.get_space(NEW)
     assert info["status"] == "building" and info["vectors"] < info["chunks"]
+    STATE["kb"] = rkb
+    try:  # `rag status` said nothing of the half-built space, only `rag reembed --status` did
+        said = " ".join(CliRunner().invoke(app, ["status"]).output.split())
+    finally:
+        STATE["kb"] = None
+    assert (f"a re-embed into {NEW} is under way or was stopped: {info['vectors']} of {info['chunks']} chunks have a "
+            f"vector there; `rag reembed --to {NEW}` resumes it, `rag reembed --abort` abandons it") in said
     with pytest.raises(ValidationError, match=r"cannot switch to stub-embed:32: \d+ chunks lack a vector"):
         rkb.store.switch_active(NEW)
     report = rm.reembed(rkb.settings, rkb.store, NEW)

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from rag_lib.db import database_gone
 from rag_lib.errors import RagError
 from rag_lib.log import get_logger, setup_logging
 from rag_lib.shutdown import skip_final_collections
@@ -104,6 +105,14 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
+def database_gone_line(exc: BaseException) -> str:
+    """What a command that lost its database says: why, what its writes left (as for an interrupt) and
+    what to do."""
+    left = INTERRUPTED.get(STATE["command"] or "", "each write is one transaction, so none is half done")
+    return (f"the database stopped answering ({type(exc).__name__}); {left}; start the database first (`rag db "
+            "start`, or the server of RAG_DATABASE_URL)")
+
+
 def main() -> None:
     """Console-script entry point."""
     skip_final_collections()  # torch, Dagster and GE make a plain exit take seconds
@@ -141,6 +150,9 @@ def main() -> None:
         if STATE["debug"]:
             raise
         log.debug("command failed", exc_info=True)  # the whole message (a statement too) with --debug
+        if database_gone(exc):  # not a bug: the server stopped or the network went (was "unexpected PoolTimeout")
+            err_console.print(f"[bold red]error:[/] {escape(database_gone_line(exc))}", highlight=False, soft_wrap=True)
+            sys.exit(1)
         err_console.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(first_line(exc))} "
                           "(for the traceback: rag --debug COMMAND ...)", highlight=False, soft_wrap=True)
         sys.exit(1)

@@ -209,6 +209,7 @@ def search(
         return
     if not result.hits:
         console.print("no results" + (f": {result.note}" if result.note else ""), soft_wrap=True)
+        _say_if_the_database_is_empty()
         return
     # the query, unit ids and passages are printed as they are, not read as console markup
     table = Table(title=escape(f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)"))
@@ -271,6 +272,24 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         f"[bold]{data['documents']}[/] documents, [bold]{data['chunks']}[/] chunks, {data['tokens']} tokens; "
         f"active space {space}; last ingest {data['last_ingest'] or 'never'}"
     )
+    if not data["documents"]:
+        _say_if_the_database_is_empty()
+    configured = data["configured_space"]
+    if data["active_space"] and configured != space:
+        console.print(f"the settings name embedding space {configured}, not the active {space}: ingests are refused "
+                      f"until they match (`rag reembed --to {configured}`, or set embedding.* to {space})",
+                      style="yellow", markup=False, soft_wrap=True)
+    elif data.get("documents_with_other_settings"):
+        console.print(other_settings_note(data["documents_with_other_settings"]), style="yellow", markup=False,
+                      soft_wrap=True)
+    for building in (v for v in data["vectors"] if v["status"] == "building"):
+        name = building["space"]
+        state = (f"is filled but not active (--no-switch, or a gate failed); `rag reembed --to {name}` checks and "
+                 "switches to it" if building["vectors"] >= data["chunks"] else
+                 f"is under way or was stopped: {building['vectors']} of {data['chunks']} chunks have a vector there; "
+                 f"`rag reembed --to {name}` resumes it")
+        console.print(f"a re-embed into {name} {state}, `rag reembed --abort` abandons it", style="yellow",
+                      markup=False, soft_wrap=True)
     if collection and not data["documents"] and any(c["documents"] for c in data["collections"]):  # others do
         console.print(f"[yellow]{escape(kb().empty_collection_note(collection) or '')}[/]", soft_wrap=True)
     index = data.get("index") or {}
@@ -329,7 +348,10 @@ def list_documents(
         return
     if not rows and collection and offset == 0 and (note := kb().empty_collection_note(collection)):
         console.print(f"no documents: {escape(note)}", soft_wrap=True)
+        _say_if_the_database_is_empty()
         return
+    if not rows and offset == 0:
+        _say_if_the_database_is_empty()
     table = Table(title=f"{len(rows)} documents")
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
         table.add_column(col, overflow="fold")
@@ -382,14 +404,30 @@ def _validate_database(as_json: bool) -> None:
         for col in ("check", "count", "examples"):
             table.add_column(col, overflow="fold")
         for name in ("chunks_without_vector", "vectors_without_chunk", "chunks_with_stale_hash",
-                     "chunks_without_document", "duplicate_chunks"):
+                     "chunks_without_document", "duplicate_chunks", "documents_with_other_settings"):
             item = report[name]
             table.add_row(name.replace("_", " "), f"[red]{item['count']}[/]" if item["count"] else "0",
                           ", ".join(item["ids"][:5]))
         console.print(table)
+        if report["documents_with_other_settings"]["count"]:
+            console.print(other_settings_note(report["documents_with_other_settings"]["count"]), style="yellow",
+                          markup=False, soft_wrap=True)
         console.print("no problems" if not report["problems"] else f"[red]{report['problems']} problems[/]")
     if report["problems"]:
         raise typer.Exit(1)
+
+
+def _say_if_the_database_is_empty() -> None:
+    """One yellow line naming the database when it holds no documents at all (see `empty_database_note`)."""
+    if note := kb().empty_database_note():
+        console.print(note, style="yellow", markup=False, soft_wrap=True)
+
+
+def other_settings_note(count: int) -> str:
+    """What to run when documents were published under settings other than today's."""
+    return (f"{count} documents were published under other settings (chunking, embedding model, sections mapping "
+            "or loader version changed since); searches serve them as they were: `rag ingest PATH` of their corpus "
+            "root, or `rag reembed --all`, publishes them again (unchanged chunks' vectors come from the cache)")
 
 
 @app.command()

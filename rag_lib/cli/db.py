@@ -38,11 +38,18 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """Is the database up, and where."""
     st = server_status(get_settings())
     data = {"embedded": st.embedded, "running": st.running, "url": st.url, "pgdata": str(st.pgdata) if st.pgdata else None}
+    if st.error:
+        data["error"] = st.error
     if as_json:
         print_json(data)
+    elif st.embedded:
+        console.print(f"embedded server {'running' if st.running else 'stopped'}" + (f" at {st.url}" if st.url else ""),
+                      soft_wrap=True, markup=False)
+    elif st.running:
+        console.print(f"external server running at {st.url}", soft_wrap=True, markup=False)
     else:
-        kind = "embedded" if st.embedded else "external"
-        console.print(f"{kind} server {'running' if st.running else 'stopped'}" + (f" at {st.url}" if st.url else ""), soft_wrap=True)
+        console.print(f"external server at {st.url} does not answer: {st.error}; start it, or fix RAG_DATABASE_URL",
+                      soft_wrap=True, markup=False)
     if not st.running:
         raise typer.Exit(3)
 

@@ -19,6 +19,7 @@ import numpy as np
 from rag_lib.chunking import CHUNKER_VERSION, Chunker
 from rag_lib.config import Settings
 from rag_lib.corpus_files import ReadLimits
+from rag_lib.db import database_gone
 from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, StoppedError, TooManyChunksError
@@ -371,6 +372,8 @@ class Embedder:
             except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
                 if stop is not None and stop.is_set():  # e.g. its queued mini-batches were dropped
                     raise StoppedError("the ingest was stopped") from exc
+                if database_gone(exc):  # no file's fault: retried file by file, each waited out the pool's timeout
+                    raise
                 if len(group) > 1:
                     log.warning("embedding %d files failed (%s); retrying file by file", len(group), error_text(exc))
                     for item in group:

@@ -26,6 +26,7 @@ import numpy as np
 from rag_lib.config import Settings
 from rag_lib.corpus_files import file_gone
 from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, StoppedError, TooManyChunksError
+from rag_lib.db import database_gone
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.documents import file_of
@@ -134,20 +135,10 @@ def upstream_outcome(key: str, raw: dict | None, before: dict | None, previous: 
     return None
 
 
-def database_gone(exc: BaseException) -> bool:
-    """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
-    import psycopg
-    import psycopg.errors
-    from psycopg_pool import PoolTimeout
-
-    gone = (PoolTimeout, psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown, psycopg.errors.CannotConnectNow)
-    seen = 0
-    while exc is not None and seen < 5:
-        # a bare OperationalError is a lost or refused connection; its subclasses are statements' errors
-        if isinstance(exc, gone) or type(exc) is psycopg.OperationalError:
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+def outage_error(exc: BaseException) -> DatabaseError:
+    """The one line `rag ingest` ends with when the database stops answering mid-run."""
+    return DatabaseError(f"the database stopped answering during the ingest ({type(exc).__name__}); "
+                         "what was published stays; start it (rag db start) and run the ingest again")
 
 
 class StageRunner:
@@ -268,8 +259,7 @@ class StageRunner:
     def _failed(self, t: FileTarget, stage: str, exc: BaseException, saves: list) -> StageOutcome:
         if self.outage_raises and database_gone(exc):
             # not this file's failure: every later file would wait out the pool's timeout in turn
-            raise DatabaseError(f"the database stopped answering during the ingest ({type(exc).__name__}); "
-                                "what was published stays; start it (rag db start) and run the ingest again") from exc
+            raise outage_error(exc) from exc
         # a traceback only for the unexpected: our own errors and the file system's say all in one line
         log.error("%s failed for %s: %s", stage, t.key, error_text(exc),
                   exc_info=None if isinstance(exc, (RagError, OSError)) else exc)
@@ -544,6 +534,8 @@ class StageRunner:
                 result = self.engine.embedder.embed_files([(key, cs) for key, (_, _, cs) in pending.items()], started,
                                                           stop=self.stopping)
         except Exception as exc:  # noqa: BLE001 - the provider failed for every file: each is recorded failed
+            if self.outage_raises and database_gone(exc):
+                raise outage_error(exc) from exc
             if self.outage_raises or isinstance(exc, StoppedError):
                 raise
             result = FileVectors(errors={key: exc for key in pending})

@@ -111,6 +111,16 @@ class CheckStore:
         out["chunks"], out["vectors"] = chunks, vectors
         return out
 
+    def documents_under_other_fingerprint(self, fingerprint: str, collection: str | None = None) -> dict[str, Any]:
+        """Documents published under another pipeline fingerprint than `fingerprint` (other chunking,
+        model, loader or sections mapping): their count and the first `collection:path`s."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                "SELECT collection || ':' || path FROM rag_documents WHERE fingerprint IS DISTINCT FROM %(f)s"
+                " AND (%(c)s::text IS NULL OR collection = %(c)s)", {"f": fingerprint, "c": collection}).fetchall()
+        paths = sorted(r[0] for r in rows)
+        return {"count": len(paths), "ids": paths[:ID_LIMIT]}
+
     def document_sources(self, collection: str | None = None) -> list[dict[str, Any]]:
         """(collection, path, source_path) of every live document (of `collection`), to find those
         whose file is gone."""

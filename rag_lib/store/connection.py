@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
-from rag_lib.db import check_url, database_url
+from rag_lib.db import LIBRARY_DB, check_url, database_url
 from rag_lib.errors import AdminRequiredError, DatabaseError
 from rag_lib.log import get_logger, scrub_secrets
 
@@ -22,7 +22,6 @@ log = get_logger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 MIGRATION_LOCK = 7_406_130_001  # advisory lock id: one migrator at a time across processes
-LIBRARY_DB = "rag"
 
 
 def like_escape(text: str) -> str:
