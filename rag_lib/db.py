@@ -215,5 +215,5 @@ def server_status(settings: Settings) -> ServerStatus:
 
         info = PostmasterInfo.read_from_pgdata(settings.pgdata)
         # the library's database, as `rag db url` prints it: the server's own `postgres` database holds no table
-        url = info.get_uri().replace("/postgres?", f"/{LIBRARY_DB}?", 1) if info else None
+        url = info.get_uri(database=LIBRARY_DB) if info else None
     return ServerStatus(embedded=True, running=running, url=url, pgdata=settings.pgdata)
