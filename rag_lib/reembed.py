@@ -20,6 +20,7 @@ import numpy as np
 
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
+from rag_lib.embedding.spaces import PinnedStore
 from rag_lib.ingest.stages import Embedder
 from rag_lib.errors import EmbeddingError, NotFoundError, ReembedRunningError, ValidationError
 from rag_lib.log import get_logger
@@ -61,13 +62,14 @@ def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, 
     """nDCG@10 (section units, semantic mode) of a BEIR folder (`queries.jsonl`, `qrels.tsv` or
     `qrels/test.tsv`) searched in `space`, with the query embedded by that space's provider; scored by
     the same code as the `retrieval_quality` check (`rag_lib.eval.score_eval_set`)."""
-    from rag_lib.embedding.spaces import PinnedStore
     from rag_lib.eval import score_eval_set
     from rag_lib.search import search as run_search
     from rag_lib.search.retrieval import SearchCaches
 
     qrels_path = eval_set / "qrels.tsv" if (eval_set / "qrels.tsv").is_file() else eval_set / "qrels" / "test.tsv"
-    pinned = PinnedStore(store, space)
+    # the live chunks, the same count for every space: both spaces of a gate are ranked the same way
+    exact = store.get_space(space["space"])["chunks"] <= store.settings.search.exact_max_rows
+    pinned = ExactPinnedStore(store, space) if exact else PinnedStore(store, space)
     caches = SearchCaches()  # one eval set, one database: routing looks the tickers up once
 
     def run(text: str):
@@ -75,6 +77,15 @@ def eval_ndcg_at_10(store: Store, provider: EmbeddingProvider, space: dict[str, 
 
     scores = score_eval_set(run, eval_set / "queries.jsonl", qrels_path, unit="section", mode="semantic")
     return scores["all"]["ndcg@10"] if "all" in scores else 0.0
+
+
+class ExactPinnedStore(PinnedStore):
+    """A `PinnedStore` whose semantic searches rank every vector exactly: the quality gate scores
+    the new space and the active one on equal terms (an HNSW walk's misses depend on how each
+    index was built; the new space may have none yet) and the same data always gets the same figure."""
+
+    def semantic_search(self, *args: Any, **kwargs: Any) -> Any:
+        return self._store.semantic_search(*args, **{**kwargs, "exact": True})
 
 
 def default_quality_scorer() -> QualityScorer | None:
@@ -124,6 +135,19 @@ class Reembedder:
             if self.progress:
                 info = self.store.get_space(self.space)
                 self.progress(info["vectors"], info["chunks"])
+
+    def build_profiles(self) -> dict[str, int]:
+        """The new space's ticker profiles (entity linking) for every collection that has them in the
+        active space: its searches link tickers as the active space's do, in the quality gate and
+        from the switch on. Only profiles whose text or documents changed are embedded again.
+        Returns the profiles per collection."""
+        from rag_lib.graph.profiles import build_profiles
+
+        active = self.store.active_space()
+        if not self.settings.search.entity_linking or active is None or active["space"] == self.space:
+            return {}
+        pinned = PinnedStore(self.store, self.store.get_space(self.space))  # profiles are built in the "active" space
+        return {c: build_profiles(pinned, self.target, c).profiles for c in self.store.profile_collections(active["space"])}
 
     def gates(self, quality: bool = True) -> list[Gate]:
         """Coverage and dimension consistency always; retrieval quality when an eval set is configured."""
@@ -180,6 +204,7 @@ class Reembedder:
             if not self.store.get_space(self.space)["vectors"]:
                 self.store.drop_space(self.space)
             raise
+        self.build_profiles()
         if not switch:
             report.gates = self.gates(quality=not skip_quality)
             report.seconds = time.perf_counter() - started
@@ -187,6 +212,7 @@ class Reembedder:
         report.index = self.store.ensure_hnsw_index(self.space, self.target.dimensions)  # before the switch
         for attempt in range(SWITCH_ATTEMPTS):
             self.fill(report)  # catch up documents published meanwhile
+            self.build_profiles()
             gates = self.gates(quality=not skip_quality)
             report.gates = gates
             failed = [g for g in gates if not g.passed]

@@ -10,10 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from conftest import SHARED_CORPUS
 from openai_stub import OpenAIStub, stub_vector
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
-from rag_lib.embedding import provider_for_space
+from rag_lib.embedding import EmbeddingProvider, provider_for_space
 from rag_lib.errors import DimensionMismatchError, EmbeddingError, ValidationError
 from rag_lib.models import SourceFile
 from rag_lib import reembed as rm
@@ -24,6 +25,7 @@ OLD = "all-MiniLM-L6-v2:384"
 FILES = ("tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml")
 EXTRA = "tradegent/fixtures/sample_research.yaml"
 QUERY = "earnings surprise and guidance for NVDA"
+DEV_EVAL = SHARED_CORPUS.parent / "eval" / "tradegent-dev"
 PLAIN_QUERY = "how position size should shrink when volatility rises"  # no ticker/type hints: raw cosines
 
 
@@ -302,3 +304,53 @@ def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb,
         worker.join(60)
     assert outcome["first"].switched
     assert rkb.store.active_space()["space"] == NEW
+
+
+class RotatedProvider(EmbeddingProvider):
+    """The local model's vectors turned by a fixed orthogonal rotation: another space in which every
+    cosine equals the local model's, i.e. a model change that changes nothing retrieval sees."""
+
+    def __init__(self, base: EmbeddingProvider):
+        self.base, self.name, self.model, self.dimensions = base, "rotated", "rotated-minilm", base.dimensions
+        q, _ = np.linalg.qr(np.random.default_rng(3).standard_normal((base.dimensions, base.dimensions)))
+        self.rotation = q.astype(np.float32)
+
+    def tokenizer(self):
+        return self.base.tokenizer()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)
+
+
+def gate_scores(report: rm.ReembedReport) -> tuple[str, str]:
+    """(new, old) nDCG@10 as the quality gate's detail states them (4 decimals)."""
+    detail = next(g for g in report.gates if g.name == "quality").detail
+    return detail.split()[1], detail.split(" vs ")[1].split()[0]
+
+
+@pytest.mark.warm_cache
+def test_quality_gate_scores_a_rotated_copy_of_the_active_space_exactly_as_the_active_space(
+        database_url, tmp_path, provider, corpus_copy):
+    """The same cosines score the same nDCG@10 in both spaces, run after run: the new space gets the
+    ticker profiles entity linking needs (the active space's linked, the new one's did not: 0.58 vs
+    0.60 on the QA corpus) and both are ranked exactly, not one by its own HNSW walk."""
+    settings = Settings(database_url=database_url, home=tmp_path / ".rag",
+                        embedding={"reembed": {"eval_set": str(DEV_EVAL), "ndcg_tolerance": 0.0}})
+    kb = KnowledgeBase(settings, provider=provider)
+    root = corpus_copy("tradegent/knowledge/analysis")
+    kb.ingest([root], root=root)
+    kb.store.ensure_hnsw_index(OLD, 384)
+    assert kb.store.profile_collections(OLD)  # the active space links tickers
+    target = RotatedProvider(provider)
+    reembedder = rm.Reembedder(settings, kb.store, target, active_provider=provider)
+    reembedder.start()  # the chunks' vectors rotated directly (the model is for the queries and profiles)
+    kb.store.write_space_vectors(target.space, 384, [(cid, vec @ target.rotation.T)
+                                                     for cid, vec in space_vectors(kb, OLD).items()])
+    try:
+        checked = reembedder.run(switch=False)
+        switched = rm.Reembedder(settings, kb.store, target, active_provider=provider).run()
+    finally:
+        kb.close()
+    new, old = gate_scores(checked)
+    assert float(old) > 0 and new == old and gate_scores(switched) == (new, old), (checked.gates, switched.gates)
+    assert switched.switched

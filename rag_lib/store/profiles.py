@@ -73,6 +73,13 @@ class ProfileStore:
                     f["company"].append(text)
         return out
 
+    def profile_collections(self, space: str) -> list[str]:
+        """The collections holding ticker profiles in `space`."""
+        with self.db.connection() as conn:
+            rows = conn.execute("SELECT DISTINCT collection FROM rag_ticker_profiles WHERE space = %s ORDER BY 1",
+                                (space,)).fetchall()
+        return [c for (c,) in rows]
+
     def ticker_profile_hashes(self, collection: str, space: str) -> dict[str, str]:
         with self.db.connection() as conn:
             rows = conn.execute("SELECT ticker, source_hash FROM rag_ticker_profiles WHERE collection = %s"
