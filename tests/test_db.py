@@ -95,3 +95,36 @@ def test_no_store_part_hides_another_parts_method():
     parts = [c for c in Store.__mro__[1:] if c.__module__.startswith("rag_lib.store")]
     names = Counter(n for c in parts for n, v in vars(c).items() if callable(v) and not n.startswith("__"))
     assert not [n for n, k in names.items() if k > 1]
+
+
+def _rag_runner(tmp_path: Path):
+    """`run(*args)`: the `rag` command on its own embedded server under tmp_path (no RAG_DATABASE_URL)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAG_DATABASE_URL"}
+    env["RAG_HOME"] = str(tmp_path / ".rag")
+    rag = str(Path(sys.executable).parent / "rag")
+
+    def run(*args: str, wait: bool = True):
+        if not wait:
+            return subprocess.Popen([rag, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=tmp_path)
+        return subprocess.run([rag, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    return run, tmp_path / ".rag" / "pgdata"
+
+
+def test_db_stop_refuses_while_a_command_uses_the_server_unless_forced(tmp_path: Path):
+    """`rag db stop` stopped the server under a running ingest or `rag serve` without a word."""
+    run, pgdata = _rag_runner(tmp_path)
+    assert run("db", "start").returncode == 0
+    url = run("db", "url").stdout.strip()
+    try:
+        with psycopg.connect(url, application_name="rag serve"), psycopg.connect(url, application_name="rag serve"):
+            refused = run("db", "stop")
+            assert refused.returncode == 1 and embedded_running(pgdata)
+            assert " ".join(refused.stderr.split()) == (
+                "error: not stopped: 2 connections (rag serve ×2) use the embedded server and would fail; stop them "
+                "first, or pass --force to stop it anyway")
+            forced = run("db", "stop", "--force")
+            assert forced.returncode == 0 and forced.stdout.strip() == "stopped" and not embedded_running(pgdata)
+    finally:
+        stop_embedded(pgdata)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from contextlib import contextmanager
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -170,6 +171,14 @@ def _relax_commits(conn: psycopg.Connection, name: str) -> None:
                     "`ALTER DATABASE %s SET synchronous_commit = off`.", name, name)
 
 
+def application_name() -> str:
+    """This process as pg_stat_activity names it (`rag ingest`, `dagster-daemon run`): `rag db stop`
+    names the commands still connected."""
+    words = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"]
+    words += [a for a in sys.argv[1:] if not a.startswith("-")][:1]
+    return " ".join(words)[:63]
+
+
 class Connections:
     """Owns the pool. Created once per process (or per test) and shared by every store method."""
 
@@ -203,7 +212,7 @@ class Connections:
             # No server-side prepared statements: after 5 runs psycopg would prepare a query and
             # PostgreSQL may switch to a generic plan that cannot see a filter's selectivity; one
             # such plan turned a 1 ms index-only count into a 45 ms sequential scan.
-            kwargs={"prepare_threshold": None},
+            kwargs={"prepare_threshold": None, "application_name": application_name()},
             open=True,
             name="rag_lib_search" if self.read_only else "rag_lib",
         )
