@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -128,3 +129,32 @@ def test_db_stop_refuses_while_a_command_uses_the_server_unless_forced(tmp_path:
             assert forced.returncode == 0 and forced.stdout.strip() == "stopped" and not embedded_running(pgdata)
     finally:
         stop_embedded(pgdata)
+
+
+def test_a_command_whose_server_is_stopped_under_it_exits_at_once_with_one_line(tmp_path: Path):
+    """An ingest (or reembed) whose embedded server was stopped mid-command printed the error line after
+    about ten psycopg_pool "error connecting" warnings, having waited out 30 s pool timeouts in its
+    cleanup and in the metrics writer: about a minute in all."""
+    run, pgdata = _rag_runner(tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(150):  # seconds of embedding: the server is stopped while the ingest works
+        (corpus / f"note{i:03}.md").write_text(f"# Note {i}\n\n## Copper\n\n" + f"copper demand view {i}. " * 60 + "\n")
+    assert run("db", "start").returncode == 0
+    ingest = run("ingest", str(corpus), wait=False)
+    try:
+        with psycopg.connect(run("db", "url").stdout.strip(), autocommit=True) as conn:
+            while not conn.execute("SELECT 1 FROM rag_documents LIMIT 1").fetchone():  # published its first file
+                assert ingest.poll() is None, ingest.communicate()
+                time.sleep(0.1)
+        assert run("db", "stop", "--force").returncode == 0
+        stopped = time.monotonic()
+        _, err = ingest.communicate(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        ingest.kill()
+        stop_embedded(pgdata)
+    assert ingest.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the database stopped answering during the ingest"), err
+    assert took < 15, took
