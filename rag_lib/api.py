@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 from rag_lib import search as search_mod
 from rag_lib.documents import file_of, type_spellings
 from rag_lib.config import Settings, get_settings
+from rag_lib.db import database_gone
 from rag_lib.embedding import EmbeddingProvider, get_provider
 from rag_lib.embedding.spaces import SpaceProviders
 from rag_lib.errors import ConfigError, NotFoundError, ValidationError, close_matches, text_problem
@@ -465,8 +467,10 @@ class KnowledgeBase:
             try:
                 self.store.unregister_root(r.path, r.collection)
             except Exception as exc:  # noqa: BLE001 - the ingest's error is the one to raise
-                log.warning("could not unregister corpus root %s after a failed ingest (`rag roots remove %s`): %s",
-                            r.path, r.path, exc)
+                # with the database gone the command says so in one line, and running it again resumes
+                gone = database_gone(exc)
+                log.log(logging.INFO if gone else logging.WARNING, "could not unregister corpus root %s after a "
+                        "failed ingest (`rag roots remove %s`): %s", r.path, r.path, exc)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -567,7 +571,11 @@ class KnowledgeBase:
             if not self.__dict__.get("_closed"):
                 self.store.insert_metrics(searches, embeds)
 
-        return MetricsRecorder(write, cfg.jsonl_path)
+        def gone() -> bool:
+            store = self.__dict__.get("store")
+            return store is not None and store.db.gone
+
+        return MetricsRecorder(write, cfg.jsonl_path, gone)
 
     def metrics_summary(self, since: Any = None) -> dict[str, Any]:
         """p50/p95 latency per mode, zero-result rate, query-class and strategy mix, embedding failure

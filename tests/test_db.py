@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -95,3 +96,65 @@ def test_no_store_part_hides_another_parts_method():
     parts = [c for c in Store.__mro__[1:] if c.__module__.startswith("rag_lib.store")]
     names = Counter(n for c in parts for n, v in vars(c).items() if callable(v) and not n.startswith("__"))
     assert not [n for n, k in names.items() if k > 1]
+
+
+def _rag_runner(tmp_path: Path):
+    """`run(*args)`: the `rag` command on its own embedded server under tmp_path (no RAG_DATABASE_URL)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAG_DATABASE_URL"}
+    env["RAG_HOME"] = str(tmp_path / ".rag")
+    rag = str(Path(sys.executable).parent / "rag")
+
+    def run(*args: str, wait: bool = True):
+        if not wait:
+            return subprocess.Popen([rag, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=tmp_path)
+        return subprocess.run([rag, *args], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    return run, tmp_path / ".rag" / "pgdata"
+
+
+def test_db_stop_refuses_while_a_command_uses_the_server_unless_forced(tmp_path: Path):
+    """`rag db stop` stopped the server under a running ingest or `rag serve` without a word."""
+    run, pgdata = _rag_runner(tmp_path)
+    assert run("db", "start").returncode == 0
+    url = run("db", "url").stdout.strip()
+    try:
+        with psycopg.connect(url, application_name="rag serve"), psycopg.connect(url, application_name="rag serve"):
+            refused = run("db", "stop")
+            assert refused.returncode == 1 and embedded_running(pgdata)
+            assert " ".join(refused.stderr.split()) == (
+                "error: not stopped: 2 connections (rag serve ×2) use the embedded server and would fail; stop them "
+                "first, or pass --force to stop it anyway")
+            forced = run("db", "stop", "--force")
+            assert forced.returncode == 0 and forced.stdout.strip() == "stopped" and not embedded_running(pgdata)
+    finally:
+        stop_embedded(pgdata)
+
+
+def test_a_command_whose_server_is_stopped_under_it_exits_at_once_with_one_line(tmp_path: Path):
+    """An ingest (or reembed) whose embedded server was stopped mid-command printed the error line after
+    about ten psycopg_pool "error connecting" warnings, having waited out 30 s pool timeouts in its
+    cleanup and in the metrics writer: about a minute in all."""
+    run, pgdata = _rag_runner(tmp_path)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(150):  # seconds of embedding: the server is stopped while the ingest works
+        (corpus / f"note{i:03}.md").write_text(f"# Note {i}\n\n## Copper\n\n" + f"copper demand view {i}. " * 60 + "\n")
+    assert run("db", "start").returncode == 0
+    ingest = run("ingest", str(corpus), wait=False)
+    try:
+        with psycopg.connect(run("db", "url").stdout.strip(), autocommit=True) as conn:
+            while not conn.execute("SELECT 1 FROM rag_documents LIMIT 1").fetchone():  # published its first file
+                assert ingest.poll() is None, ingest.communicate()
+                time.sleep(0.1)
+        assert run("db", "stop", "--force").returncode == 0
+        stopped = time.monotonic()
+        _, err = ingest.communicate(timeout=120)
+        took = time.monotonic() - stopped
+    finally:
+        ingest.kill()
+        stop_embedded(pgdata)
+    assert ingest.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the database stopped answering during the ingest"), err
+    assert took < 15, took

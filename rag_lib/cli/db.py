@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from rag_lib.cli.app import app, console, print_json
+from rag_lib.cli.app import app, console, fail, print_json
 from rag_lib.config import get_settings
-from rag_lib.db import redacted_url, server_status, stop_embedded
+from rag_lib.db import embedded_running, other_clients, redacted_url, server_status, stop_embedded
 from rag_lib.store.connection import library_url
 
 db_app = typer.Typer(help="Manage the database server (embedded unless RAG_DATABASE_URL is set).", no_args_is_help=True)
@@ -24,13 +26,29 @@ def start() -> None:
 
 
 @db_app.command("stop")
-def stop() -> None:
-    """Stop the embedded server."""
+def stop(force: bool = typer.Option(False, "--force", help="Stop it even while other commands use it.")) -> None:
+    """Stop the embedded server (refused while other commands are connected, unless --force)."""
     settings = get_settings()
     if settings.database_url:
         console.print("RAG_DATABASE_URL is set: that server is not managed here")
         return
+    if not force and embedded_running(settings.pgdata):
+        if users := clients_line(settings.pgdata):
+            fail(f"not stopped: {users} use the embedded server and would fail; stop them first, or pass --force "
+                 "to stop it anyway")
     console.print("stopped" if stop_embedded(settings.pgdata) else "not running")
+
+
+def clients_line(pgdata: Path) -> str:
+    """Who else is connected, as "2 connections (rag serve ×2)"; "" for no one."""
+    from collections import Counter
+
+    names = Counter(name or "unnamed" for name in other_clients(pgdata))
+    if not names:
+        return ""
+    total = sum(names.values())
+    which = ", ".join(f"{name} ×{n}" if n > 1 else name for name, n in names.most_common())
+    return f"{total} connection{'s' if total > 1 else ''} ({which})"
 
 
 @db_app.command("status")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
+import weakref
 from contextlib import contextmanager
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -14,13 +17,17 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from rag_lib.config import Settings
-from rag_lib.db import LIBRARY_DB, check_url, database_url
+from rag_lib.db import LIBRARY_DB, check_url, database_gone, database_url
 from rag_lib.errors import AdminRequiredError, DatabaseError
 from rag_lib.log import get_logger, scrub_secrets
 
 log = get_logger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# Once a pool's database is known gone, a connection is waited for this long instead of the pool's 30 s:
+# every later statement of a command that lost its database (its cleanup, its metrics) failed after 30 s.
+GONE_WAIT_SECONDS = 2.0
+_GONE: weakref.WeakSet[Connections] = weakref.WeakSet()  # open pools whose database is known gone
 MIGRATION_LOCK = 7_406_130_001  # advisory lock id: one migrator at a time across processes
 
 
@@ -170,6 +177,29 @@ def _relax_commits(conn: psycopg.Connection, name: str) -> None:
                     "`ALTER DATABASE %s SET synchronous_commit = off`.", name, name)
 
 
+def application_name() -> str:
+    """This process as pg_stat_activity names it (`rag ingest`, `dagster-daemon run`): `rag db stop`
+    names the commands still connected."""
+    words = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"]
+    words += [a for a in sys.argv[1:] if not a.startswith("-")][:1]
+    return " ".join(words)[:63]
+
+
+class _PoolWarningsToLog(logging.Filter):
+    """psycopg_pool's warnings ("error connecting in 'rag_lib'", "discarding closed connection", ten
+    of them as a server stops) go to our log at INFO, not bare on stderr: a command that loses its
+    database says so in one line, a pool that reconnects needs no word."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        log.info("%s: %s", record.name, record.getMessage())
+        return False
+
+
+logging.getLogger("psycopg.pool").addFilter(_PoolWarningsToLog())
+
+
 class Connections:
     """Owns the pool. Created once per process (or per test) and shared by every store method."""
 
@@ -203,21 +233,46 @@ class Connections:
             # No server-side prepared statements: after 5 runs psycopg would prepare a query and
             # PostgreSQL may switch to a generic plan that cannot see a filter's selectivity; one
             # such plan turned a 1 ms index-only count into a 45 ms sequential scan.
-            kwargs={"prepare_threshold": None},
+            kwargs={"prepare_threshold": None, "application_name": application_name()},
             open=True,
             name="rag_lib_search" if self.read_only else "rag_lib",
         )
 
+    @property
+    def gone(self) -> bool:
+        """Whether this pool's database was seen gone (and not answering since)."""
+        return self in _GONE
+
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
-        with self.pool.connection() as conn:
-            yield conn
+        """A pooled connection; after the database was seen gone, a short wait for one, not 30 s."""
+        try:
+            with self.pool.connection(timeout=GONE_WAIT_SECONDS if self.gone else None) as conn:
+                _GONE.discard(self)  # the database answers again
+                try:
+                    yield conn
+                except Exception as exc:
+                    self._note(exc)  # before the pool warns of the broken connection given back
+                    raise
+        except Exception as exc:
+            self._note(exc)
+            raise
+
+    def _note(self, exc: Exception) -> None:
+        from psycopg_pool import PoolTimeout
+
+        # a PoolTimeout with connections in the pool is a busy server, not a gone one
+        busy = isinstance(exc, PoolTimeout) and self.pool.get_stats().get("pool_size", 0) > 0
+        if database_gone(exc) and not busy and not self.gone:
+            log.info("the database of pool %s is gone (%s): later connections are waited for %.0f s",
+                     self.pool.name, type(exc).__name__, GONE_WAIT_SECONDS)
+            _GONE.add(self)
 
     @contextmanager
     def reading(self) -> Iterator[psycopg.Connection]:
         """A pooled connection in autocommit for reads that need no transaction: each statement is
         one round trip, where a transaction adds a BEGIN and a COMMIT (three per search query)."""
-        with self.pool.connection() as conn:
+        with self.connection() as conn:
             conn.autocommit = True
             try:
                 yield conn
@@ -243,4 +298,6 @@ class Connections:
         self.pool.wait()
 
     def close(self) -> None:
-        self.pool.close()
+        # a gone database's pool has nothing to wait for: its workers only retry connecting
+        self.pool.close(timeout=0.5 if self.gone else 5.0)
+        _GONE.discard(self)
