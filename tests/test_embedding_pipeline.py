@@ -113,8 +113,12 @@ def test_a_changed_configured_space_is_a_fatal_start_up_error(settings, stub, co
     with open_kb(remote_settings(settings, stub)) as kb:
         kb.ingest([root])
     with open_kb(remote_settings(settings, stub, dimensions=48)) as kb:
-        with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to stub-embed:48`"):
+        with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to stub-embed:48`") as refused:
             kb.ingest([root])
+    # the way back names the active space's own settings (its provider, not only model and size)
+    way_back = f"configure the active space's provider: embedding.provider openai_compatible, model {MODEL}, " \
+               f"dimensions {DIMS}"
+    assert way_back in str(refused.value), refused.value
 
 
 def test_a_new_embed_version_misses_the_cache_and_re_embeds(settings, stub, corpus_copy):

@@ -51,7 +51,7 @@ class SpaceProviders:
                     raise ConfigError(
                         f"the database's vectors are in space {space} (its active space) but this process is "
                         f"configured for {default.space} (embedding settings, or $EMBED_PROVIDER / $EMBED_MODEL): "
-                        f"{exc}; set the embedding settings back to match {space}, or move the vectors with "
+                        f"{exc}; configure {space}'s provider (`rag reembed --status` lists each space's), or move the vectors with "
                         f"`rag reembed --to` (README, Embedding providers)"
                     ) from exc
             return self._built[space]

@@ -399,7 +399,8 @@ class VectorStore:
         differs from the active one is a fatal error: mixing spaces would corrupt search."""
         with self.db.connection() as conn, conn.transaction():
             conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
-            active = conn.execute("SELECT space, dimensions FROM rag_spaces WHERE status = 'active'").fetchone()
+            active = conn.execute(
+                "SELECT space, dimensions, provider, model FROM rag_spaces WHERE status = 'active'").fetchone()
             if active is None:
                 conn.execute(
                     """INSERT INTO rag_spaces (space, model, dimensions, provider, status, activated_at)
@@ -411,7 +412,9 @@ class VectorStore:
                 raise DimensionMismatchError(
                     f"the configured embedding space {space} differs from the stored active space {active[0]}; "
                     f"run `rag reembed --to {space}` to re-embed into it while search keeps serving {active[0]}, "
-                    f"or set embedding.model/dimensions back to {active[0]}"
+                    f"or configure the active space's provider: embedding.provider {active[2]}, model {active[3]}, "
+                    f"dimensions {active[1]} (and its base_url for a remote provider; `rag reembed --status` lists "
+                    "the spaces)"
                 )
 
     # ---- cache ---------------------------------------------------------------------------
