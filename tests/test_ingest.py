@@ -502,23 +502,36 @@ def test_a_publish_that_deadlocks_with_another_ingest_is_run_again(kb, tmp_path,
     assert kb.search("rates", mode="lexical").hits[0].text.rstrip().endswith("note on rates.")  # the previous version stays live
 
 
-def test_the_database_going_away_ends_the_ingest_at_once_with_one_clear_error(kb, tmp_path, monkeypatch):
-    """Not file after file waiting out the pool's timeout (5 minutes and 583 lines of tracebacks)."""
-    from psycopg_pool import PoolTimeout
-
-    from rag_lib.errors import DatabaseError
-
+def _desk_notes(tmp_path, count: int, topic: str):
+    """A folder of `count` small markdown notes on `topic`."""
     root = tmp_path / "desk"
     root.mkdir()
-    for n in range(3):
-        (root / f"n{n}.md").write_text(f"# N{n}\n\n## Body\n\nThe desk's note {n} on rates.\n")
-    calls = []
+    for n in range(count):
+        (root / f"n{n}.md").write_text(f"# N{n}\n\n## Body\n\nThe desk's note {n} on {topic}.\n")
+    return root
+
+
+def _database_gone_at(monkeypatch, store_type, method: str) -> list[int]:
+    """Make the store's `method` fail as a stopped server does (the pool times out); returns the list
+    each call appends to."""
+    from psycopg_pool import PoolTimeout
+
+    calls: list[int] = []
 
     def gone(self, *args, **kwargs):
         calls.append(1)
         raise PoolTimeout("couldn't get a connection after 30.00 sec")
 
-    monkeypatch.setattr(type(kb.store), "_publish", gone)
+    monkeypatch.setattr(store_type, method, gone)
+    return calls
+
+
+def test_the_database_going_away_ends_the_ingest_at_once_with_one_clear_error(kb, tmp_path, monkeypatch):
+    """Not file after file waiting out the pool's timeout (5 minutes and 583 lines of tracebacks)."""
+    from rag_lib.errors import DatabaseError
+
+    root = _desk_notes(tmp_path, 3, "rates")
+    calls = _database_gone_at(monkeypatch, type(kb.store), "_publish")
     with pytest.raises(DatabaseError, match=r"the database stopped answering during the ingest \(.*\); what was "
                                             r"published stays; start it \(rag db start\)"):
         kb.ingest([root])
@@ -529,21 +542,10 @@ def test_the_database_going_away_while_embedding_ends_the_ingest_without_retryin
                                                                                               monkeypatch):
     """The embedding stage retried a batch file by file on any error: with the database stopped mid-ingest
     each file waited out the pool's 30 s timeout (7.5 minutes and 14 tracebacks for 42 files)."""
-    from psycopg_pool import PoolTimeout
-
     from rag_lib.errors import DatabaseError
 
-    root = tmp_path / "desk"
-    root.mkdir()
-    for n in range(6):
-        (root / f"n{n}.md").write_text(f"# N{n}\n\n## Body\n\nThe desk's note {n} on rates and credit.\n")
-    calls = []
-
-    def gone(self, *args, **kwargs):
-        calls.append(1)
-        raise PoolTimeout("couldn't get a connection after 30.00 sec")
-
-    monkeypatch.setattr(type(kb.store), "cache_get", gone)
+    root = _desk_notes(tmp_path, 6, "rates and credit")
+    calls = _database_gone_at(monkeypatch, type(kb.store), "cache_get")
     with pytest.raises(DatabaseError, match=r"the database stopped answering during the ingest \(PoolTimeout\)"):
         kb.ingest([root])
     assert len(calls) <= 2, calls  # one batch tried (and one started ahead), not then each file again
