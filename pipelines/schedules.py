@@ -4,6 +4,7 @@ run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 from dagster import DagsterRun, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
+from rag_lib.errors import first_of
 
 from pipelines.jobs import INGEST_JOB, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
 from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, plan_ranges, plan_runs, range_tags,
@@ -69,7 +70,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
 
 def held_text(held: list[str], limit: int = 3) -> str:
     """The files a run cannot bring up to date (`ReconcilePlan.held`) and what to do about them."""
-    named = ", ".join(held[:limit]) + (f" and {len(held) - limit} more" if len(held) > limit else "")
+    named = first_of(held, limit)
     return (f"{len(held)} served from an older version, as their newest edit is skipped (a run skips it again, "
             f"so what they serve keeps the settings and vectors it was published with): {named}; fix them and run again, or rag delete them "
             "(rag status names what each serves)")
@@ -78,8 +79,8 @@ def held_text(held: list[str], limit: int = 3) -> str:
 def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:
     """The runs files wait for, as the UI names them: id, job, status and what launched it."""
     runs = list({run.run_id: run for run in waiting.values()}.values())
-    named = [f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs[:limit]]
-    return ", ".join(named) + (f" and {len(runs) - limit} more" if len(runs) > limit else "")
+    return first_of([f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs],
+                    limit)
 
 
 def launched_by(run: DagsterRun) -> str:

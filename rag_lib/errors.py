@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 
 # A lone UTF-16 surrogate: not encodable as UTF-8, so neither PostgreSQL nor the tokenizer takes it
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -18,6 +19,12 @@ def did_you_mean(options: list[str]) -> str:
     """' (did you mean A or B?)' for a message about something not found; '' without options."""
     options = list(dict.fromkeys(options))
     return f" (did you mean {' or '.join(options)}?)" if options else ""
+
+
+def first_of(items: Sequence[str], shown: int) -> str:
+    """The first `shown` of `items`, comma-joined, and how many more: "a, b, c and 4 more"."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def unstorable_char(text: str) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rag_lib.corpus_files import file_gone
+from rag_lib.errors import first_of
 from rag_lib.config import Settings
 from rag_lib.log import get_logger
 from rag_lib.store import Store
@@ -395,7 +396,7 @@ def check_failed(store: Store) -> QualityResult:
     many-file run failed (dagster-io/dagster#17836), so this check is where such a run says so."""
     rows = store.failed_outputs()
     files = sorted({(r["collection"], r["path"]) for r in rows})
-    named = ", ".join(path for _, path in files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    named = first_of([path for _, path in files], 5)
     # `rag materialize` takes the folder a file is under (a registered root) and retries only what needs it
     roots = sorted({str(r.path) for r in store.list_roots() if r.collection in {c for c, _ in files}})
     retry = f"`rag materialize {' '.join(roots)}`" if roots else "`rag ingest` of their folder"

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json
 from rag_lib.documents import record_of
+from rag_lib.errors import first_of
 from rag_lib.log import get_logger
 from rag_lib.models import IngestReport
 
@@ -132,7 +133,7 @@ def _served(row: dict) -> str:
 
 def _some(paths: list[str], shown: int = 20) -> str:
     """The first `shown` paths and how many more."""
-    return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+    return first_of(paths, shown)
 
 
 @app.command("embed", help="Same as `ingest` (the name the design brief uses).")

@@ -15,7 +15,7 @@ import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
-                            did_you_mean)
+                            did_you_mean, first_of)
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
@@ -328,7 +328,7 @@ class DocumentStore:
 
 
 def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
-    shown = ", ".join(f"'{p}'" for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    shown = first_of([f"'{p}'" for p in paths], 3)
     return (f"id '{doc_id}' names {len(paths)} documents in collection '{collection}' ({shown}); "
             "use the document's path instead")
 
