@@ -102,12 +102,14 @@ def tree_cpu(pid: int | None) -> float:
 def ingest_once(kb, corpus: Path, collection: str = "default") -> float:
     """Bring `collection` of a reusable benchmark database up to date with `corpus` (an incremental
     ingest: nothing to do when it is current, a republish after the pipeline's fingerprint changed,
-    so figures never come from documents an older loader read); the seconds it took. A failed file
+    so figures never come from documents an older loader read), and of its ticker profiles (built by
+    this code: only a profile whose text changed is embedded again); the seconds it took. A failed file
     stops the benchmark: its figures would be wrong."""
     started = time.perf_counter()
     report = kb.ingest([corpus], collection)
     if report.count("failed"):
         raise SystemExit(f"corpus ingest failed: {report.to_dict()['failed']}")
+    kb.rebuild_profiles(collection)
     return round(time.perf_counter() - started, 1)
 
 
