@@ -186,6 +186,22 @@ def test_trend_orders_by_date(corpus_kb):
     assert paths.index(stock + "MSFT_20260221T1145.yaml") < paths.index(stock + "MSFT_20260221T1130.yaml")
 
 
+def test_trend_date_order_covers_the_first_page_only(corpus_kb):
+    """A request for 100 results (what `rag eval` asks) used to come back wholly in date order: the
+    year's oldest loose matches first and Oracle's December analysis, the answer, past the first page."""
+    query = "how has Oracle's RPO backlog evolved over time"
+    res = corpus_kb.search(query, mode="hybrid", top_k=100)
+    assert res.plan["kind"] == "trend" and len(res.hits) > 20
+    page = corpus_kb.settings.search.top_k
+    first = [h.doc_date for h in res.hits[:page] if h.doc_date]
+    assert first == sorted(first)
+    rest = [h.score for h in res.hits[page:]]
+    assert rest == sorted(rest, reverse=True)  # past the page: rank order
+    assert "tradegent/knowledge/analysis/stock/ORCL_20251217T1000.yaml" in {h.path for h in res.hits[:page]}
+    # the page a reader sees is the same page either way
+    assert [h.unit_id for h in corpus_kb.search(query, mode="hybrid").hits] == [h.unit_id for h in res.hits[:page]]
+
+
 def test_time_filtered_context_reads_in_date_order_with_learnings_after(corpus_kb):
     """A trend question's hybrid context keeps its dated passages in date order (oldest first, or
     newest first for "the latest") and puts the learnings it adds after them under their own heading,

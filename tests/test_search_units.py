@@ -37,10 +37,12 @@ def hit(cid: str, path: str = "a.yaml", section: str = "s", text: str = "x", tic
     ("Recent earnings surprises", "trend", []),
     ("What happened to NVDA last week?", "trend", ["NVDA"]),
     ("latest META analysis", "trend", ["META"]),
-    ("NVDA revenue growth YoY", "trend", ["NVDA"]),
+    ("NVDA revenue growth YoY", "retrieval", ["NVDA"]),  # like Q4, YoY is a figure's period ("RPO growth YoY")
+    ("NVDA revenue growth year over year since 2023", "trend", ["NVDA"]),
     ("Who are NVDA competitors?", "relationship", ["NVDA"]),
     ("NVDA peers in the semiconductor sector", "relationship", ["NVDA"]),
     ("NVDA Q4 results", "retrieval", ["NVDA"]),  # a quarter names a period, not a change over time
+    ("oracle RPO size and QoQ growth", "retrieval", []),
 ])
 def test_classify(query, kind, tickers):
     plan = classify(query, KNOWN)

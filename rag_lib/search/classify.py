@@ -23,8 +23,8 @@ _COMMON = {
 _COMPARISON = re.compile(r"\b(vs\.?|versus|compare[sd]?|comparison|compared|difference between|differ|better than"
                          r"|worse than|against)\b", re.I)
 _TREND = re.compile(r"\b(over time|trend(s|ing)?|evolv(e|ed|ing)|evolution|timeline|history of|historically"
-                    r"|changed? (since|over)|progression|month over month|quarter over quarter|year over year"
-                    r"|yoy|qoq)\b", re.I)
+                    r"|changed? (since|over)|progression|month over month|quarter over quarter|year over year)\b",
+                    re.I)  # not "YoY"/"QoQ": like "Q4", the period of a figure ("RPO growth YoY"), not a change
 # seed 004's time constraint "recent" (its trend words recent / latest / last N weeks): a trend question
 # that wants the newest first (its bare "Q4" is left out: a quarter names a period, not a change)
 _RECENT = re.compile(r"\b(recent(ly)?|latest|newest|last \d+ (days?|weeks?|months?|quarters?|years?)"
