@@ -122,6 +122,8 @@ SMALL = {
                   set()),
     "search_latency.py": (lambda corpus, tmp: [*_built_search_bench(corpus, tmp), "--queries", "3", "--warmup", "1"],
                           {"latency", "stages_p95", "feedback_applied", "load_start", "load_end"}),
+    "stale_plan.py": (lambda corpus, tmp: ["--docs", "2000", "--per-folder", "100", "--rounds", "3"],
+                      {"one_file", "folder", "root", "one_file_without_index"}),
     "soak.py": (lambda corpus, tmp: ["--seconds", "3", "--clients", "2", "--files", "3"], set()),
 }
 

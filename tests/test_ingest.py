@@ -257,6 +257,57 @@ def test_prune_keeps_documents_whose_files_it_cannot_see_but_are_there(kb, tmp_p
     assert kb.ingest([root], prune=True).pruned == ["c.md"]
 
 
+def _notes(root: Path, *rels: str) -> None:
+    for rel in rels:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n\n## Body\n\nThe desk's note {rel} on rates.\n")
+
+
+def test_an_ingest_names_stale_and_prunes_only_documents_under_what_it_names(kb, tmp_path):
+    """`rag ingest PATH` reads only the documents under PATH (an index range, not every path of the
+    collection): gone files beside it or in folders whose names start with its name are neither
+    named stale nor pruned, nor another root's file at a path under it; those under it are, a gone
+    JSONL file's records too."""
+    root, other = tmp_path / "desk", tmp_path / "other"
+    _notes(root, "notes/a.md", "notes/b.md", "notes2/c.md", "notes-x/d.md", "notes.md")
+    (root / "notes/r.jsonl").write_text('{"_id": "x", "text": "Copper."}\n{"_id": "y", "text": "Tin."}\n')
+    _notes(other, "notes/e.md")
+    kb.ingest([root])
+    kb.ingest([other])
+    for rel in ("notes/b.md", "notes/r.jsonl", "notes2/c.md", "notes-x/d.md", "notes.md"):
+        (root / rel).unlink()
+    under_notes = ["notes/b.md", "notes/r.jsonl#x", "notes/r.jsonl#y"]
+    assert kb.ingest([root / "notes/a.md"]).stale == []  # one file: not its folder's others
+    assert kb.ingest([root / "notes"]).stale == under_notes
+    assert kb.ingest([root / "notes"], prune=True).pruned == under_notes
+    assert {d["path"] for d in kb.list_documents()} == {"notes/a.md", "notes2/c.md", "notes-x/d.md", "notes.md",
+                                                         "notes/e.md"}
+    assert kb.ingest([root], prune=True).pruned == ["notes-x/d.md", "notes.md", "notes2/c.md"]
+
+
+def test_wildcards_and_names_postgres_cannot_store_in_a_folder_name_are_taken_literally(kb, tmp_path):
+    """`%`, `_` and `\\` in a folder's name are its characters, not LIKE's wildcards or escape: an
+    ingest of `50%_off` reads the documents under it and not those of `50x_off` or `50%_offer`; a
+    folder whose name is not UTF-8 (its files refused) holds no document, and its ingest says so."""
+    import os
+
+    root = tmp_path / "desk"
+    _notes(root, "50%_off/a.md", "50%_off/b.md", "50x_off/c.md", "50%_offer/d.md", "back\\slash/e.md")
+    os.mkdir(os.fsencode(root) + b"/latin-\xe9")  # a name in Latin-1, not UTF-8
+    (root / os.fsdecode(b"latin-\xe9") / "f.md").write_text("# F\n\nThe desk's note.\n")
+    kb.ingest([root])
+    for rel in ("50%_off/b.md", "50x_off/c.md", "50%_offer/d.md", "back\\slash/e.md"):
+        (root / rel).unlink()
+    sources = kb.store.document_sources_under("default", ["50%_off"], [])
+    assert sorted(sources) == ["50%_off/a.md", "50%_off/b.md"]
+    assert list(kb.store.document_sources_under("default", [], ["50%_off/a.md"])) == ["50%_off/a.md"]
+    assert kb.ingest([root / "50%_off"]).stale == ["50%_off/b.md"]
+    assert kb.ingest([root / "back\\slash"], prune=True).pruned == ["back\\slash/e.md"]
+    report = kb.ingest([root / os.fsdecode(b"latin-\xe9")], prune=True)
+    assert [o.reason for o in report.outcomes] == ["bad_file_name"] and report.pruned == []
+    assert kb.ingest([root], prune=True).pruned == ["50%_off/b.md", "50%_offer/d.md", "50x_off/c.md"]
+
+
 def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(kb, tmp_path):
     first, second = tmp_path / "desk_a", tmp_path / "desk_b"
     for folder, metal in ((first, "lithium"), (second, "copper")):

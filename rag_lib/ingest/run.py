@@ -192,7 +192,8 @@ def _listing_nothing(scopes: list[PruneScope], listed: list[Path]) -> list[Prune
 @dataclass
 class _Gone:
     """What a prune of some scopes would delete (`gone`), with the scopes that listed files
-    (`listing`) and every document's source file (`sources`), which its stage-row cleanup reads."""
+    (`listing`) and the source file of every document within the scopes' paths (`sources`), which
+    its stage-row cleanup reads."""
 
     gone: list[str]
     listing: list[PruneScope]
@@ -205,7 +206,9 @@ def _gone_documents(store, collection: str, seen: set[str], scopes: list[PruneSc
     gone (`file_gone`): not one in a folder the walk could not read, nor one another process wrote
     after this ingest listed its folder, nor one under the `empty` scopes (roots that list no file at
     all: unless `quiet`, a warning names each that holds documents)."""
-    sources = {d["path"]: d["source_path"] for d in store.document_sources(collection)}
+    # only the documents within the scopes' paths: a one-file ingest into 100k documents reads its own
+    sources = store.document_sources_under(collection, [s.rel for s in scopes if s.folder],
+                                           [s.rel for s in scopes if not s.folder])
     # a registered root whose folder is missing (an unmounted disk) has not lost its files
     away = [r.path for r in store.list_roots() if r.collection == collection and not r.path.is_dir()]
     listing = [s for s in scopes if s not in empty]

@@ -325,12 +325,49 @@ class DocumentStore:
                 "SELECT path, source_path FROM rag_documents WHERE collection = %s AND (path = ANY(%s) OR path LIKE ANY(%s))",
                 (collection, list(files), records)).fetchall())
 
+    def document_sources_under(self, collection: str, folders: Sequence[str], files: Sequence[str]) -> dict[str, str | None]:
+        """path → the file it was read from, of the documents under these folders ("" is the whole
+        collection) and at these files (a JSONL file's: its records), all relative to the root."""
+        if "" in folders:
+            with self.db.connection() as conn:
+                return dict(conn.execute("SELECT path, source_path FROM rag_documents WHERE collection = %s",
+                                         (collection,)).fetchall())
+        # `~>=~` and `~<~` compare bytes (text_pattern_ops), so the paths under a folder (or a JSONL
+        # file's records) are one range, which the rag_documents_path_prefix index (sql/024) finds
+        # under any collation; no LIKE, so `%` and `_` in a name are plain characters.
+        folders, files = [f for f in folders if _storable(f)], [f for f in files if _storable(f)]
+        ranges = [_prefix_range(f + "/") for f in folders] + [_prefix_range(f + "#") for f in files]
+        with self.db.connection() as conn:
+            return dict(conn.execute(
+                """SELECT path, source_path FROM rag_documents WHERE collection = %(c)s AND path = ANY(%(files)s)
+                   UNION
+                   SELECT d.path, d.source_path FROM unnest(%(low)s::text[], %(high)s::text[]) AS r(low, high)
+                   JOIN rag_documents d ON d.collection = %(c)s AND d.path ~>=~ r.low AND d.path ~<~ r.high""",
+                {"c": collection, "files": list(files), "low": [lo for lo, _ in ranges],
+                 "high": [hi for _, hi in ranges]}).fetchall())
+
 
 
 def ambiguous_id_message(collection: str, doc_id: str, paths: Sequence[str]) -> str:
     shown = first_of([f"'{p}'" for p in paths], 3)
     return (f"id '{doc_id}' names {len(paths)} documents in collection '{collection}' ({shown}); "
             "use the document's path instead")
+
+
+def _storable(path: str) -> bool:
+    """Whether a path can be sent to PostgreSQL: one that is not UTF-8 (a file or folder named in
+    another encoding) cannot, and no document has it or is under it (`check_rel_path` refuses it)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _prefix_range(prefix: str) -> tuple[str, str]:
+    """(low, high): the strings that start with `prefix` are those from low up to, not including,
+    high in byte order (`prefix` ends in an ASCII character, here "/" or "#", which high increments)."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _dicts(cur) -> list[dict[str, Any]]:
