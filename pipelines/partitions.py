@@ -22,7 +22,7 @@ from dagster import (AddDynamicPartitionsRequest, DagsterRun, DagsterRunStatus, 
                      DynamicPartitionsDefinition, RunsFilter)
 
 from rag_lib.corpus_files import Digests, ReadLimits, empty_folder_warning, file_gone, path_refusal
-from rag_lib.errors import RagError, ValidationError
+from rag_lib.errors import RagError, ValidationError, first_of
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
 
@@ -268,6 +268,20 @@ def files_in_flight(instance, job_names: Iterable[str], ordered: list[str]) -> d
             for key in run_partition_keys(run.tags, ordered):
                 busy.setdefault(key, run)
     return busy
+
+
+def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:
+    """The runs files wait for, as the UI names them: id, job, status and what launched it."""
+    runs = list({run.run_id: run for run in waiting.values()}.values())
+    return first_of([f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs],
+                    limit)
+
+
+def launched_by(run: DagsterRun) -> str:
+    """What launched a run: its rag/trigger tag (sensor, schedule, `rag materialize`), else a backfill or the UI."""
+    if run.tags.get("rag/trigger"):
+        return run.tags["rag/trigger"]
+    return "backfill" if run.tags.get("dagster/backfill") else "launched from the UI"
 
 
 def run_key(prefix: str, items: list[str]) -> str:

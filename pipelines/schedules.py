@@ -1,14 +1,14 @@
 """Schedules (cron strings from settings.pipeline.schedules). Plain @schedule functions returning
 run requests: build_schedule_from_partitioned_job refuses dynamic partitions."""
 
-from dagster import DagsterRun, DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
 
 from rag_lib.config import get_settings
 from rag_lib.errors import first_of
 
 from pipelines.jobs import INGEST_JOB, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, plan_ranges, plan_runs, range_tags,
-                                  record_refused, run_key, sync_partitions)
+from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, in_flight_text, plan_ranges, plan_runs,
+                                  range_tags, record_refused, run_key, sync_partitions)
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import plan_reconcile
 
@@ -74,20 +74,6 @@ def held_text(held: list[str], limit: int = 3) -> str:
     return (f"{len(held)} served from an older version, as their newest edit is skipped (a run skips it again, "
             f"so what they serve keeps the settings and vectors it was published with): {named}; fix them and run again, or rag delete them "
             "(rag status names what each serves)")
-
-
-def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:
-    """The runs files wait for, as the UI names them: id, job, status and what launched it."""
-    runs = list({run.run_id: run for run in waiting.values()}.values())
-    return first_of([f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs],
-                    limit)
-
-
-def launched_by(run: DagsterRun) -> str:
-    """What launched a run: its rag/trigger tag (sensor, schedule, `rag materialize`), else a backfill or the UI."""
-    if run.tags.get("rag/trigger"):
-        return run.tags["rag/trigger"]
-    return "backfill" if run.tags.get("dagster/backfill") else "launched from the UI"
 
 
 @schedule(cron_schedule=CRONS.reconcile, job=ingest_job, default_status=DefaultScheduleStatus.RUNNING,

@@ -1,8 +1,11 @@
 """Sensors: the corpus watcher (new / changed / deleted files) and the run-failure recorder."""
 
+from collections.abc import Collection
+
 from dagster import (
     AssetCheckKey,
     AssetKey,
+    DagsterRun,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunRequest,
@@ -15,16 +18,18 @@ from dagster import (
 
 from rag_lib.config import get_settings
 from rag_lib.corpus_files import ReadLimits
-from rag_lib.corpus_scan import decode_state, encode_state, scan
+from rag_lib.corpus_scan import FileState, decode_state, encode_state, scan
 from rag_lib.errors import RagError
 
 from pipelines.checks import CHECKS
 from pipelines.graph_checks import GRAPH_CHECKS
-from pipelines.jobs import ingest_job
+from pipelines.jobs import INGEST_JOB, ingest_job
 from pipelines.partitions import (
     CORPUS_FILES,
     NO_ROOTS,
     PartitionSync,
+    files_in_flight,
+    in_flight_text,
     keys_needing_runs,
     plan_ranges,
     range_tags,
@@ -82,6 +87,14 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     # would change get one.
     seen = [k for k in result.new + result.changed if k in result.state]
     wanted = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in seen])
+    # A file changed again while a run over it is queued or in progress (or a first tick while `rag
+    # materialize` runs) is left to that run: a second one beside it would do its work twice. Only
+    # ingest_files runs read the files (a re-embed re-chunks what it has). The file stays unseen in
+    # the cursor: the run may have read it before this change, so a tick after it ends looks again.
+    busy = files_in_flight(context.instance, {INGEST_JOB}, sync.ordered) if wanted else {}
+    waiting = {k: busy[k] for k in wanted if k in busy}
+    wanted = [k for k in wanted if k not in waiting]
+    state = unseen(result.state, previous, waiting)
     # The tick is in the run key: Dagster never launches a run key twice, and a file deleted and put
     # back, or reverted to an earlier version, has a path and hash some earlier run had. A retried
     # evaluation of the same tick makes the same keys (the cursor moves only when it succeeds).
@@ -104,13 +117,15 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
         # Every tick that launches nothing says what it found and why (Dagster's own text for a
         # result without a reason is "Sensor function returned an empty result").
         why = skip_text(context.cursor is None, len(result.state), len(result.new), len(result.changed), sync,
-                        bool(pmap.roots)) + gone_note
+                        bool(pmap.roots), waiting) + gone_note
         return SensorResult(skip_reason=SkipReason(why), dynamic_partitions_requests=requests,
-                            cursor=encode_state(result.state, tick - 1))  # the tick counts ticks that launch
-    cursor = encode_state(result.state, tick)
-    context.log.info("new %d, changed %d (%d current already), deleted %d, unregistered %d → %d run(s)",
-                     len(result.new), len(result.changed), len(seen) - len(wanted), len(sync.removed),
-                     len(sync.unrooted), len(runs))
+                            cursor=encode_state(state, tick - 1))  # the tick counts ticks that launch
+    cursor = encode_state(state, tick)
+    if waiting:
+        context.log.info("%s left to runs in flight: %s", _count(len(waiting), "file"), in_flight_text(waiting))
+    context.log.info("new %d, changed %d (%d current already, %d in runs in flight), deleted %d, unregistered %d "
+                     "→ %d run(s)", len(result.new), len(result.changed), len(seen) - len(wanted) - len(waiting),
+                     len(waiting), len(sync.removed), len(sync.unrooted), len(runs))
     return SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
 
 
@@ -121,10 +136,28 @@ def checks_after_deletion() -> list[AssetCheckKey]:
     return [key for check in CHECKS + GRAPH_CHECKS for key in check.check_keys]
 
 
-def skip_text(first: bool, files: int, new: int, changed: int, sync: PartitionSync, roots: bool) -> str:
+def unseen(state: dict[str, FileState], previous: dict[str, FileState], keys: Collection[str]) -> dict[str, FileState]:
+    """The cursor's `state` with `keys` still to be looked at: a changed file keeps its previous size
+    and mtime with no hash (the next tick hashes it and finds it changed, even back to its previous
+    bytes), a new one is left out (new again next tick)."""
+    kept = {k: v for k, v in state.items() if k not in keys}
+    kept.update({k: (*previous[k][:2], "") for k in keys if k in previous})
+    return kept
+
+
+def skip_text(first: bool, files: int, new: int, changed: int, sync: PartitionSync, roots: bool,
+              waiting: dict[str, DagsterRun] | None = None) -> str:
     """What a tick that launches no run did, and why nothing was launched."""
     if not roots:
         text = NO_ROOTS
+    elif waiting:  # the others among the new and changed files are current already
+        many, one_run = len(waiting) > 1, len({run.run_id for run in waiting.values()}) == 1
+        text = (f"{_count(len(waiting), 'file')} needing a run {'are' if many else 'is'} in runs already queued or in "
+                f"progress: {in_flight_text(waiting)}; nothing launched, {'they are' if many else 'it is'} looked at "
+                f"again once {'that run ends' if one_run else 'those runs end'}")
+        if new + changed > len(waiting):
+            text += f"; {new + changed - len(waiting)} other new or changed current already"
+        text = ("first tick: " if first else "") + text + f"; {_count(files, 'file')}"
     elif first:  # no cursor: every file is new to the sensor, and each is current already
         text = f"first tick: {_count(files, 'file')} current, nothing to run"
     elif new or changed:

@@ -485,6 +485,67 @@ def test_a_schedule_leaves_files_to_the_run_already_queued_for_them(env):
     assert (rest.tags[RANGE_START_TAG], rest.tags[RANGE_END_TAG]) == (order[1], order[2])
 
 
+def test_the_sensor_leaves_changed_files_to_the_run_already_queued_for_them(env):
+    """A file that changes again while a run for it is queued or in progress gets no second run
+    beside it: the tick names that run. The file is not marked seen: once the run is over the next
+    tick looks at it again, and runs it if the run read it before the change."""
+    root, rag, kb, instance = env
+    job = defs.resolve_job_def("ingest_files")
+    first = sensor_tick(instance, rag, None)
+    (request,) = first.run_requests
+    with location_in_process(instance) as location:  # the first tick's run, in the daemon's queue
+        queued = dagster_private.create_location_run(instance, location, LOCATION, job.name, {}, request.tags)
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_ENQUEUED.value, job.name), queued.run_id)
+    queued = instance.get_run_by_id(queued.run_id)
+    assert queued.status == DagsterRunStatus.QUEUED
+    with open(root / RELS[0], "a") as fh:  # changed before that run starts
+        fh.write("\ndesk_note: sized down before the open\n")
+    waiting = (f"1 file needing a run is in runs already queued or in progress: {queued.run_id} (ingest_files, "
+               "queued, corpus_sensor); nothing launched, it is looked at again once that run ends; 2 files")
+    cursor = first.cursor
+    for _ in range(2):  # every tick while the run waits
+        tick = sensor_tick(instance, rag, cursor)
+        assert not tick.run_requests and tick.skip_reason.skip_message == waiting, tick.skip_reason
+        cursor = tick.cursor
+
+    # The run does its work (it reads the file as changed) and ends: nothing left to run.
+    assert launch(instance, rag, request).success
+    instance.report_run_canceled(queued)
+    done = sensor_tick(instance, rag, cursor)
+    assert not done.run_requests
+    assert done.skip_reason.skip_message.startswith("1 changed file current already"), done.skip_reason
+
+    # Changed after a run over it started (it may have read the file already): left to that run while
+    # it runs, and run once it is over. Another changed file no run covers gets its run meanwhile.
+    started = instance.create_run_for_job(job, tags={"dagster/partition": FILES[0]}, status=DagsterRunStatus.STARTED)
+    for rel in RELS:
+        with open(root / rel, "a") as fh:
+            fh.write("\nreviewer_note: tightened the stop after review\n")
+    during = sensor_tick(instance, rag, done.cursor)
+    (other,) = during.run_requests
+    assert other.tags[RANGE_START_TAG] == other.tags[RANGE_END_TAG] == FILES[1]
+    instance.report_run_canceled(started)
+    after = sensor_tick(instance, rag, during.cursor)
+    (run,) = after.run_requests
+    assert run.tags[RANGE_START_TAG] == run.tags[RANGE_END_TAG] == FILES[0]
+    assert launch(instance, rag, run).success
+    assert "reviewer_note" in {sec["name"] for sec in kb.show(RELS[0])["sections"]}  # the newest content is live
+    assert sensor_tick(instance, rag, after.cursor).skip_reason.skip_message == "no changes in 2 files"
+
+    # A file left to a run and then deleted loses its rows and its partition as any deleted file.
+    instance.create_run_for_job(job, tags={"dagster/partition": FILES[0]}, status=DagsterRunStatus.STARTED)
+    with open(root / RELS[0], "a") as fh:
+        fh.write("\nexit_note: closed early\n")
+    left = sensor_tick(instance, rag, after.cursor)
+    assert not left.run_requests and left.skip_reason.skip_message.startswith("1 file needing a run is in runs")
+    (root / RELS[0]).unlink()
+    gone = sensor_tick(instance, rag, left.cursor)
+    (delete,) = gone.dynamic_partitions_requests
+    assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[0]]
+    with pytest.raises(NotFoundError):
+        kb.show(RELS[0])
+
+
 @pytest.mark.slow
 def test_a_file_deleted_through_the_sensor_takes_its_ticker_profile_with_it(env):
     """Entity linking must not keep linking questions to a ticker whose documents were deleted until
