@@ -12,6 +12,7 @@ import pytest
 
 from conftest import SHARED_CORPUS
 from openai_stub import OpenAIStub, stub_vector
+from testkit import RotatedProvider
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
@@ -306,22 +307,6 @@ def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb,
     assert rkb.store.active_space()["space"] == NEW
 
 
-class RotatedProvider(EmbeddingProvider):
-    """The local model's vectors turned by a fixed orthogonal rotation: another space in which every
-    cosine equals the local model's, i.e. a model change that changes nothing retrieval sees."""
-
-    def __init__(self, base: EmbeddingProvider):
-        self.base, self.name, self.model, self.dimensions = base, "rotated", "rotated-minilm", base.dimensions
-        q, _ = np.linalg.qr(np.random.default_rng(3).standard_normal((base.dimensions, base.dimensions)))
-        self.rotation = q.astype(np.float32)
-
-    def tokenizer(self):
-        return self.base.tokenizer()
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)
-
-
 def gate_scores(report: rm.ReembedReport) -> tuple[str, str]:
     """(new, old) nDCG@10 as the quality gate's detail states them (4 decimals)."""
     detail = next(g for g in report.gates if g.name == "quality").detail
@@ -354,3 +339,49 @@ def test_quality_gate_scores_a_rotated_copy_of_the_active_space_exactly_as_the_a
     new, old = gate_scores(checked)
     assert float(old) > 0 and new == old and gate_scores(switched) == (new, old), (checked.gates, switched.gates)
     assert switched.switched
+
+
+def _settings_naming(database_url: str, home, target: EmbeddingProvider) -> Settings:
+    """Settings whose embedding.model/dimensions name `target`'s space, as the README has the
+    operator set them after a switch."""
+    return Settings(database_url=database_url, home=home,
+                    embedding={"model": target.model, "dimensions": target.dimensions})
+
+
+class ShortInputProvider(RotatedProvider):
+    """A rotated space whose provider takes fewer tokens per input: its chunker cuts other chunks."""
+
+    def tokenizer(self):
+        from rag_lib.embedding.budget import LimitedTokenizer
+
+        return LimitedTokenizer(self.base.tokenizer(), 128, exact=True)
+
+
+@pytest.mark.warm_cache
+def test_vectors_the_old_model_staged_are_never_published_in_the_new_space(
+        database_url, tmp_path, provider, corpus_copy):
+    """After a switch to another space of the same size, the vector_table stage run alone under
+    settings naming that space (a Dagster run of the asset) found the old model's staged vectors
+    and served them in the new space."""
+    from rag_lib.corpus_scan import FileTarget
+    from rag_lib.ingest.stages import Engine
+    from rag_lib.ingest.state import StageRunner
+
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(FILES[0])
+    kb = KnowledgeBase(old_settings, provider=provider)
+    try:
+        kb.ingest([root], root=root)
+        target = ShortInputProvider(provider)
+        switched = rm.reembed(old_settings, kb.store, target.space, target=target)
+        assert switched.switched
+        served = space_vectors(kb, target.space)
+        new_settings = _settings_naming(database_url, home, target)
+        runner = StageRunner(new_settings, kb.store, lambda: Engine(new_settings, kb.store, target))
+        (outcome,) = runner.vector_table([FileTarget("default", root, FILES[0], FILES[0])])
+        assert outcome.status == "failed" and "rematerialize embeddings" in outcome.error, outcome
+        now = space_vectors(kb, target.space)
+        assert now.keys() == served.keys() and all(np.array_equal(now[c], served[c]) for c in served)
+    finally:
+        kb.close()
