@@ -669,8 +669,7 @@ class KnowledgeBase:
         `version` with today's settings; their source files must still exist."""
         from rag_lib.chunking import CHUNKER_VERSION
 
-        old = self.settings.model_copy(update={"embedding": self.settings.embedding.model_copy(
-            update={"embed_version": str(version)})})
+        old = self.settings.with_embedding(embed_version=str(version))
         rows = self.store.documents_with_fingerprint(old.pipeline_fingerprint(CHUNKER_VERSION))
         return {"version": str(version), **self._reingest(rows, progress)}
 
@@ -704,7 +703,8 @@ class KnowledgeBase:
     def init(self) -> dict[str, Any]:
         """Start the database, apply migrations, register the configured space and load the model."""
         cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name,
+                                self.provider.chunker())
         self.provider.embed(["warm-up"])
         from rag_lib.db import redacted_url
 

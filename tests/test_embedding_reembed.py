@@ -348,6 +348,42 @@ def _settings_naming(database_url: str, home, target: EmbeddingProvider) -> Sett
                     embedding={"model": target.model, "dimensions": target.dimensions})
 
 
+@pytest.mark.warm_cache
+def test_settings_naming_the_new_space_republish_nothing_and_a_rollback_needs_no_vector(
+        database_url, tmp_path, provider, corpus_copy):
+    """The operator's sequence: ingest, re-embed into another space, set embedding.model/dimensions
+    to it, `rag ingest` again. Its fingerprint names the new model: every document was republished
+    and the retired space lost its vectors, so a rollback had to fill it again. Now every document
+    is current, searches rank as before, and a rollback and the old settings find all in place."""
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(*FILES, EXTRA)
+    old_kb = KnowledgeBase(old_settings, provider=provider)
+    target = RotatedProvider(provider)  # same cosines: the same rankings in either space
+    new_kb = KnowledgeBase(_settings_naming(database_url, home, target), provider=target)
+    try:
+        documents = old_kb.ingest([root], root=root).count("new")
+        before = [h.chunk_id for h in old_kb.search(QUERY, top_k=5).hits]
+        switched = rm.reembed(old_settings, old_kb.store, target.space, target=target)
+        assert switched.switched
+
+        again = new_kb.ingest([root], root=root)
+        assert again.count("unchanged") == documents > 0 and again.chunks == 0
+        assert again.embedded == again.cache_hits == 0  # nor was any file staged again
+        assert [h.chunk_id for h in new_kb.search(QUERY, top_k=5).hits] == before
+        retired = new_kb.store.get_space(OLD)
+        assert retired["status"] == "retired" and retired["vectors"] == retired["chunks"]
+        assert switched.carried["documents"] == documents
+
+        back = rm.rollback(new_kb.settings, new_kb.store)
+        assert back.switched and back.filled == 0 and back.carried["documents"] == documents
+        assert old_kb.ingest([root], root=root).count("unchanged") == documents
+        assert [h.chunk_id for h in old_kb.search(QUERY, top_k=5).hits] == before
+    finally:
+        new_kb.close()
+        old_kb.close()
+
+
 class ShortInputProvider(RotatedProvider):
     """A rotated space whose provider takes fewer tokens per input: its chunker cuts other chunks."""
 
@@ -360,9 +396,9 @@ class ShortInputProvider(RotatedProvider):
 @pytest.mark.warm_cache
 def test_vectors_the_old_model_staged_are_never_published_in_the_new_space(
         database_url, tmp_path, provider, corpus_copy):
-    """After a switch to another space of the same size, the vector_table stage run alone under
-    settings naming that space (a Dagster run of the asset) found the old model's staged vectors
-    and served them in the new space."""
+    """A switch to a space whose tokenizer cuts other chunks carries nothing over. The vector_table
+    stage run alone under settings naming that space (a Dagster run of the asset) found the old
+    model's staged vectors, of the same size, and served them in the new space."""
     from rag_lib.corpus_scan import FileTarget
     from rag_lib.ingest.stages import Engine
     from rag_lib.ingest.state import StageRunner
@@ -383,5 +419,35 @@ def test_vectors_the_old_model_staged_are_never_published_in_the_new_space(
         assert outcome.status == "failed" and "rematerialize embeddings" in outcome.error, outcome
         now = space_vectors(kb, target.space)
         assert now.keys() == served.keys() and all(np.array_equal(now[c], served[c]) for c in served)
+        assert "cuts other chunks" in switched.carried["skipped"]
     finally:
         kb.close()
+
+
+@pytest.mark.warm_cache
+def test_a_document_lacking_a_vector_in_the_new_space_is_not_carried_over(
+        database_url, tmp_path, provider, corpus_copy):
+    """A document whose chunk has no vector in the new space (one an old-settings ingest published
+    just as the switch committed) keeps its fingerprint, and so does its file's staging: settings
+    naming the new space republish that document alone."""
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(*FILES)
+    old_kb = KnowledgeBase(old_settings, provider=provider)
+    target = RotatedProvider(provider)
+    new_kb = KnowledgeBase(_settings_naming(database_url, home, target), provider=target)
+    try:
+        old_kb.ingest([root], root=root)
+        assert not rm.reembed(old_settings, old_kb.store, target.space, target=target, switch=False).switched
+        old_kb.store.switch_active(target.space)
+        with old_kb.store.db.connection() as conn:
+            conn.execute("DELETE FROM rag_chunk_vectors WHERE space = %s AND chunk_id = (SELECT min(chunk_id)"
+                         " FROM rag_chunks WHERE path = %s)", (target.space, FILES[0]))
+        carried = rm.carry_over(old_settings, old_kb.store, OLD, target.space)
+        assert carried["documents"] == 1
+        again = new_kb.ingest([root], root=root)
+        assert {o.path: o.status for o in again.outcomes} == {FILES[0]: "changed", FILES[1]: "unchanged"}
+        assert new_kb.validate_database()["chunks_without_vector"]["count"] == 0
+    finally:
+        new_kb.close()
+        old_kb.close()
