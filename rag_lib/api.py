@@ -664,6 +664,16 @@ class KnowledgeBase:
         return self.store.documents_under_other_fingerprint(self.settings.pipeline_fingerprint(CHUNKER_VERSION),
                                                             collection)
 
+    def space_mismatch(self) -> str | None:
+        """One line when the settings name another embedding space than the active one (a `rag
+        reembed` switched it, or embedding.* was edited): ingests are refused until they match."""
+        active = self.store.active_space()
+        configured = self.settings.embedding.space
+        if active is None or active["space"] == configured:
+            return None
+        return (f"the settings name embedding space {configured}, not the active {active['space']}: ingests are "
+                f"refused until they match (`rag reembed --to {configured}`, or set embedding.* to {active['space']})")
+
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version
         `version` with today's settings; their source files must still exist."""
