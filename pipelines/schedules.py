@@ -25,6 +25,8 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     if not pmap.roots:
         return SkipReason(NO_ROOTS + (f"; {len(existing)} partitions of roots no longer registered keep their "
                                       "documents" if existing else ""))
+    if mismatch := rag.kb().space_mismatch():  # every run would be refused (a `rag reembed` switched spaces)
+        return SkipReason(f"{mismatch}; nothing launched")
     files = pmap.files()
     record_refused(rag.kb(), pmap, context.log)
     # new files become partitions (a run needs them); nothing is removed here (sync_partitions)

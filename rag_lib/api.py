@@ -664,13 +664,22 @@ class KnowledgeBase:
         return self.store.documents_under_other_fingerprint(self.settings.pipeline_fingerprint(CHUNKER_VERSION),
                                                             collection)
 
+    def space_mismatch(self) -> str | None:
+        """One line when the settings name another embedding space than the active one (a `rag
+        reembed` switched it, or embedding.* was edited): ingests are refused until they match."""
+        active = self.store.active_space()
+        configured = self.settings.embedding.space
+        if active is None or active["space"] == configured:
+            return None
+        return (f"the settings name embedding space {configured}, not the active {active['space']}: ingests are "
+                f"refused until they match (`rag reembed --to {configured}`, or set embedding.* to {active['space']})")
+
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version
         `version` with today's settings; their source files must still exist."""
         from rag_lib.chunking import CHUNKER_VERSION
 
-        old = self.settings.model_copy(update={"embedding": self.settings.embedding.model_copy(
-            update={"embed_version": str(version)})})
+        old = self.settings.with_embedding(embed_version=str(version))
         rows = self.store.documents_with_fingerprint(old.pipeline_fingerprint(CHUNKER_VERSION))
         return {"version": str(version), **self._reingest(rows, progress)}
 
@@ -704,7 +713,8 @@ class KnowledgeBase:
     def init(self) -> dict[str, Any]:
         """Start the database, apply migrations, register the configured space and load the model."""
         cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name,
+                                self.provider.chunker())
         self.provider.embed(["warm-up"])
         from rag_lib.db import redacted_url
 

@@ -472,6 +472,10 @@ class Settings(BaseSettings):
     def pgdata(self) -> Path:
         return (self.home / "pgdata").resolve()
 
+    def with_embedding(self, **changes: Any) -> Settings:
+        """A copy whose `embedding` fields are changed, e.g. another space's model and dimensions."""
+        return self.model_copy(update={"embedding": self.embedding.model_copy(update=changes)})
+
     def pipeline_fingerprint(self, chunker_version: str | None = None) -> str:
         """Hash of everything that changes a document's chunks or vectors (see rag_lib.versions)."""
         from rag_lib.versions import fingerprint, stage_versions

@@ -5,7 +5,9 @@ space in one transaction. Rollback switches back to the previous space; drop-old
 
 Documents published while a re-embed runs get vectors only in the active space; the fill loop
 catches them up, and the switch itself re-checks coverage under a lock that holds publishing for
-its few milliseconds, so the new space is complete at the instant it becomes active."""
+its few milliseconds, so the new space is complete at the instant it becomes active. After a switch
+(and a rollback) the documents are carried over to the new space (`carry_over`): settings naming it
+find them current, so nothing is republished and the old space keeps its vectors for a rollback."""
 
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 
+from rag_lib.chunking import CHUNKER_VERSION
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
 from rag_lib.embedding.spaces import PinnedStore
-from rag_lib.ingest.stages import Embedder
-from rag_lib.errors import EmbeddingError, NotFoundError, ReembedRunningError, ValidationError
+from rag_lib.ingest.stages import Embedder, error_text
+from rag_lib.errors import ConfigError, EmbeddingError, NotFoundError, ReembedRunningError, ValidationError
 from rag_lib.log import get_logger
 from rag_lib.store import Store
+from rag_lib.versions import fingerprint, stage_versions
 
 log = get_logger(__name__)
 
@@ -52,6 +57,8 @@ class ReembedReport:
     gates: list[Gate] = field(default_factory=list)
     switched: bool = False
     index: dict[str, Any] = field(default_factory=dict)
+    # after a switch: what `carry_over` marked as made in the new space, or `skipped`: why nothing
+    carried: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,7 +123,21 @@ class Reembedder:
         return self.target.space
 
     def start(self) -> str:
-        return self.store.begin_building(self.space, self.target.model, self.target.dimensions, self.target.name)
+        self._note_active_chunker()
+        return self.store.begin_building(self.space, self.target.model, self.target.dimensions, self.target.name,
+                                         self.target.chunker())
+
+    def _note_active_chunker(self) -> None:
+        """Record the active space's chunker from its provider when no ingest has recorded it (one
+        by an older version): the switch compares it with the target's (`carry_over`)."""
+        active = self.store.active_space()
+        if active is None or self.store.get_space(active["space"])["chunker"]:
+            return
+        try:
+            provider = self.active_provider or provider_for_space(self.settings, active["space"])
+            self.store.note_space_chunker(active["space"], provider.chunker())
+        except ConfigError as exc:  # its documents are republished after the switch, as before
+            log.info("the chunker of %s is not known (%s); its documents will not be carried over", active["space"], exc)
 
     def fill(self, report: ReembedReport) -> None:
         """Vectors for every live chunk missing from the space, batch by batch (each batch is one
@@ -227,6 +248,7 @@ class Reembedder:
                     raise
                 continue
             report.switched = True
+            report.carried = carry_over(self.settings, self.store, report.previous, self.space)
             break
         report.seconds = time.perf_counter() - started
         return report
@@ -274,9 +296,40 @@ def rollback(settings: Settings, store: Store, target: EmbeddingProvider | None 
         except ValidationError:
             continue
         report.switched = True
+        report.carried = carry_over(settings, store, report.previous, previous)
         break
     report.seconds = time.perf_counter() - started  # `rag reembed --rollback` said "in 0.0s" however long it took
     return report
+
+
+def carry_over(settings: Settings, store: Store, old: str | None, new: str) -> dict[str, Any]:
+    """After a switch from space `old` to `new`: when both spaces' providers cut the same chunks, the
+    documents and stage outputs made in `old` under `settings` are marked as made in `new` under
+    the same settings naming `new` (`Store.carry_over` says where that holds), so an ingest with
+    settings naming `new` finds them current: no republish, and `old` keeps its vectors for a
+    rollback. Returns the counts, or `skipped`: why nothing was carried over (then that ingest
+    re-chunks and republishes every document, as after any other change of model)."""
+    spaces = {s["space"]: s for s in store.list_spaces()}
+    if old is None or old not in spaces:
+        return {"skipped": "no space was active before"}
+    before, after = spaces[old]["chunker"], spaces[new]["chunker"]
+    if not before or not after:
+        return {"skipped": f"the chunker of {old if not before else new} is not known"}
+    if before != after:
+        return {"skipped": f"{new}'s tokenizer cuts other chunks than {old}'s"}
+    (fa, va), (fb, vb) = (_labels(settings, spaces[old]), _labels(settings, spaces[new]))
+    try:
+        return store.carry_over(old, new, (fa, fb), {stage: (va[stage], vb[stage]) for stage in va})
+    except psycopg.Error as exc:  # the switch stands; only the next ingest's work grows
+        log.warning("documents not carried over from %s to %s", old, new, exc_info=True)
+        return {"skipped": f"carrying the documents over failed ({error_text(exc)})"}
+
+
+def _labels(settings: Settings, space: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """(fingerprint, stage versions) of `settings` with `space`'s embedding model and dimensions."""
+    versions = stage_versions(settings.with_embedding(model=space["model"], dimensions=space["dimensions"]),
+                              CHUNKER_VERSION)
+    return fingerprint(versions), versions
 
 
 def drop_old(store: Store) -> dict[str, int]:

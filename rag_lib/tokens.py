@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+import hashlib
 import json
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -46,6 +47,11 @@ class Tokenizer:
     def limit(self) -> int:
         """Content tokens per input: the model's sequence length less [CLS] and [SEP]."""
         return self.model_max_length - 2
+
+    @cached_property
+    def definition_digest(self) -> str:
+        """Hash of tokenizer.json, which decides how this tokenizer splits every text."""
+        return hashlib.sha256((self._path / "tokenizer.json").read_bytes()).hexdigest()[:16]
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
@@ -142,6 +148,12 @@ def _max_seq_length(path: Path, config: dict) -> int:
         value = json.loads(tok_config.read_text()).get("model_max_length", 512)
         return int(value) if value < 100_000 else 512
     return 512
+
+
+def chunker_key(tokenizer: Tokenizer) -> str:
+    """What decides the chunks cut with `tokenizer`: its definition and its input limit (a remote
+    provider's `LimitedTokenizer` lowers the limit). Two providers with equal keys cut equal chunks."""
+    return f"{tokenizer.definition_digest}:{tokenizer.limit}"
 
 
 @lru_cache(maxsize=4)

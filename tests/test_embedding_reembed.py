@@ -12,6 +12,7 @@ import pytest
 
 from conftest import SHARED_CORPUS
 from openai_stub import OpenAIStub, stub_vector
+from testkit import RotatedProvider
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
@@ -306,22 +307,6 @@ def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb,
     assert rkb.store.active_space()["space"] == NEW
 
 
-class RotatedProvider(EmbeddingProvider):
-    """The local model's vectors turned by a fixed orthogonal rotation: another space in which every
-    cosine equals the local model's, i.e. a model change that changes nothing retrieval sees."""
-
-    def __init__(self, base: EmbeddingProvider):
-        self.base, self.name, self.model, self.dimensions = base, "rotated", "rotated-minilm", base.dimensions
-        q, _ = np.linalg.qr(np.random.default_rng(3).standard_normal((base.dimensions, base.dimensions)))
-        self.rotation = q.astype(np.float32)
-
-    def tokenizer(self):
-        return self.base.tokenizer()
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)
-
-
 def gate_scores(report: rm.ReembedReport) -> tuple[str, str]:
     """(new, old) nDCG@10 as the quality gate's detail states them (4 decimals)."""
     detail = next(g for g in report.gates if g.name == "quality").detail
@@ -354,3 +339,115 @@ def test_quality_gate_scores_a_rotated_copy_of_the_active_space_exactly_as_the_a
     new, old = gate_scores(checked)
     assert float(old) > 0 and new == old and gate_scores(switched) == (new, old), (checked.gates, switched.gates)
     assert switched.switched
+
+
+def _settings_naming(database_url: str, home, target: EmbeddingProvider) -> Settings:
+    """Settings whose embedding.model/dimensions name `target`'s space, as the README has the
+    operator set them after a switch."""
+    return Settings(database_url=database_url, home=home,
+                    embedding={"model": target.model, "dimensions": target.dimensions})
+
+
+@pytest.mark.warm_cache
+def test_settings_naming_the_new_space_republish_nothing_and_a_rollback_needs_no_vector(
+        database_url, tmp_path, provider, corpus_copy):
+    """The operator's sequence: ingest, re-embed into another space, set embedding.model/dimensions
+    to it, `rag ingest` again. Its fingerprint names the new model: every document was republished
+    and the retired space lost its vectors, so a rollback had to fill it again. Now every document
+    is current, searches rank as before, and a rollback and the old settings find all in place."""
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(*FILES, EXTRA)
+    old_kb = KnowledgeBase(old_settings, provider=provider)
+    target = RotatedProvider(provider)  # same cosines: the same rankings in either space
+    new_kb = KnowledgeBase(_settings_naming(database_url, home, target), provider=target)
+    try:
+        documents = old_kb.ingest([root], root=root).count("new")
+        before = [h.chunk_id for h in old_kb.search(QUERY, top_k=5).hits]
+        switched = rm.reembed(old_settings, old_kb.store, target.space, target=target)
+        assert switched.switched
+
+        again = new_kb.ingest([root], root=root)
+        assert again.count("unchanged") == documents > 0 and again.chunks == 0
+        assert again.embedded == again.cache_hits == 0  # nor was any file staged again
+        assert [h.chunk_id for h in new_kb.search(QUERY, top_k=5).hits] == before
+        retired = new_kb.store.get_space(OLD)
+        assert retired["status"] == "retired" and retired["vectors"] == retired["chunks"]
+        assert switched.carried["documents"] == documents
+
+        back = rm.rollback(new_kb.settings, new_kb.store)
+        assert back.switched and back.filled == 0 and back.carried["documents"] == documents
+        assert old_kb.ingest([root], root=root).count("unchanged") == documents
+        assert [h.chunk_id for h in old_kb.search(QUERY, top_k=5).hits] == before
+    finally:
+        new_kb.close()
+        old_kb.close()
+
+
+class ShortInputProvider(RotatedProvider):
+    """A rotated space whose provider takes fewer tokens per input: its chunker cuts other chunks."""
+
+    def tokenizer(self):
+        from rag_lib.embedding.budget import LimitedTokenizer
+
+        return LimitedTokenizer(self.base.tokenizer(), 128, exact=True)
+
+
+@pytest.mark.warm_cache
+def test_vectors_the_old_model_staged_are_never_published_in_the_new_space(
+        database_url, tmp_path, provider, corpus_copy):
+    """A switch to a space whose tokenizer cuts other chunks carries nothing over. The vector_table
+    stage run alone under settings naming that space (a Dagster run of the asset) found the old
+    model's staged vectors, of the same size, and served them in the new space."""
+    from rag_lib.corpus_scan import FileTarget
+    from rag_lib.ingest.stages import Engine
+    from rag_lib.ingest.state import StageRunner
+
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(FILES[0])
+    kb = KnowledgeBase(old_settings, provider=provider)
+    try:
+        kb.ingest([root], root=root)
+        target = ShortInputProvider(provider)
+        switched = rm.reembed(old_settings, kb.store, target.space, target=target)
+        assert switched.switched
+        served = space_vectors(kb, target.space)
+        new_settings = _settings_naming(database_url, home, target)
+        runner = StageRunner(new_settings, kb.store, lambda: Engine(new_settings, kb.store, target))
+        (outcome,) = runner.vector_table([FileTarget("default", root, FILES[0], FILES[0])])
+        assert outcome.status == "failed" and "rematerialize embeddings" in outcome.error, outcome
+        now = space_vectors(kb, target.space)
+        assert now.keys() == served.keys() and all(np.array_equal(now[c], served[c]) for c in served)
+        assert "cuts other chunks" in switched.carried["skipped"]
+    finally:
+        kb.close()
+
+
+@pytest.mark.warm_cache
+def test_a_document_lacking_a_vector_in_the_new_space_is_not_carried_over(
+        database_url, tmp_path, provider, corpus_copy):
+    """A document whose chunk has no vector in the new space (one an old-settings ingest published
+    just as the switch committed) keeps its fingerprint, and so does its file's staging: settings
+    naming the new space republish that document alone."""
+    home = tmp_path / ".rag"
+    old_settings = Settings(database_url=database_url, home=home)
+    root = corpus_copy(*FILES)
+    old_kb = KnowledgeBase(old_settings, provider=provider)
+    target = RotatedProvider(provider)
+    new_kb = KnowledgeBase(_settings_naming(database_url, home, target), provider=target)
+    try:
+        old_kb.ingest([root], root=root)
+        assert not rm.reembed(old_settings, old_kb.store, target.space, target=target, switch=False).switched
+        old_kb.store.switch_active(target.space)
+        with old_kb.store.db.connection() as conn:
+            conn.execute("DELETE FROM rag_chunk_vectors WHERE space = %s AND chunk_id = (SELECT min(chunk_id)"
+                         " FROM rag_chunks WHERE path = %s)", (target.space, FILES[0]))
+        carried = rm.carry_over(old_settings, old_kb.store, OLD, target.space)
+        assert carried["documents"] == 1
+        again = new_kb.ingest([root], root=root)
+        assert {o.path: o.status for o in again.outcomes} == {FILES[0]: "changed", FILES[1]: "unchanged"}
+        assert new_kb.validate_database()["chunks_without_vector"]["count"] == 0
+    finally:
+        new_kb.close()
+        old_kb.close()

@@ -24,7 +24,7 @@ from dagster import (
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
-from testkit import sensor_tick  # noqa: E402
+from testkit import RotatedProvider, sensor_tick  # noqa: E402
 
 from pipelines import dagster_private  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
@@ -415,6 +415,26 @@ def test_schedules_reconcile_and_reembed(env):
     with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
         none = reembed_schedule(ctx)
     assert none.skip_message.startswith("no corpus roots registered") and "3 partitions" in none.skip_message
+
+
+def test_the_schedules_launch_nothing_while_the_settings_name_the_space_a_reembed_left(env):
+    """Between `rag reembed --to` switching spaces and the settings naming the new one, every run is
+    refused at publishing; the documents, carried over to the new space, looked stale to these
+    schedules, which launched a run for every file."""
+    from rag_lib import reembed as rm
+
+    root, rag, kb, instance = env
+    assert kb.ingest([root]).count("new") == 2
+    target = RotatedProvider(kb.provider)
+    assert rm.reembed(kb.settings, kb.store, target.space, target=target).switched
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=when) as ctx:
+        said = [schedule(ctx) for schedule in (nightly_reconcile, reembed_schedule)]
+    for skipped in said:
+        assert isinstance(skipped, SkipReason), skipped
+        assert skipped.skip_message.startswith(
+            "the settings name embedding space all-MiniLM-L6-v2:384, not the active rotated-minilm:384")
+        assert skipped.skip_message.endswith("; nothing launched")
 
 
 def test_the_schedules_name_files_served_from_an_older_version(env):

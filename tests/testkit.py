@@ -1,6 +1,6 @@
 """Helpers for tests and benchmarks: a scratch database, a free loopback port, a clean environment
-for a child `rag` process, and a `rag serve` / `rag mcp --transport http` child that is waited for
-and stopped."""
+for a child `rag` process, a `rag serve` / `rag mcp --transport http` child that is waited for
+and stopped, and a second embedding space made from the local model (`RotatedProvider`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+import numpy as np
 import psycopg
+
+from rag_lib.embedding import EmbeddingProvider
 
 RAG = str(Path(sys.executable).with_name("rag"))
 
@@ -157,3 +160,19 @@ def round_trips(path: Path, call):
             for conn in traced:
                 conn.pgconn.untrace()  # flushes the trace
     return result, path.read_text().count("\tReadyForQuery")
+
+
+class RotatedProvider(EmbeddingProvider):
+    """The local model's vectors turned by a fixed orthogonal rotation: another space in which every
+    cosine equals the local model's, i.e. a model change that changes nothing retrieval sees."""
+
+    def __init__(self, base: EmbeddingProvider):
+        self.base, self.name, self.model, self.dimensions = base, "rotated", "rotated-minilm", base.dimensions
+        q, _ = np.linalg.qr(np.random.default_rng(3).standard_normal((base.dimensions, base.dimensions)))
+        self.rotation = q.astype(np.float32)
+
+    def tokenizer(self):
+        return self.base.tokenizer()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)

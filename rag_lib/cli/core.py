@@ -275,11 +275,8 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
     )
     if not data["documents"]:
         _say_if_the_database_is_empty()
-    configured = data["configured_space"]
-    if data["active_space"] and configured != space:
-        console.print(f"the settings name embedding space {configured}, not the active {space}: ingests are refused "
-                      f"until they match (`rag reembed --to {configured}`, or set embedding.* to {space})",
-                      style="yellow", markup=False, soft_wrap=True)
+    if mismatch := kb().space_mismatch():
+        console.print(mismatch, style="yellow", markup=False, soft_wrap=True)
     elif data.get("documents_with_other_settings"):
         console.print(other_settings_note(data["documents_with_other_settings"]), style="yellow", markup=False,
                       soft_wrap=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -34,6 +35,13 @@ def _print_report(report, as_json: bool) -> None:
     )
     for gate in report.gates:
         console.print(f"  {'[green]pass[/]' if gate.passed else '[red]FAIL[/]'} {gate.name}: {gate.detail}")
+
+
+def _after_settings(carried: dict) -> str:
+    """What the next `rag ingest` under settings naming the new space does (`reembed.carry_over`)."""
+    if "skipped" in carried:
+        return f"the next `rag ingest` republishes every document ({escape(carried['skipped'])})."
+    return f"`rag ingest` then finds the {carried.get('documents', 0)} documents current (nothing is republished)."
 
 
 def _progress():
@@ -115,7 +123,8 @@ def reembed(
     if report.switched and not as_json:
         console.print(
             f"[bold]{report.space}[/] is now the active space (was {report.previous}). Set embedding.model/dimensions "
-            f"(and provider) to match in rag.yaml and restart servers; `rag reembed --rollback` goes back."
+            f"(and provider) to match in rag.yaml and restart servers; {_after_settings(report.carried)} "
+            "`rag reembed --rollback` goes back."
         )
     elif not no_switch and not report.switched:
         failed = "; ".join(f"{g.name}: {g.detail}" for g in report.gates if not g.passed) or "unknown reason"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rag_lib.embedding.usage import Usage
-from rag_lib.tokens import Tokenizer
+from rag_lib.tokens import Tokenizer, chunker_key
 
 
 class EmbeddingProvider(ABC):
@@ -31,6 +31,10 @@ class EmbeddingProvider(ABC):
     @property
     def max_tokens(self) -> int:
         return self.tokenizer().limit
+
+    def chunker(self) -> str:
+        """What decides the chunks cut for this provider (`rag_lib.tokens.chunker_key`)."""
+        return chunker_key(self.tokenizer())
 
     def prepare(self) -> None:
         """Load what batch embedding needs now (a local model); remote providers need nothing."""

@@ -415,7 +415,8 @@ class Publisher:
     def ensure_space(self) -> None:
         """Register the provider's embedding space (before the first publish)."""
         cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name)
+        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name,
+                                self.provider.chunker())
 
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:
         """Write one document with its sections, chunks and vectors in one transaction."""

@@ -589,7 +589,8 @@ class StageRunner:
         idents = [_ident(t) for t, _, _ in pending.values()]
         # this round's files only: the embedding step may be adding the next round's meanwhile
         staged = {i: self._vectors[i] for i in idents if i in self._vectors}
-        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged]))
+        cfg = self.engine.settings.embedding
+        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged], cfg.model, cfg.dimensions))
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
@@ -648,8 +649,9 @@ class StageRunner:
                         for s in sections_out.get(doc.path, [])]
             chunks = [Chunk.from_dict(c) for c in entry["chunks"]]
             missing = [c.chunk_id for c in chunks if c.chunk_id not in staged]
-            if missing:
-                raise ValueError(f"{len(missing)} chunks of {doc.path} have no staged vector; rematerialize embeddings")
+            if missing:  # e.g. staged by another model, under settings naming another space
+                raise ValueError(f"{len(missing)} chunks of {doc.path} have no vector staged by {cfg.model}:"
+                                 f"{cfg.dimensions}; rematerialize embeddings")
             vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
             self.engine.publisher.publish(Prepared(doc, sections, chunks), vectors)

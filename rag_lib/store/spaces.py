@@ -1,5 +1,6 @@
 """SQL for embedding spaces side by side: a 'building' space filled beside the 'active' one,
-coverage checks, the one-transaction switch, rollback and dropping retired spaces."""
+coverage checks, the one-transaction switch, carrying the documents over to the new space,
+rollback and dropping retired spaces."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from rag_lib.errors import DimensionMismatchError, NotFoundError, ValidationError
 from rag_lib.store.connection import copy_rows
@@ -25,7 +27,7 @@ class SpaceStore:
             total = conn.execute("SELECT count(*) FROM rag_chunks").fetchone()[0]
             rows = _dicts(conn.execute(
                 """SELECT s.space, s.model, s.dimensions, s.provider, s.status, s.created_at, s.activated_at,
-                          s.retired_at, count(v.chunk_id) AS vectors,
+                          s.retired_at, s.chunker, count(v.chunk_id) AS vectors,
                           count(v.chunk_id) FILTER (WHERE vector_dims(v.embedding) <> s.dimensions) AS wrong_dims
                    FROM rag_spaces s LEFT JOIN rag_chunk_vectors v ON v.space = s.space
                    GROUP BY s.space ORDER BY s.created_at"""))
@@ -48,9 +50,11 @@ class SpaceStore:
             yield conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
                                (f"reembed\x1f{space}",)).fetchone()[0]
 
-    def begin_building(self, space: str, model: str, dimensions: int, provider: str) -> str:
-        """Register `space` as 'building' (a retired space is reused: its vectors still count).
-        Returns its status before the call."""
+    def begin_building(self, space: str, model: str, dimensions: int, provider: str,
+                       chunker: str | None = None) -> str:
+        """Register `space` as 'building' (a retired space is reused: its vectors still count), with
+        the chunker of its provider (`rag_lib.tokens.chunker_key`) when known. Returns its status
+        before the call."""
         with self.db.connection() as conn, conn.transaction():
             conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
             rows = dict(conn.execute("SELECT space, status FROM rag_spaces").fetchall())
@@ -64,12 +68,19 @@ class SpaceStore:
             if before == "active":
                 raise ValidationError(f"{space} is already the active space; nothing to re-embed")
             conn.execute(
-                """INSERT INTO rag_spaces (space, model, dimensions, provider, status)
-                   VALUES (%s,%s,%s,%s,'building')
-                   ON CONFLICT (space) DO UPDATE SET status = 'building', provider = EXCLUDED.provider""",
-                (space, model, dimensions, provider),
+                """INSERT INTO rag_spaces (space, model, dimensions, provider, status, chunker)
+                   VALUES (%s,%s,%s,%s,'building',%s)
+                   ON CONFLICT (space) DO UPDATE SET status = 'building', provider = EXCLUDED.provider,
+                     chunker = coalesce(EXCLUDED.chunker, rag_spaces.chunker)""",
+                (space, model, dimensions, provider, chunker),
             )
         return before or "new"
+
+    def note_space_chunker(self, space: str, chunker: str) -> None:
+        """Record the chunker of `space`'s provider where none is recorded yet (a space registered
+        before chunkers were recorded)."""
+        with self.db.connection() as conn:
+            conn.execute("UPDATE rag_spaces SET chunker = %s WHERE space = %s AND chunker IS NULL", (chunker, space))
 
     def missing_chunks(self, space: str, limit: int) -> list[tuple[str, str, str]]:
         """(chunk_id, content_hash, embed_text) of live chunks without a vector in `space`."""
@@ -140,6 +151,68 @@ class SpaceStore:
                 "UPDATE rag_spaces SET status = 'active', activated_at = now(), retired_at = NULL WHERE space = %s",
                 (space,))
         return old[0] if old else None
+
+    def carry_over(self, old: str, new: str, fingerprints: tuple[str, str],
+                   versions: dict[str, tuple[str, str]]) -> dict[str, int]:
+        """After a switch from space `old` to `new` whose providers cut the same chunks: what was made
+        under fingerprint `fingerprints[0]` (settings naming `old`) is marked as made under
+        `fingerprints[1]` (the same settings naming `new`) wherever that holds, in one transaction.
+        A document only when every chunk of it has a vector in `new`; the staged vectors of a file
+        whose embeddings output has the old fingerprint are replaced by `new`'s vectors of the same
+        live chunk text, and that output only once all of them are; a vector_table output once none
+        of its documents is live under another fingerprint. `versions`: stage → (its version in
+        `old`, in `new`). Returns how many documents, stage outputs and staged vectors changed."""
+        with self.db.connection() as conn, conn.transaction():
+            spaces = {r[0]: r[1:] for r in conn.execute(
+                "SELECT space, model, dimensions, provider FROM rag_spaces WHERE space IN (%s, %s)", (old, new))}
+            (old_model, old_dims, _), (model, dims, provider) = spaces[old], spaces[new]
+            params = {"fa": fingerprints[0], "fb": fingerprints[1], "new": new, "model": model, "dims": dims,
+                      "old_model": old_model, "old_dims": old_dims}
+            staged = conn.execute(
+                """UPDATE rag_stage_vectors s SET model = %(model)s, dimensions = %(dims)s, embedding = v.embedding,
+                          updated_at = now()
+                   FROM rag_stage_outputs o, rag_chunks c, rag_chunk_vectors v
+                   WHERE o.stage = 'embeddings' AND o.collection = s.collection AND o.path = s.path
+                     AND o.payload->>'status' = 'ok' AND o.payload->>'fingerprint' = %(fa)s
+                     AND o.payload->>'version' = %(va)s
+                     AND s.model = %(old_model)s AND s.dimensions = %(old_dims)s
+                     AND c.chunk_id = s.chunk_id AND c.content_hash = s.content_hash
+                     AND v.space = %(new)s AND v.chunk_id = c.chunk_id""",
+                {**params, "va": versions["embeddings"][0]}).rowcount
+            documents = conn.execute(
+                """UPDATE rag_documents d SET fingerprint = %(fb)s WHERE d.fingerprint = %(fa)s AND NOT EXISTS (
+                     SELECT 1 FROM rag_chunks c WHERE c.collection = d.collection AND c.path = d.path
+                       AND NOT EXISTS (SELECT 1 FROM rag_chunk_vectors v WHERE v.space = %(new)s
+                                         AND v.chunk_id = c.chunk_id))""", params).rowcount
+            conditions = {
+                # every staged vector is the new model's, one per chunk the output counts
+                "embeddings": """(o.payload->>'status' = 'skipped' OR (
+                    NOT EXISTS (SELECT 1 FROM rag_stage_vectors s WHERE s.collection = o.collection
+                                  AND s.path = o.path AND (s.model <> %(model)s OR s.dimensions <> %(dims)s))
+                    AND (SELECT count(*) FROM rag_stage_vectors s WHERE s.collection = o.collection
+                           AND s.path = o.path) = coalesce((o.payload->>'vectors')::int, -1)))""",
+                "vector_table": """NOT EXISTS (
+                    SELECT 1 FROM jsonb_array_elements_text(coalesce(o.payload->'documents', '[]')) AS p(path)
+                    JOIN rag_documents d ON d.collection = o.collection AND d.path = p.path
+                    WHERE d.fingerprint <> %(fb)s)""",
+            }
+            # what an output's metadata says of the space it was made in
+            meta = {"embeddings": {"model": model, "dimensions": dims, "provider": provider},
+                    "vector_table": {"space": new}}
+            outputs = 0
+            for stage, (va, vb) in versions.items():
+                patch = {"fingerprint": fingerprints[1], "version": vb, **({"space": new} if stage == "embeddings" else {})}
+                outputs += conn.execute(
+                    f"""UPDATE rag_stage_outputs o SET updated_at = now(), payload = CASE
+                          WHEN o.payload->>'status' = 'ok' AND jsonb_typeof(o.payload->'meta') = 'object'
+                          THEN jsonb_set(o.payload || %(patch)s, '{{meta}}', (o.payload->'meta') || %(meta)s)
+                          ELSE o.payload || %(patch)s END
+                        WHERE o.stage = %(stage)s AND o.payload->>'fingerprint' = %(fa)s
+                          AND o.payload->>'version' = %(va)s AND o.payload->>'status' IN ('ok', 'skipped')
+                          AND {conditions.get(stage, 'TRUE')}""",
+                    {**params, "stage": stage, "va": va, "patch": Jsonb(patch),
+                     "meta": Jsonb(meta.get(stage, {}))}).rowcount
+        return {"documents": documents, "stage_outputs": outputs, "staged_vectors": staged}
 
     def previous_space(self) -> str | None:
         """The most recently retired space (what a rollback returns to)."""

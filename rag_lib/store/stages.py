@@ -88,16 +88,19 @@ class StageStore:
                       ((collection, path, chunk_id, digest, model, dimensions, vec)
                        for collection, path, rows, vectors in files for (chunk_id, digest), vec in zip(rows, vectors)))
 
-    def load_staged_vectors(self, files: Sequence[FileIdent]) -> dict[FileIdent, dict[str, np.ndarray]]:
-        """(collection, path) → chunk_id → staged vector, for many files."""
+    def load_staged_vectors(self, files: Sequence[FileIdent], model: str,
+                            dimensions: int) -> dict[FileIdent, dict[str, np.ndarray]]:
+        """(collection, path) → chunk_id → staged vector, for many files: only the vectors `model` at
+        `dimensions` staged (another model's, staged under other settings, are never published)."""
         out: dict[FileIdent, dict[str, np.ndarray]] = {f: {} for f in files}
         if not files:
             return out
         with self.db.connection() as conn:
             rows = conn.execute(
                 """SELECT v.collection, v.path, v.chunk_id, v.embedding FROM rag_stage_vectors v
-                   JOIN unnest(%s::text[], %s::text[]) AS f(collection, path) USING (collection, path)""",
-                ([c for c, _ in files], [p for _, p in files]),
+                   JOIN unnest(%s::text[], %s::text[]) AS f(collection, path) USING (collection, path)
+                   WHERE v.model = %s AND v.dimensions = %s""",
+                ([c for c, _ in files], [p for _, p in files], model, dimensions),
             ).fetchall()
         for c, p, cid, v in rows:
             out.setdefault((c, p), {})[cid] = as_array(v)

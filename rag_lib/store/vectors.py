@@ -394,20 +394,24 @@ class VectorStore:
             ).fetchone()
         return dict(zip(("space", "model", "dimensions", "provider"), row)) if row else None
 
-    def ensure_space(self, space: str, model: str, dimensions: int, provider: str) -> None:
+    def ensure_space(self, space: str, model: str, dimensions: int, provider: str, chunker: str | None = None) -> None:
         """Register the configured space; the first one becomes active. A configured space that
-        differs from the active one is a fatal error: mixing spaces would corrupt search."""
+        differs from the active one is a fatal error: mixing spaces would corrupt search. `chunker`
+        (`rag_lib.tokens.chunker_key` of the provider's tokenizer) is recorded as the space's."""
         with self.db.connection() as conn, conn.transaction():
             conn.execute("LOCK TABLE rag_spaces IN SHARE ROW EXCLUSIVE MODE")
             active = conn.execute(
-                "SELECT space, dimensions, provider, model FROM rag_spaces WHERE status = 'active'").fetchone()
+                "SELECT space, dimensions, provider, model, chunker FROM rag_spaces WHERE status = 'active'").fetchone()
             if active is None:
                 conn.execute(
-                    """INSERT INTO rag_spaces (space, model, dimensions, provider, status, activated_at)
-                       VALUES (%s,%s,%s,%s,'active', now())
-                       ON CONFLICT (space) DO UPDATE SET status = 'active', activated_at = now()""",
-                    (space, model, dimensions, provider),
+                    """INSERT INTO rag_spaces (space, model, dimensions, provider, status, activated_at, chunker)
+                       VALUES (%s,%s,%s,%s,'active', now(), %s)
+                       ON CONFLICT (space) DO UPDATE SET status = 'active', activated_at = now(),
+                         chunker = coalesce(EXCLUDED.chunker, rag_spaces.chunker)""",
+                    (space, model, dimensions, provider, chunker),
                 )
+            elif active[0] == space and chunker and active[4] != chunker:
+                conn.execute("UPDATE rag_spaces SET chunker = %s WHERE space = %s", (chunker, space))
             elif active[0] != space:
                 raise DimensionMismatchError(
                     f"the configured embedding space {space} differs from the stored active space {active[0]}; "
