@@ -247,6 +247,12 @@ class SearchSettings(BaseModel):
     # over dev + dev2 (README, Retrieval: "Descriptor sections").
     descriptor_weight: float = Field(1.0, ge=0.0, le=1.0)
     descriptor_weight_other: float = Field(0.4, ge=0.0, le=1.0)  # descriptor sections' weight for other questions (see descriptor_weight)
+    # stub sections: a chunk of fewer than stub_words words of its own (`prior analyses found: 0`) is
+    # embedded as mostly its context prefix and matched any question about its document; its fused
+    # score is multiplied by stub_weight (0 words or weight 1: off). CV over dev + dev2, checked on the
+    # probe set (README, Retrieval: "Stub sections").
+    stub_words: int = Field(5, ge=0)
+    stub_weight: float = Field(0.5, ge=0.0, le=1.0)  # stub chunks' score multiplier (see stub_words)
     # pseudo-relevance feedback (hybrid): a Rocchio step moves the query vector towards the mean
     # vector of the first pass's best `feedback_depth` units (query + feedback_weight x mean,
     # normalised), the semantic list is retrieved again with it and fused once more. Scope "shared"

@@ -10,7 +10,7 @@ import pytest
 from rag_lib.models import SearchHit
 from rag_lib.search.classify import classify
 from rag_lib.search.context import assemble, quote_in_text
-from rag_lib.search.fusion import Candidates, boost, date_boost, rrf
+from rag_lib.search.fusion import Candidates, boost, date_boost, rrf, weigh_stubs
 from rag_lib.search.lexical import exact_tokens, is_websearch
 from rag_lib.search.results import by_date, excerpt, group_by_unit
 
@@ -65,6 +65,15 @@ def test_rrf_scores_and_weights():
     a, b, c = hit("a"), hit("b"), hit("c")
     fused = rrf([Candidates("semantic", [a, b], 1.0), Candidates("lexical", [c], 3.0)], k=60)
     assert fused[0].chunk_id == "c"
+
+
+def test_stub_sections_weigh_less_than_sections_that_say_something():
+    stub = hit("1", section="post_mortem", text="prior analyses found: 0", score=0.72)
+    answer = hit("2", section="rationale", text="META moved from WATCH to BUY after the capex guidance", score=0.64)
+    short = hit("3", section="recommendation", text="recommendation: BUY on breakout above", score=0.60)
+    assert [h.chunk_id for h in weigh_stubs([stub, answer, short], 5, 0.5)] == ["2", "3", "1"]
+    assert stub.score == pytest.approx(0.36) and short.score == 0.60  # five words are not a stub
+    assert weigh_stubs([hit("4", text="x", score=0.5)], 0, 0.5)[0].score == 0.5  # 0 words: off
 
 
 def test_boost_is_soft():

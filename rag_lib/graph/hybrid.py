@@ -183,13 +183,14 @@ def hybrid_context(kb, query: str, ticker: str | None = None, token_budget: int 
         graph = _graph_contexts(kb, collection, tickers[:1])
         hits = search(query, ticker=tickers[:1] or None)
     learnings = kb.search(query, mode="hybrid", collection=collection, doc_type=list(LEARNING_TYPES), top_k=2).hits
-    # Learnings are picked after the passages of the first few documents so a tight budget still keeps one.
+    # Learnings are picked after the first three passages so a tight budget still keeps one (after six,
+    # six full sections could fill 1,500 tokens).
     after = order = None
     if route == "time-filtered":  # ...but read after the dated passages, whose order is the point
         timeline = {h.chunk_id for h in hits if h.doc_date is not None}
         after = lambda h: h.chunk_id not in timeline  # noqa: E731
         order = date_key(newest_first=plan.recent)
-    hits = [h for h in _dedupe(hits[:6] + learnings + hits[6:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
+    hits = [h for h in _dedupe(hits[:3] + learnings + hits[3:]) if not exclude_doc_id or h.doc_id != exclude_doc_id]
     out = _render(kb, query, plan.kind, route, tickers, related, hits, graph, token_budget, after, order)
     out.note = _thin_context_note(kb, collection, ticker, hits, out, analysis_type)
     return out

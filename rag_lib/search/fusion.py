@@ -129,6 +129,18 @@ def weigh_descriptors(hits: list[SearchHit], names: frozenset[str], weight: floa
     return sorted(hits, key=lambda h: -h.score)
 
 
+def weigh_stubs(hits: list[SearchHit], min_words: int, weight: float) -> list[SearchHit]:
+    """Multiply by `weight` the scores of chunks with fewer than `min_words` words of their own (a
+    section left as a stub, `prior analyses found: 0`): their embedded text is mostly the context prefix
+    (`[stock-analysis] [META] [post mortem]`), so they match any question about that document."""
+    if weight >= 1.0 or min_words <= 0:
+        return hits
+    for hit in hits:
+        if len(hit.text.split()) < min_words:
+            hit.score *= weight
+    return sorted(hits, key=lambda h: -h.score)
+
+
 def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[SearchHit]:
     """Raise hits from documents dated within the [first, last] ISO days the query names, like a
     named ticker: "the January 2025 analyses" prefers January 2025's. A nudge, never a filter."""

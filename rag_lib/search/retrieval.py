@@ -26,7 +26,7 @@ from rag_lib.search import lexical
 from rag_lib.graph import profiles
 from rag_lib.search.classify import QueryPlan, classify, without_date
 from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
-                                   lexical_closeness, rescale_to_one, rrf, weigh_descriptors)
+                                   lexical_closeness, rescale_to_one, rrf, weigh_descriptors, weigh_stubs)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import by_date, cover_named, excerpt, group_by_unit
 
@@ -65,6 +65,8 @@ class SearchOptions:
     lexical_far_min_cosine: float = 0.35
     descriptor_weight: float = 1.0
     descriptor_weight_other: float = 0.4
+    stub_words: int = 5
+    stub_weight: float = 0.5
     feedback_weight: float = 0.8
     feedback_depth: int = 4
     feedback_scope: str = "shared"
@@ -322,7 +324,7 @@ def _first_pass(lists: list[Candidates], plan: QueryPlan, opts: SearchOptions, m
         # in every mode: unweighted, descriptor sections cost semantic search as much as hybrid
         # (dev semantic 0.661 -> 0.630, lexical 0.633 -> 0.592; README, Retrieval)
         weight = opts.descriptor_weight if plan.selects_documents else opts.descriptor_weight_other
-        ranked = weigh_descriptors(ranked, opts.descriptors, weight)
+        ranked = weigh_stubs(weigh_descriptors(ranked, opts.descriptors, weight), opts.stub_words, opts.stub_weight)
     if mode == "hybrid":
         with _timed(timings, "evidence"):
             ranked = document_evidence(ranked, opts.document_units, opts.document_weight)
