@@ -8,10 +8,11 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json, progress_bar
+from rag_lib.cli.output import PathCell
 from rag_lib.documents import record_of
 from rag_lib.errors import first_of
 from rag_lib.log import get_logger
@@ -158,10 +159,8 @@ def ingest(
     if not paths:
         fail("nothing to ingest: give files or folders as arguments, or --dir DIR", 2)
     base = kb()
-    with Progress(
-        TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=console, disable=as_json, transient=True,
-    ) as bar:
+    with progress_bar(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), hidden=as_json) as bar:
         task = bar.add_task("", total=None)
         report = base.ingest(
             paths, collection, prune=prune, force=force, root=root, prune_empty=prune_empty,
@@ -214,13 +213,14 @@ def search(
         return
     # the query, unit ids and passages are printed as they are, not read as console markup
     table = Table(title=escape(f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)"))
-    table.add_column("#", justify="right")
-    table.add_column("score", justify="right")
-    table.add_column("unit", overflow="fold")
+    for name in ("#", "score", "date", "ticker"):  # short: never wrapped, so the unit and text get the rest
+        table.add_column(name, justify="right" if name in ("#", "score") else "left", no_wrap=True)
+    table.add_column("unit")
     table.add_column("text", overflow="fold")
     for n, hit in enumerate(result.hits, 1):
         score = f"{hit.score:.3f}" if hit.rerank_score is None else f"{hit.score:.3f} / {hit.rerank_score:.3f}"
-        table.add_row(str(n), score, escape(hit.unit_id), escape(_excerpt_cell(hit)))
+        table.add_row(str(n), score, str(hit.doc_date or ""), escape(hit.ticker or ""), PathCell(hit.unit_id),
+                      escape(_excerpt_cell(hit)))
     console.print(table)
     for line in (_plan_hints(result.plan or {}), _order_hint(result.plan or {})):
         if line:
@@ -355,10 +355,11 @@ def list_documents(
         _say_if_the_database_is_empty()
     table = Table(title=f"{len(rows)} documents")
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("ticker", "date", "chunks"),
+                         justify="right" if col == "chunks" else "left")
     for r in rows:
-        table.add_row(r["collection"], escape(r["path"]), escape(r["doc_id"]), r["doc_type"], r["ticker"] or "",
-                      str(r["doc_date"] or ""), str(r["chunk_count"]))
+        table.add_row(escape(r["collection"]), PathCell(r["path"]), PathCell(r["doc_id"]), r["doc_type"],
+                      escape(r["ticker"] or ""), str(r["doc_date"] or ""), str(r["chunk_count"]))
     console.print(table)
 
 

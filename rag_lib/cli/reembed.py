@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, fail, kb, print_json
+from rag_lib.cli.app import app, console, fail, kb, print_json, progress_bar
 
 
 def _print_status(data: dict) -> None:
@@ -37,8 +37,7 @@ def _print_report(report, as_json: bool) -> None:
 
 
 def _progress():
-    bar = Progress(TextColumn("filling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                   transient=True)
+    bar = progress_bar(TextColumn("filling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     task = bar.add_task("fill", total=None)
     return bar, (lambda done, total: bar.update(task, completed=done, total=total))
 
