@@ -199,6 +199,20 @@ def test_a_path_in_a_narrow_column_breaks_after_a_slash_or_before_its_section():
     assert "".join(folded) == f"{EARNINGS}#phase8_post_earnings" and max(map(len, folded)) == 10
 
 
+def test_show_previews_each_chunk_on_one_line_and_marks_where_it_was_cut(rag, tmp_path):
+    """`rag show` printed a chunk's first 120 characters with its indentation as runs of spaces
+    ("revenue trend 8q:     -") and cut mid-word without a mark ("... updated: 2025-01-20 sta")."""
+    yaml = ("_meta:\n  type: research\nthesis:\n  levels:\n    entry: 4.10\n    stop: 3.85\n  view: "
+            + "The desk is long copper on supply. " * 6 + "\nrisk: low\n")
+    (tmp_path / "copper.yaml").write_text(yaml)
+    assert rag("ingest", str(tmp_path / "copper.yaml"))[0] == 0
+    chunks = {c["section_path"]: c["preview"] for c in json.loads(rag("show", "copper.yaml", "--json")[1])["chunks"]}
+    assert len(chunks["thesis"]) == 120 and "\n" in chunks["thesis"] and chunks["risk"] == "risk: low"
+    out = rag("show", "copper.yaml")[1]
+    thesis = " ".join(chunks["thesis"].split())  # its line break a space
+    assert re.search(rf"│ {re.escape(thesis)}… +│", out) and re.search(r"│ risk: low +│", out)
+
+
 def test_a_trend_search_says_its_results_read_in_date_order(rag, corpus_copy):
     """`rag search "latest MSFT analysis recommendation"` listed scores 1.000, 0.637, 0.544, 0.995: the
     results of a trend question read in date order, and nothing said so."""

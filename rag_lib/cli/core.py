@@ -375,18 +375,27 @@ def show(ref: str = typer.Argument(..., help="Document id or path."), collection
                   f"  date {doc['doc_date'] or '-'}  hash {doc['content_hash'][:12]}")
     table = Table(title="sections")
     for col in ("#", "name", "title", "tokens", "empty"):
-        table.add_column(col)
+        table.add_column(col, justify="right" if col in ("#", "tokens") else "left")
     for s in doc["sections"]:
         table.add_row(str(s["ordinal"]), escape(s["name"]), escape(s["title"]), str(s["token_count"]),
                       "yes" if s["is_empty"] else "")
     console.print(table)
     table = Table(title="chunks")
     for col in ("#", "section path", "tokens", "preview"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("#", "tokens"),
+                         justify="right" if col in ("#", "tokens") else "left")
     for c in doc["chunks"]:
         table.add_row(str(c["ordinal"]), escape(c["section_path"]), str(c["token_count"]),
-                      escape(c["preview"].replace("\n", " ")))
+                      escape(_preview_cell(c["preview"])))
     console.print(table)
+
+
+def _preview_cell(preview: str) -> str:
+    """The start of a chunk on one line, its indentation and line breaks each one space, and "…" where
+    it was cut (at `PREVIEW_CHARS`, maybe mid-word)."""
+    from rag_lib.store.documents import PREVIEW_CHARS
+
+    return " ".join(preview.split()) + ("…" if len(preview) >= PREVIEW_CHARS else "")
 
 
 @app.command()
