@@ -213,6 +213,15 @@ def test_show_previews_each_chunk_on_one_line_and_marks_where_it_was_cut(rag, tm
     assert re.search(rf"│ {re.escape(thesis)}… +│", out) and re.search(r"│ risk: low +│", out)
 
 
+def test_tables_print_a_file_name_with_brackets_as_it_is(rag, tmp_path):
+    """A skipped file named "copper [draft].yaml" was listed as "copper .yaml" by `rag ingest`, `rag
+    status` and `rag validate`: its name was read as console markup."""
+    (tmp_path / "copper [draft].yaml").write_text("_meta:\n  type: research\nthesis: [The desk is long copper.\n")
+    for args in (("ingest", str(tmp_path)), ("status",), ("validate", str(tmp_path))):
+        out = rag(*args)[1]
+        assert "│ copper [draft].yaml " in out and "expected ',' or ']'" in out, (args, out)
+
+
 def test_a_trend_search_says_its_results_read_in_date_order(rag, corpus_copy):
     """`rag search "latest MSFT analysis recommendation"` listed scores 1.000, 0.637, 0.544, 0.995: the
     results of a trend question read in date order, and nothing said so."""

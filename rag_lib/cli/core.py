@@ -55,11 +55,11 @@ def print_ingest_report(report: IngestReport) -> None:
     if problems:
         detail = Table(title="skipped and failed inputs")
         for col in ("path", "status", "reason", "detail"):
-            detail.add_column(col, overflow="fold")
+            detail.add_column(col, overflow="fold", no_wrap=col in ("status", "reason"))
         rows = folded([{"path": o.path, "status": o.status, "reason": o.reason or "", "detail": o.detail or ""}
                        for o in problems])
         for row in rows:
-            detail.add_row(row["path"], row["status"], row["reason"], row["detail"])
+            detail.add_row(PathCell(row["path"]), row["status"], row["reason"], escape(row["detail"]))
         detail.caption = _folded_caption(rows)
         console.print(detail)
     warned = [(o.path, w) for o in report.outcomes for w in o.warnings]
@@ -68,7 +68,7 @@ def print_ingest_report(report: IngestReport) -> None:
         for col in ("path", "warning"):
             table.add_column(col, overflow="fold")
         for path, warning in warned:
-            table.add_row(path, warning)
+            table.add_row(PathCell(path), escape(warning))
         console.print(table)
     if report.pruned:  # what --prune deleted, by name: a count alone hides a surprise
         console.print(f"pruned (their files are gone): {escape(_some(report.pruned))}", soft_wrap=True, highlight=False)
@@ -310,10 +310,10 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
     if data["skipped"]:
         table = Table(title="skipped inputs")
         for col in ("path", "reason", "detail"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col == "reason")
         rows = folded(data["skipped"])
         for row in rows:
-            table.add_row(row["path"], row["reason"], row["detail"])
+            table.add_row(PathCell(row["path"]), row["reason"], escape(row["detail"]))
         table.caption = _folded_caption(rows)
         console.print(table)
     if data.get("held"):  # a skip never deletes: what is served is not what the file says now
@@ -326,7 +326,8 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         for col in ("when", "source", "partition", "message"):
             table.add_column(col, overflow="fold")
         for row in data["failures"]:
-            table.add_row(str(row["failed_at"])[:19], row["source"], row["partition"] or "", row["message"][:200])
+            table.add_row(str(row["failed_at"])[:19], row["source"], PathCell(row["partition"] or ""),
+                          escape(row["message"][:200]))
         console.print(table)
     if data.get("failures_fixed"):
         console.print(f"{data['failures_fixed']} earlier file failures are fixed (the files ingested since, or deleted)")
@@ -460,9 +461,9 @@ def validate(paths: list[Path] = typer.Argument(None, help="Files or folders to 
         for col in ("path", "type", "sections", "empty", "chunks", "max tokens", "problem"):
             table.add_column(col, overflow="fold")
         for f in report["files"]:
-            table.add_row(f["path"], f.get("doc_type") or "", str(f.get("sections", "")), str(f.get("empty_sections", "")),
-                          str(f.get("chunks", "")), str(f.get("max_tokens", "")),
-                          f"[red]{f['problem']}[/]" if f.get("problem") else
+            table.add_row(PathCell(f["path"]), f.get("doc_type") or "", str(f.get("sections", "")),
+                          str(f.get("empty_sections", "")), str(f.get("chunks", "")), str(f.get("max_tokens", "")),
+                          f"[red]{escape(f['problem'])}[/]" if f.get("problem") else
                           "\n".join(f"[yellow]{escape(w)}[/]" for w in f.get("warnings") or []))
         console.print(table)
         warned = sum(1 for f in report["files"] if f.get("warnings"))

@@ -73,7 +73,8 @@ def eval_command(
         print_json({**report.summary(), "by_type": by_type, **({"per_query": rows} if rows is not None else {}),
                     **({"ragas": ragas} if ragas else {})})
         return
-    table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")
+    title = f"{mode} retrieval, {report.queries} queries, unit = {unit}"
+    table = Table(title=title, min_width=len(title))  # as wide as its title, which would wrap over two lines
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in report.metrics.items():
