@@ -235,6 +235,8 @@ def rag(monkeypatch, database_url, provider, tmp_path, capsys):
 
     monkeypatch.setenv("RAG_DATABASE_URL", database_url)
     monkeypatch.setenv("RAG_HOME", str(tmp_path / ".rag"))
+    # stdout is captured, as a pipe: rows unwrapped unless COLUMNS is set (a pytest-xdist worker inherits 80)
+    monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setattr(rag_lib.api, "get_provider", lambda settings: provider)
 
     def run(*args: str) -> tuple[int, str, str]:

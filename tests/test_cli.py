@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -111,13 +112,10 @@ def test_a_search_says_what_it_preferred_and_why(rag, corpus_copy):
     assert code == 0 and "preferred: document types learning" in out
 
 
-def test_the_search_table_shows_the_query_and_passages_as_written_and_excerpts_whole(rag, corpus_copy, monkeypatch):
+def test_the_search_table_shows_the_query_and_passages_as_written_and_excerpts_whole(rag, corpus_copy):
     """`rag search` read a query's or passage's brackets as console markup (a query holding "[/x]" failed
     with "unexpected MarkupError"; "[localhost:8501](http://...)" lost its link text) and cut every
     excerpt at 200 characters mid-word ("exit rationale: Targe") without a mark."""
-    from rag_lib.cli.app import console
-
-    monkeypatch.setattr(console, "width", 500)  # one line per row: the cells are compared whole
     portal = "tradegent-docs/tradegent/dashboard/METABASE_PORTAL_SETUP.md"
     assert rag("ingest", str(corpus_copy(LEARNING, portal)))[0] == 0
     code, out, err = rag("search", "Streamlit [/x] custom dashboards", "--mode", "lexical", "-k", "1")
@@ -129,6 +127,99 @@ def test_the_search_table_shows_the_query_and_passages_as_written_and_excerpts_w
     assert any(len(e) > 200 for e in excerpts)
     code, out, _ = rag("search", query, "--mode", "hybrid")
     assert code == 0 and all(e.replace("\n", " ") in out for e in excerpts)
+
+
+EARNINGS = "tradegent/knowledge/analysis/earnings/NVDA_20250120T0900.yaml"
+
+
+def _row_of(out: str, cell: str) -> str:
+    """The one line of `out` that holds `cell` (a unit id or a path) between a table's borders."""
+    lines = [line for line in out.splitlines() if f"│ {cell} " in line]
+    assert len(lines) == 1, (cell, lines)
+    return lines[0]
+
+
+def test_piped_search_and_list_print_each_row_on_one_line_with_its_date_and_ticker(rag, corpus_copy):
+    """Into a pipe or a file (`rag search ... | less`, `rag list | grep NVDA`) rich took 80 columns and
+    folded each row over several lines mid-word ("...earnings/NVDA_2025012" / "0T0900.yaml#phase8_pos..."),
+    and a search row had no date or ticker: "what did we say in January about NVDA" meant opening each hit."""
+    code, out, _ = rag("ingest", str(corpus_copy(TRADE, EARNINGS, LEARNING)))
+    assert code == 0 and out.startswith("ingest into 'default'")  # no blank line from a hidden progress bar
+    query = "what did we say in January about NVDA"
+    hits = json.loads(rag("search", query, "--mode", "hybrid", "--json")[1])["results"]
+    code, out, _ = rag("search", query, "--mode", "hybrid")
+    assert code == 0 and out.startswith(f"hybrid search: {query}")  # the title at the margin, not centred
+    assert "NVDA" in {h["ticker"] for h in hits} and {"2025-01-15", "2025-01-20"} <= {h["doc_date"] for h in hits}
+    for n, hit in enumerate(hits, 1):
+        row = _row_of(out, hit["unit_id"])
+        cells = [c.strip() for c in row.strip("│ ").split(" │ ")]
+        assert cells[:4] == [str(n), f"{hit['score']:.3f}", hit["doc_date"] or "", hit["ticker"] or ""], row
+        assert cells[5] == hit["excerpt"].replace("\n", " ")  # whole, on the same line
+    documents = json.loads(rag("list", "--json")[1])
+    code, out, _ = rag("list")
+    assert code == 0 and len(documents) == 3
+    for doc in documents:
+        row = _row_of(out, doc["path"])
+        cells = [c.strip() for c in row.strip("│ ").split(" │ ")]
+        assert cells[2:6] == [doc["doc_id"], doc["doc_type"], doc["ticker"] or "", doc["doc_date"] or ""], row
+
+
+def test_a_terminal_of_80_columns_gets_a_search_table_80_columns_wide(rag, corpus_copy, monkeypatch):
+    """COLUMNS (or a terminal's width) still bounds the table: each row is folded within it, with
+    its rank, score, date and ticker on its first line."""
+    assert rag("ingest", str(corpus_copy(TRADE, EARNINGS)))[0] == 0
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = rag("search", "NVDA entry and stop", "--mode", "hybrid", "-k", "3")
+    lines = out.splitlines()
+    assert code == 0 and max(len(line) for line in lines) <= 80
+    firsts = [line for line in lines if re.match(r"│ +\d+ │ \d\.\d{3} │ 2025-01-(15|20) │ NVDA +│", line)]
+    assert len(firsts) == 3, out
+
+
+def test_a_path_in_a_narrow_column_breaks_after_a_slash_or_before_its_section():
+    """A unit id in a column narrower than it was folded mid-name ("...earnings/NVDA_2025012" /
+    "0T0900.yaml#phase8_pos..."); a part longer than the column is still folded, nothing is lost."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rag_lib.cli.output import PathCell
+
+    def cell_lines(width: int) -> list[str]:
+        table = Table.grid()
+        table.add_column(width=width)
+        table.add_row(PathCell(f"{EARNINGS}#phase8_post_earnings"))
+        console = Console(width=200, file=io.StringIO())
+        console.print(table)
+        return [line.rstrip() for line in console.file.getvalue().splitlines()]
+
+    assert cell_lines(30) == ["tradegent/knowledge/analysis/", "earnings/", "NVDA_20250120T0900.yaml",
+                              "#phase8_post_earnings"]
+    assert cell_lines(200) == [f"{EARNINGS}#phase8_post_earnings"]
+    folded = cell_lines(10)
+    assert "".join(folded) == f"{EARNINGS}#phase8_post_earnings" and max(map(len, folded)) == 10
+
+
+def test_show_previews_each_chunk_on_one_line_and_marks_where_it_was_cut(rag, tmp_path):
+    """`rag show` printed a chunk's first 120 characters with its indentation as runs of spaces
+    ("revenue trend 8q:     -") and cut mid-word without a mark ("... updated: 2025-01-20 sta")."""
+    yaml = ("_meta:\n  type: research\nthesis:\n  levels:\n    entry: 4.10\n    stop: 3.85\n  view: "
+            + "The desk is long copper on supply. " * 6 + "\nrisk: low\n")
+    (tmp_path / "copper.yaml").write_text(yaml)
+    assert rag("ingest", str(tmp_path / "copper.yaml"))[0] == 0
+    chunks = {c["section_path"]: c["preview"] for c in json.loads(rag("show", "copper.yaml", "--json")[1])["chunks"]}
+    assert len(chunks["thesis"]) == 120 and "\n" in chunks["thesis"] and chunks["risk"] == "risk: low"
+    out = rag("show", "copper.yaml")[1]
+    thesis = " ".join(chunks["thesis"].split())  # its line break a space
+    assert re.search(rf"│ {re.escape(thesis)}… +│", out) and re.search(r"│ risk: low +│", out)
+
+
+def test_tables_print_a_file_name_with_brackets_as_it_is(rag, tmp_path):
+    """A skipped file named "copper [draft].yaml" was listed as "copper .yaml" by `rag ingest`, `rag
+    status` and `rag validate`: its name was read as console markup."""
+    (tmp_path / "copper [draft].yaml").write_text("_meta:\n  type: research\nthesis: [The desk is long copper.\n")
+    for args in (("ingest", str(tmp_path)), ("status",), ("validate", str(tmp_path))):
+        out = rag(*args)[1]
+        assert "│ copper [draft].yaml " in out and "expected ',' or ']'" in out, (args, out)
 
 
 def test_a_trend_search_says_its_results_read_in_date_order(rag, corpus_copy):

@@ -10,9 +10,10 @@ import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
+from rich.progress import Progress, ProgressColumn
 
+from rag_lib.cli.output import CliConsole
 from rag_lib.db import database_gone
 from rag_lib.errors import RagError
 from rag_lib.log import get_logger, setup_logging
@@ -25,8 +26,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+console = CliConsole()  # in a pipe or a file, each table row on one line (see `CliConsole`)
+err_console = CliConsole(stderr=True)
 log = get_logger("cli")
 STATE: dict[str, Any] = {"debug": False, "kb": None, "command": None, "interrupted": False}
 
@@ -66,6 +67,12 @@ def kb():
 def print_json(data: Any) -> None:
     """Exactly one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, default=str, indent=None) + "\n")
+
+
+def progress_bar(*columns: str | ProgressColumn, hidden: bool = False) -> Progress:
+    """A transient progress bar on stdout, shown only in a terminal: into a pipe or a file it shows
+    nothing, and rich would still print a blank line before the output."""
+    return Progress(*columns, console=console, transient=True, disable=hidden or not console.is_terminal)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

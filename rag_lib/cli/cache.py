@@ -22,7 +22,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print one JSON doc
         return
     table = Table(title=f"embedding cache: {data['entries']} entries, {data['bytes'] / 1e6:.1f} MB")
     for col in ("model", "dims", "entries", "used by live chunks", "oldest", "last used"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a model cut with "…" could not be looked up
     for row in data["models"]:
         table.add_row(row["model"], str(row["dimensions"]), str(row["entries"]), str(row["referenced"]),
                       str(row["oldest"])[:19], str(row["last_used"])[:19])
@@ -52,7 +52,8 @@ def print_usage(usage: dict[str, Any] | None) -> None:
     if usage["by_provider"]:
         table = Table(title="embedding usage by provider (all runs)")
         for col in ("provider", "model", "dims", "requests", "retries", "failures", "tokens", "est. cost USD"):
-            table.add_column(col, justify="right" if col not in ("provider", "model") else "left")
+            # folded, not cut with "…": a model or run id cut short cannot be looked up
+            table.add_column(col, justify="right" if col not in ("provider", "model") else "left", overflow="fold")
         for r in usage["by_provider"]:
             table.add_row(r["provider"], r["model"], str(r["dimensions"]), str(r["requests"]), str(r["retries"]),
                           str(r["failures"]), str(r["tokens"]), f"{r['cost_usd']:.4f}")
@@ -60,7 +61,7 @@ def print_usage(usage: dict[str, Any] | None) -> None:
     if usage["recent_runs"]:
         table = Table(title="recent embedding runs")
         for col in ("run", "kind", "started", "cache hit rate", "requests", "tokens", "est. cost USD"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for r in usage["recent_runs"]:
             rate = "-" if r["cache_hit_rate"] is None else f"{r['cache_hit_rate']:.0%}"
             table.add_row(r["run_id"], r["kind"], str(r["started_at"])[:19], rate, str(r["requests"]),

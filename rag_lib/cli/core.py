@@ -8,10 +8,11 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, EveryCollectionOpt, JsonOpt, app, console, fail, kb, print_json, progress_bar
+from rag_lib.cli.output import PathCell
 from rag_lib.documents import record_of
 from rag_lib.errors import first_of
 from rag_lib.log import get_logger
@@ -54,11 +55,11 @@ def print_ingest_report(report: IngestReport) -> None:
     if problems:
         detail = Table(title="skipped and failed inputs")
         for col in ("path", "status", "reason", "detail"):
-            detail.add_column(col, overflow="fold")
+            detail.add_column(col, overflow="fold", no_wrap=col in ("status", "reason"))
         rows = folded([{"path": o.path, "status": o.status, "reason": o.reason or "", "detail": o.detail or ""}
                        for o in problems])
         for row in rows:
-            detail.add_row(row["path"], row["status"], row["reason"], row["detail"])
+            detail.add_row(PathCell(row["path"]), row["status"], row["reason"], escape(row["detail"]))
         detail.caption = _folded_caption(rows)
         console.print(detail)
     warned = [(o.path, w) for o in report.outcomes for w in o.warnings]
@@ -67,7 +68,7 @@ def print_ingest_report(report: IngestReport) -> None:
         for col in ("path", "warning"):
             table.add_column(col, overflow="fold")
         for path, warning in warned:
-            table.add_row(path, warning)
+            table.add_row(PathCell(path), escape(warning))
         console.print(table)
     if report.pruned:  # what --prune deleted, by name: a count alone hides a surprise
         console.print(f"pruned (their files are gone): {escape(_some(report.pruned))}", soft_wrap=True, highlight=False)
@@ -158,10 +159,8 @@ def ingest(
     if not paths:
         fail("nothing to ingest: give files or folders as arguments, or --dir DIR", 2)
     base = kb()
-    with Progress(
-        TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.description}"), console=console, disable=as_json, transient=True,
-    ) as bar:
+    with progress_bar(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), hidden=as_json) as bar:
         task = bar.add_task("", total=None)
         report = base.ingest(
             paths, collection, prune=prune, force=force, root=root, prune_empty=prune_empty,
@@ -214,13 +213,14 @@ def search(
         return
     # the query, unit ids and passages are printed as they are, not read as console markup
     table = Table(title=escape(f"{result.mode} search: {query}  ({result.timings_ms.get('total', 0):.0f} ms)"))
-    table.add_column("#", justify="right")
-    table.add_column("score", justify="right")
-    table.add_column("unit", overflow="fold")
+    for name in ("#", "score", "date", "ticker"):  # short: never wrapped, so the unit and text get the rest
+        table.add_column(name, justify="right" if name in ("#", "score") else "left", no_wrap=True)
+    table.add_column("unit")
     table.add_column("text", overflow="fold")
     for n, hit in enumerate(result.hits, 1):
         score = f"{hit.score:.3f}" if hit.rerank_score is None else f"{hit.score:.3f} / {hit.rerank_score:.3f}"
-        table.add_row(str(n), score, escape(hit.unit_id), escape(_excerpt_cell(hit)))
+        table.add_row(str(n), score, str(hit.doc_date or ""), escape(hit.ticker or ""), PathCell(hit.unit_id),
+                      escape(_excerpt_cell(hit)))
     console.print(table)
     for line in (_plan_hints(result.plan or {}), _order_hint(result.plan or {})):
         if line:
@@ -307,10 +307,10 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
     if data["skipped"]:
         table = Table(title="skipped inputs")
         for col in ("path", "reason", "detail"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col == "reason")
         rows = folded(data["skipped"])
         for row in rows:
-            table.add_row(row["path"], row["reason"], row["detail"])
+            table.add_row(PathCell(row["path"]), row["reason"], escape(row["detail"]))
         table.caption = _folded_caption(rows)
         console.print(table)
     if data.get("held"):  # a skip never deletes: what is served is not what the file says now
@@ -323,7 +323,8 @@ def status(collection: Optional[str] = EveryCollectionOpt, as_json: bool = JsonO
         for col in ("when", "source", "partition", "message"):
             table.add_column(col, overflow="fold")
         for row in data["failures"]:
-            table.add_row(str(row["failed_at"])[:19], row["source"], row["partition"] or "", row["message"][:200])
+            table.add_row(str(row["failed_at"])[:19], row["source"], PathCell(row["partition"] or ""),
+                          escape(row["message"][:200]))
         console.print(table)
     if data.get("failures_fixed"):
         console.print(f"{data['failures_fixed']} earlier file failures are fixed (the files ingested since, or deleted)")
@@ -352,10 +353,11 @@ def list_documents(
         _say_if_the_database_is_empty()
     table = Table(title=f"{len(rows)} documents")
     for col in ("collection", "path", "id", "type", "ticker", "date", "chunks"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("ticker", "date", "chunks"),
+                         justify="right" if col == "chunks" else "left")
     for r in rows:
-        table.add_row(r["collection"], escape(r["path"]), escape(r["doc_id"]), r["doc_type"], r["ticker"] or "",
-                      str(r["doc_date"] or ""), str(r["chunk_count"]))
+        table.add_row(escape(r["collection"]), PathCell(r["path"]), PathCell(r["doc_id"]), r["doc_type"],
+                      escape(r["ticker"] or ""), str(r["doc_date"] or ""), str(r["chunk_count"]))
     console.print(table)
 
 
@@ -371,18 +373,27 @@ def show(ref: str = typer.Argument(..., help="Document id or path."), collection
                   f"  date {doc['doc_date'] or '-'}  hash {doc['content_hash'][:12]}")
     table = Table(title="sections")
     for col in ("#", "name", "title", "tokens", "empty"):
-        table.add_column(col)
+        table.add_column(col, justify="right" if col in ("#", "tokens") else "left")
     for s in doc["sections"]:
         table.add_row(str(s["ordinal"]), escape(s["name"]), escape(s["title"]), str(s["token_count"]),
                       "yes" if s["is_empty"] else "")
     console.print(table)
     table = Table(title="chunks")
     for col in ("#", "section path", "tokens", "preview"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("#", "tokens"),
+                         justify="right" if col in ("#", "tokens") else "left")
     for c in doc["chunks"]:
         table.add_row(str(c["ordinal"]), escape(c["section_path"]), str(c["token_count"]),
-                      escape(c["preview"].replace("\n", " ")))
+                      escape(_preview_cell(c["preview"])))
     console.print(table)
+
+
+def _preview_cell(preview: str) -> str:
+    """The start of a chunk on one line, its indentation and line breaks each one space, and "…" where
+    it was cut (at `PREVIEW_CHARS`, maybe mid-word)."""
+    from rag_lib.store.documents import PREVIEW_CHARS
+
+    return " ".join(preview.split()) + ("…" if len(preview) >= PREVIEW_CHARS else "")
 
 
 @app.command()
@@ -447,9 +458,9 @@ def validate(paths: list[Path] = typer.Argument(None, help="Files or folders to 
         for col in ("path", "type", "sections", "empty", "chunks", "max tokens", "problem"):
             table.add_column(col, overflow="fold")
         for f in report["files"]:
-            table.add_row(f["path"], f.get("doc_type") or "", str(f.get("sections", "")), str(f.get("empty_sections", "")),
-                          str(f.get("chunks", "")), str(f.get("max_tokens", "")),
-                          f"[red]{f['problem']}[/]" if f.get("problem") else
+            table.add_row(PathCell(f["path"]), f.get("doc_type") or "", str(f.get("sections", "")),
+                          str(f.get("empty_sections", "")), str(f.get("chunks", "")), str(f.get("max_tokens", "")),
+                          f"[red]{escape(f['problem'])}[/]" if f.get("problem") else
                           "\n".join(f"[yellow]{escape(w)}[/]" for w in f.get("warnings") or []))
         console.print(table)
         warned = sum(1 for f in report["files"] if f.get("warnings"))

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import CollectionOpt, app, console, err_console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, app, console, err_console, fail, kb, print_json, progress_bar
 
 
 @app.command("eval")
@@ -42,8 +42,8 @@ def eval_command(
     base = kb()
     if note := base.empty_collection_note(collection):  # every figure would be 0, and say nothing of retrieval
         fail(f"{note}; pass --collection", 1)
-    with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=as_json, transient=True) as bar:
+    with progress_bar(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      hidden=as_json) as bar:
         task = bar.add_task("", total=len(judged))
         report = evaluate_kb(base, query_map, judged, mode=mode, unit=unit, collection=collection,
                              progress=lambda: bar.update(task, advance=1))
@@ -73,7 +73,8 @@ def eval_command(
         print_json({**report.summary(), "by_type": by_type, **({"per_query": rows} if rows is not None else {}),
                     **({"ragas": ragas} if ragas else {})})
         return
-    table = Table(title=f"{mode} retrieval, {report.queries} queries, unit = {unit}")
+    title = f"{mode} retrieval, {report.queries} queries, unit = {unit}"
+    table = Table(title=title, min_width=len(title))  # as wide as its title, which would wrap over two lines
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in report.metrics.items():

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rag_lib.cli.app import CollectionOpt, JsonOpt, app, console, fail, kb, print_json
+from rag_lib.cli.output import PathCell
 
 
 
@@ -62,7 +63,7 @@ def graph(
             return
         from rag_lib.graph.queries import context_markdown
 
-        console.print(context_markdown(result), highlight=False)
+        console.print(context_markdown(result), highlight=False, markup=False)
         return
     result = kb().neighbors(node, depth=depth, predicates=predicate, collection=collection)
     if as_json:
@@ -73,15 +74,16 @@ def graph(
         console.print(f"{start['key']} is also named: {', '.join(start['aliases'])}", highlight=False, markup=False)
     table = Table(title=f"{start['key']} ({start['kind']}): {len(result['edges'])} edges within {depth}")
     for col in ("depth", "src", "predicate", "dst", "provenance"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("depth", "predicate"))
     for e in result["edges"]:
-        table.add_row(str(e["depth"]), e["src"], e["predicate"], e["dst"], f"{e['path']}#{e['section']}")
+        table.add_row(str(e["depth"]), PathCell(e["src"]), e["predicate"], PathCell(e["dst"]),
+                      PathCell(f"{e['path']}#{e['section']}"))
     console.print(table)
     nodes = Table(title=f"{len(result['nodes'])} nodes")
     for col in ("depth", "node", "kind", "also named"):
-        nodes.add_column(col, overflow="fold")
+        nodes.add_column(col, overflow="fold", no_wrap=col in ("depth", "kind"))
     for n in result["nodes"]:
-        nodes.add_row(str(n["depth"]), n["key"], n["kind"], ", ".join(n.get("aliases") or []))
+        nodes.add_row(str(n["depth"]), PathCell(n["key"]), n["kind"], escape(", ".join(n.get("aliases") or [])))
     console.print(nodes)
 
 

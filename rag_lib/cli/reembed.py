@@ -9,10 +9,10 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rag_lib.cli.app import app, console, fail, kb, print_json
+from rag_lib.cli.app import app, console, fail, kb, print_json, progress_bar
 
 
 def _print_status(data: dict) -> None:
@@ -45,8 +45,7 @@ def _after_settings(carried: dict) -> str:
 
 
 def _progress():
-    bar = Progress(TextColumn("filling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                   transient=True)
+    bar = progress_bar(TextColumn("filling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     task = bar.add_task("fill", total=None)
     return bar, (lambda done, total: bar.update(task, completed=done, total=total))
 

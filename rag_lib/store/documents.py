@@ -23,6 +23,7 @@ from rag_lib.store.lexical import change_lexeme_frequencies, lexeme_counts
 
 log = get_logger(__name__)
 PUBLISH_ATTEMPTS = 3  # a publish that deadlocks with another ingest's is run again this many times in all
+PREVIEW_CHARS = 120  # the start of each chunk's text `show` returns as its `preview`
 PATHS_COMPARED = 20_000  # document paths a mistyped path is compared with by spelling (`paths_like`)
 
 
@@ -306,8 +307,8 @@ class DocumentStore:
                 " WHERE collection = %s AND path = %s ORDER BY ordinal", (collection, doc["path"])))
             doc["chunks"] = _dicts(conn.execute(
                 "SELECT chunk_id, section, section_path, ordinal, token_count, char_start, char_end,"
-                " left(text, 120) AS preview FROM rag_chunks WHERE collection = %s AND path = %s ORDER BY ordinal",
-                (collection, doc["path"])))
+                " left(text, %s) AS preview FROM rag_chunks WHERE collection = %s AND path = %s ORDER BY ordinal",
+                (PREVIEW_CHARS, collection, doc["path"])))
         return doc
 
     def move_document_sources(self, collection: str, moves: dict[str, str]) -> None:
