@@ -307,6 +307,9 @@ def test_graph_surfaces_cli_http_mcp_end_to_end(kb, corpus_copy, rag, tmp_path):
     assert code == 0
     ctx = json.loads(out)
     assert ctx["route"] == "graph-first" and ctx["tokens"] <= 400 and ctx["hits"]
+    # `rag context ... > prompt.md`: the markdown alone on stdout, how it was built on stderr
+    code, out, err = rag("context", "How does NVDA relate to AMD?", "--budget", "400")
+    assert code == 0 and out.strip() == ctx["markdown"].strip() and "graph-first" in err
 
     # HTTP
     app = create_app(kb.settings, kb=kb, keys=KeyRing())

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from rag_lib.cli.app import CollectionOpt, JsonOpt, app, console, fail, kb, print_json
+from rag_lib.cli.app import CollectionOpt, JsonOpt, app, console, err_console, fail, kb, print_json
 from rag_lib.cli.output import PathCell
 
 
@@ -100,7 +100,8 @@ def context_command(
     if as_json:
         print_json(result.to_dict())
         return
-    console.print(f"[dim]{result.kind} → {result.route}; {result.tokens}/{result.token_budget} tokens[/]")
+    # how it was built goes to stderr: `rag context ... > prompt.md` writes the markdown alone
+    err_console.print(f"[dim]{result.kind} → {result.route}; {result.tokens}/{result.token_budget} tokens[/]")
     if result.note:
-        console.print(f"[yellow]note: {escape(result.note)}[/]", soft_wrap=True)
+        err_console.print(f"[yellow]note: {escape(result.note)}[/]", soft_wrap=True)
     typer.echo(result.markdown)
