@@ -622,3 +622,43 @@ def test_a_loader_that_reads_more_metadata_republishes_unchanged_files(settings,
         assert report.count("changed") == 1 and report.embedded == 0  # vectors from the cache
         assert {h.path for h in kb.search("export bans", ticker="NVDA").hits} == {"semis.md"}
         assert kb.ingest([tmp_path]).count("unchanged") == 1
+
+
+def test_a_section_written_twice_is_its_own_unit_and_is_found(kb, tmp_path):
+    """A note pasted twice (same heading, same text) failed whole with a raw UniqueViolation on the
+    staged vectors; a heading used twice, a `## _intro` heading or YAML keys 1 and '1' failed on the
+    sections' key. Each section is now its own unit ('Desk note (2)', its heading kept as its title),
+    the same text embedded once; YAML list items and JSONL records with one text ingest as before."""
+    root = tmp_path / "desk"
+    (root / "notes").mkdir(parents=True)
+    pasted = "## Desk note\n\nSized down before the open.\n\n"
+    (root / "notes" / "desk.md").write_text("# Desk\n\n" + pasted * 2)
+    (root / "notes" / "rates.md").write_text("# Rates\n\n## Note\n\nBund yields fell after the auction.\n\n"
+                                             "## Note\n\nGilts followed in the afternoon.\n\n"
+                                             "## _intro\n\nWritten after the close.\n")
+    level = "Copper held its breakout level."
+    (root / "levels.yaml").write_text(f"_meta:\n  type: watchlist\n1: {level}\n'1': {level}\n"
+                                      f"levels:\n  - {level}\n  - {level}\n")
+    record = "Desk cut gross exposure into the print."
+    (root / "records.jsonl").write_text("".join(json.dumps({"_id": i, "text": record}) + "\n" for i in ("r1", "r2", "r1")))
+
+    report = kb.ingest([root])
+    assert {o.path: o.status for o in report.outcomes} == {
+        "notes/desk.md": "new", "notes/rates.md": "new", "levels.yaml": "new", "records.jsonl#r1": "new",
+        "records.jsonl#r2": "new", "records.jsonl:3": "skipped"}, [(o.path, o.detail) for o in report.outcomes]
+
+    desk = kb.show("notes/desk.md")
+    assert [(s["name"], s["title"]) for s in desk["sections"]] == [
+        ("_intro", "_intro"), ("Desk note", "Desk note"), ("Desk note (2)", "Desk note")]
+    assert [s["name"] for s in kb.show("notes/rates.md")["sections"]] == ["_intro", "Note", "Note (2)", "_intro (2)"]
+    assert [s["name"] for s in kb.show("levels.yaml")["sections"]] == ["_meta", "1", "1 (2)", "levels"]
+    hashes = [h for (h,) in rows(kb, "SELECT content_hash FROM rag_chunks WHERE path = 'notes/desk.md' ORDER BY ordinal")]
+    assert len(hashes) == 3 and hashes[1] == hashes[2]  # one text, one cache entry
+
+    hits = kb.search("sized down before the open", top_k=2).hits
+    assert {h.unit_id for h in hits} == {"notes/desk.md#Desk note", "notes/desk.md#Desk note (2)"}
+    assert kb.search("gilts in the afternoon", top_k=1).hits[0].unit_id == "notes/rates.md#Note (2)"
+    assert {h.path for h in kb.search("cut gross exposure", top_k=2).hits} == {"records.jsonl#r1", "records.jsonl#r2"}
+    assert kb.search("copper breakout level", top_k=1).hits[0].path == "levels.yaml"
+    again = kb.ingest([root])  # and it stays current
+    assert again.count("unchanged") == 5 and again.count("new") + again.count("changed") + again.count("failed") == 0
