@@ -4,6 +4,7 @@ re-runs, changed files, prune, force, collections, and atomic publishing."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -662,3 +663,31 @@ def test_a_section_written_twice_is_its_own_unit_and_is_found(kb, tmp_path):
     assert kb.search("copper breakout level", top_k=1).hits[0].path == "levels.yaml"
     again = kb.ingest([root])  # and it stays current
     assert again.count("unchanged") == 5 and again.count("new") + again.count("changed") + again.count("failed") == 0
+
+
+def test_a_database_error_staging_one_file_fails_that_file_in_one_line(rag, database_url, tmp_path, caplog):
+    """A database error while staging vectors (here a trigger refusing one file's rows) failed every
+    file staged with it and printed PostgreSQL's DETAIL and CONTEXT lines and a traceback; now the
+    other files are staged and published, and the file fails with one line that names it."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\n## Body\n\nThe desk rolled its copper hedge.\n")
+    (root / "bad.md").write_text("# Bad\n\n## Body\n\nThe desk trimmed its lithium position.\n")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("""CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                          IF NEW.path = 'bad.md' THEN RAISE EXCEPTION 'quota exceeded' USING DETAIL = 'table is full';
+                          END IF; RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER refuse_bad BEFORE INSERT ON rag_stage_vectors FOR EACH ROW EXECUTE FUNCTION refuse_bad()")
+
+    code, out, err = rag("ingest", str(root), "--json")
+    assert code == 1 and "Traceback" not in err, err
+    outcomes = {o["path"]: o for o in json.loads(out)["files"]}
+    bad = outcomes["bad.md"]
+    assert "\n" not in bad["detail"] and "table is full" not in bad["detail"]
+    assert "bad.md: staging the vectors failed (RaiseException: quota exceeded)" in bad["detail"]
+    assert (bad["status"], bad["reason"]) == ("failed", "database_error")
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert logged and not [r for r in logged if r.exc_info or "\n" in r.getMessage()]  # no traceback, no DETAIL
+    assert outcomes["good.md"]["status"] == "new"
+    code, out, _ = rag("search", "copper hedge", "--json")
+    assert code == 0 and {h["path"] for h in json.loads(out)["results"]} == {"good.md"}

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rag_lib.db import database_gone
-from rag_lib.errors import RagError
+from rag_lib.errors import RagError, first_line
 from rag_lib.log import get_logger, setup_logging
 from rag_lib.shutdown import skip_final_collections
 
@@ -66,14 +66,6 @@ def kb():
 def print_json(data: Any) -> None:
     """Exactly one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, default=str, indent=None) + "\n")
-
-
-def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of an unexpected error's message, cut to `limit` characters: database
-    drivers append the statement and its parameters on later lines, which are for the log only."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection, 'default').")

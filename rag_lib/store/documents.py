@@ -15,7 +15,7 @@ import psycopg.errors
 from psycopg.types.json import Jsonb
 
 from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
-                            did_you_mean, first_of)
+                            did_you_mean, first_line, first_of)
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
@@ -76,11 +76,9 @@ class DocumentStore:
                 log.info("publishing %s met another ingest (%s); trying again", doc.path, type(exc).__name__)
                 time.sleep(random.uniform(0.05, 0.3) * attempt)
             except psycopg.Error as exc:
-                first = (str(exc).strip().splitlines() or [""])[0]  # the DETAIL / CONTEXT lines go to the log
-                log.debug("publishing %s failed", doc.path, exc_info=True)
-                raise DatabaseError(
-                    f"{doc.path}: publishing failed ({exc.__class__.__name__}: {first}); the previous version stays live"
-                ) from exc
+                log.debug("publishing %s failed", doc.path, exc_info=True)  # the DETAIL / CONTEXT lines
+                raise DatabaseError(f"{doc.path}: publishing failed ({exc.__class__.__name__}: {first_line(exc, 2000)}); "
+                                    "the previous version stays live") from exc
 
     def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint, graph=None) -> None:
         with self.db.connection() as conn, conn.transaction():
