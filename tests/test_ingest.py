@@ -331,6 +331,24 @@ def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(k
 
 
 
+def test_a_jsonl_file_named_in_capitals_keeps_its_records_sources(kb, tmp_path):
+    """The documents' sources were read for a JSONL file's records only when its name ended in
+    lower-case `.jsonl`: a moved `.JSONL` file kept its old source, and another root's `.JSONL` file
+    with the same path replaced its records without a word."""
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.JSONL").write_text(json.dumps({"_id": "n1", "text": f"The desk watches {metal} supply."}) + "\n")
+    kb.ingest([first], collection="desk")
+    moved = first.rename(tmp_path / "desk_a2")
+    assert kb.ingest([moved], collection="desk").outcomes[0].status == "unchanged"
+    assert kb.show("notes.JSONL#n1", "desk")["source_path"] == str(moved / "notes.JSONL")
+    (outcome,) = kb.ingest([second], collection="desk").outcomes
+    assert (outcome.status, outcome.reason) == ("failed", "document_conflict")
+    assert str(moved / "notes.JSONL") in outcome.detail
+    assert "lithium" in kb.search("metals supply", collection="desk").hits[0].text  # the first stays
+
+
 def test_a_source_that_cannot_be_checked_is_not_taken_over(kb, tmp_path):
     """A document's source under a folder that cannot be looked into (here a link loop: stat fails
     with ELOOP, as an unreadable folder fails with EACCES) is not gone: another root's file with the

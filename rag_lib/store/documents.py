@@ -14,6 +14,7 @@ import psycopg
 import psycopg.errors
 from psycopg.types.json import Jsonb
 
+from rag_lib.corpus_files import is_jsonl_name
 from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
                             did_you_mean, first_line, first_of)
 from rag_lib.log import get_logger
@@ -317,7 +318,7 @@ class DocumentStore:
 
     def document_sources_of(self, collection: str, files: Sequence[str]) -> dict[str, str | None]:
         """path → the file it was read from, of the documents at these paths (a JSONL file's: its records)."""
-        records = [like_escape(f) + "#%" for f in files if f.endswith(".jsonl")]
+        records = [like_escape(f) + "#%" for f in files if is_jsonl_name(f)]
         with self.db.connection() as conn:
             return dict(conn.execute(
                 "SELECT path, source_path FROM rag_documents WHERE collection = %s AND (path = ANY(%s) OR path LIKE ANY(%s))",
