@@ -38,6 +38,12 @@ BLOCK = 1 << 20  # read and hash in 1 MiB blocks
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
+def is_jsonl_name(name: str | os.PathLike[str]) -> bool:
+    """Whether a file name is a JSONL corpus's: `.jsonl` in any case, as the loader reads it (its
+    records are documents at `<file>#<_id>`)."""
+    return Path(name).suffix.lower() == ".jsonl"
+
+
 class FileRefused(DocumentError):
     """A corpus file that is not read: `reason` is the skip reason recorded for it."""
 
@@ -331,7 +337,7 @@ class ReadLimits:
 
     def for_path(self, path: Path | str) -> tuple[int, str]:
         """(byte limit, the setting that holds it) for a file."""
-        if str(path).lower().endswith(".jsonl"):
+        if is_jsonl_name(path):
             return self.max_jsonl_bytes, "limits.max_jsonl_bytes"
         return self.max_file_bytes, "max_file_bytes"
 

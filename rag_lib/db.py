@@ -162,6 +162,14 @@ def database_url(settings: Settings, dbname: str | None = None, start: bool = Tr
     return base
 
 
+def database_error(exc: BaseException) -> bool:
+    """Whether an error is the database's (a statement refused, the connection lost): its first line
+    says what; its DETAIL and CONTEXT lines and its traceback are for the debug log."""
+    import psycopg
+
+    return isinstance(exc, psycopg.Error)
+
+
 def database_gone(exc: BaseException) -> bool:
     """Whether an error (or what caused it) is the database being unreachable, not this file's fault."""
     import psycopg

@@ -17,6 +17,7 @@ import yaml
 
 from rag_lib.config import ParseLimits
 from rag_lib.corpus_files import IGNORED_DIRS, FileRefused, ReadLimits, check_rel_path, refused_digest, walk  # noqa: F401
+from rag_lib.corpus_files import is_jsonl_name
 from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
@@ -617,7 +618,7 @@ def record_of(path: str) -> tuple[str, str] | None:
     if file != path:
         return file, path[len(file) + 1:]
     head, sep, line = path.rpartition(":")
-    if sep and line.isdigit() and Path(head).suffix.lower() in JSONL_SUFFIXES:
+    if sep and line.isdigit() and is_jsonl_name(head):
         return head, f"line {line}"
     return None
 

@@ -27,6 +27,14 @@ def first_of(items: Sequence[str], shown: int) -> str:
     return ", ".join(items[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an unexpected error's message, cut to `limit` characters: database
+    drivers append the statement and its parameters on later lines, which are for the log only."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def unstorable_char(text: str) -> str | None:
     """"nul" or "surrogate" when PostgreSQL or the tokenizer cannot take `text`, else None."""
     if "\x00" in text:

@@ -3,6 +3,7 @@ markdown H2 (`_intro` for text before the first H2; `##` inside code fences is n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from dataclasses import dataclass, field
@@ -269,10 +270,30 @@ def flatten_markdown(text: str) -> list[Section]:
 
 
 def flatten(doc: Document, mapping: SectionMapping, raw_text: str | None = None) -> list[Section]:
-    """Sections of a document, in source order. Empty sections are kept (and never chunked)."""
+    """Sections of a document, in source order, each under its own name (see `named_apart`).
+    Empty sections are kept (and never chunked)."""
     if doc.format == "yaml":
-        return flatten_yaml(doc, mapping, raw_text)
+        return named_apart(flatten_yaml(doc, mapping, raw_text))
     if doc.format == "markdown":
-        return flatten_markdown(doc.body)
+        return named_apart(flatten_markdown(doc.body))
     text = f"{doc.title}\n\n{doc.body}" if doc.title else doc.body
     return [Section(name="text", title=doc.title or "text", ordinal=0, text=text)]
+
+
+def named_apart(sections: list[Section]) -> list[Section]:
+    """The sections with a name each their own: a name met again (a markdown heading written twice,
+    a note pasted twice, a `## _intro` heading, YAML keys 1 and '1') becomes 'name (2)', 'name (3)'…,
+    skipping names the document writes itself. A section's name is its unit id and its key in the
+    store, where a repeated one failed the whole document; its title (what the model and the reader
+    see) stays as written."""
+    written = {s.name for s in sections}
+    used: set[str] = set()
+    out = []
+    for section in sections:
+        name, n = section.name, 1
+        while name in used or (n > 1 and name in written):  # a later section keeps the name it was written with
+            n += 1
+            name = f"{section.name} ({n})"
+        used.add(name)
+        out.append(section if name == section.name else dataclasses.replace(section, name=name))
+    return out

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
 # 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood
-FLATTEN_VERSION = "1"
+FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its own ("Desk note (2)"); a file
+# that failed on it under 1 kept its stored sections, current, and failed again on every run
 PUBLISH_VERSION = "1"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
 CONTENT_STAGES = ("flattened_sections", "chunks", "embeddings")

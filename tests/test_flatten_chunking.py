@@ -86,6 +86,20 @@ def test_markdown_splits_on_h2_outside_code_fences():
     assert text[sections[1].char_start:].startswith("## First")
 
 
+def test_a_heading_written_again_names_a_section_of_its_own(mapping, tokenizer):
+    """A section's name is its unit id and its key in the store: a heading met again is 'A (2)' (one
+    the document writes itself, 'A (2)' here, keeps its name), its title stays as written, and
+    every chunk id of the document is its own, also for a note pasted twice."""
+    text = "# Desk\n\n## A\n\nSized down.\n\n## A\n\nSized down.\n\n## A (2)\n\nAdded back.\n\n## A\n\nFlat.\n"
+    doc = Document("c", "desk.md", "desk.md", "note", "markdown", "h", text)
+    sections = flatten(doc, mapping)
+    assert [(s.name, s.title) for s in sections] == [
+        ("_intro", "_intro"), ("A", "A"), ("A (3)", "A"), ("A (2)", "A (2)"), ("A (4)", "A")]
+    chunks = Chunker(tokenizer, ChunkSettings()).chunk(doc, sections)
+    assert len({c.chunk_id for c in chunks}) == len(chunks) == 5
+    assert chunks[1].embed_text == chunks[2].embed_text  # the same text, embedded (and cached) once
+
+
 def test_no_chunk_exceeds_the_model_limit_across_the_shared_corpus(mapping, tokenizer):
     chunker = Chunker(tokenizer, ChunkSettings())
     total = 0

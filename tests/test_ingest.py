@@ -4,6 +4,7 @@ re-runs, changed files, prune, force, collections, and atomic publishing."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -330,6 +331,24 @@ def test_two_roots_with_one_path_in_one_collection_do_not_overwrite_each_other(k
 
 
 
+def test_a_jsonl_file_named_in_capitals_keeps_its_records_sources(kb, tmp_path):
+    """The documents' sources were read for a JSONL file's records only when its name ended in
+    lower-case `.jsonl`: a moved `.JSONL` file kept its old source, and another root's `.JSONL` file
+    with the same path replaced its records without a word."""
+    first, second = tmp_path / "desk_a", tmp_path / "desk_b"
+    for folder, metal in ((first, "lithium"), (second, "copper")):
+        folder.mkdir()
+        (folder / "notes.JSONL").write_text(json.dumps({"_id": "n1", "text": f"The desk watches {metal} supply."}) + "\n")
+    kb.ingest([first], collection="desk")
+    moved = first.rename(tmp_path / "desk_a2")
+    assert kb.ingest([moved], collection="desk").outcomes[0].status == "unchanged"
+    assert kb.show("notes.JSONL#n1", "desk")["source_path"] == str(moved / "notes.JSONL")
+    (outcome,) = kb.ingest([second], collection="desk").outcomes
+    assert (outcome.status, outcome.reason) == ("failed", "document_conflict")
+    assert str(moved / "notes.JSONL") in outcome.detail
+    assert "lithium" in kb.search("metals supply", collection="desk").hits[0].text  # the first stays
+
+
 def test_a_source_that_cannot_be_checked_is_not_taken_over(kb, tmp_path):
     """A document's source under a folder that cannot be looked into (here a link loop: stat fails
     with ELOOP, as an unreadable folder fails with EACCES) is not gone: another root's file with the
@@ -622,3 +641,71 @@ def test_a_loader_that_reads_more_metadata_republishes_unchanged_files(settings,
         assert report.count("changed") == 1 and report.embedded == 0  # vectors from the cache
         assert {h.path for h in kb.search("export bans", ticker="NVDA").hits} == {"semis.md"}
         assert kb.ingest([tmp_path]).count("unchanged") == 1
+
+
+def test_a_section_written_twice_is_its_own_unit_and_is_found(kb, tmp_path):
+    """A note pasted twice (same heading, same text) failed whole with a raw UniqueViolation on the
+    staged vectors; a heading used twice, a `## _intro` heading or YAML keys 1 and '1' failed on the
+    sections' key. Each section is now its own unit ('Desk note (2)', its heading kept as its title),
+    the same text embedded once; YAML list items and JSONL records with one text ingest as before."""
+    root = tmp_path / "desk"
+    (root / "notes").mkdir(parents=True)
+    pasted = "## Desk note\n\nSized down before the open.\n\n"
+    (root / "notes" / "desk.md").write_text("# Desk\n\n" + pasted * 2)
+    (root / "notes" / "rates.md").write_text("# Rates\n\n## Note\n\nBund yields fell after the auction.\n\n"
+                                             "## Note\n\nGilts followed in the afternoon.\n\n"
+                                             "## _intro\n\nWritten after the close.\n")
+    level = "Copper held its breakout level."
+    (root / "levels.yaml").write_text(f"_meta:\n  type: watchlist\n1: {level}\n'1': {level}\n"
+                                      f"levels:\n  - {level}\n  - {level}\n")
+    record = "Desk cut gross exposure into the print."
+    (root / "records.jsonl").write_text("".join(json.dumps({"_id": i, "text": record}) + "\n" for i in ("r1", "r2", "r1")))
+
+    report = kb.ingest([root])
+    assert {o.path: o.status for o in report.outcomes} == {
+        "notes/desk.md": "new", "notes/rates.md": "new", "levels.yaml": "new", "records.jsonl#r1": "new",
+        "records.jsonl#r2": "new", "records.jsonl:3": "skipped"}, [(o.path, o.detail) for o in report.outcomes]
+
+    desk = kb.show("notes/desk.md")
+    assert [(s["name"], s["title"]) for s in desk["sections"]] == [
+        ("_intro", "_intro"), ("Desk note", "Desk note"), ("Desk note (2)", "Desk note")]
+    assert [s["name"] for s in kb.show("notes/rates.md")["sections"]] == ["_intro", "Note", "Note (2)", "_intro (2)"]
+    assert [s["name"] for s in kb.show("levels.yaml")["sections"]] == ["_meta", "1", "1 (2)", "levels"]
+    hashes = [h for (h,) in rows(kb, "SELECT content_hash FROM rag_chunks WHERE path = 'notes/desk.md' ORDER BY ordinal")]
+    assert len(hashes) == 3 and hashes[1] == hashes[2]  # one text, one cache entry
+
+    hits = kb.search("sized down before the open", top_k=2).hits
+    assert {h.unit_id for h in hits} == {"notes/desk.md#Desk note", "notes/desk.md#Desk note (2)"}
+    assert kb.search("gilts in the afternoon", top_k=1).hits[0].unit_id == "notes/rates.md#Note (2)"
+    assert {h.path for h in kb.search("cut gross exposure", top_k=2).hits} == {"records.jsonl#r1", "records.jsonl#r2"}
+    assert kb.search("copper breakout level", top_k=1).hits[0].path == "levels.yaml"
+    again = kb.ingest([root])  # and it stays current
+    assert again.count("unchanged") == 5 and again.count("new") + again.count("changed") + again.count("failed") == 0
+
+
+def test_a_database_error_staging_one_file_fails_that_file_in_one_line(rag, database_url, tmp_path, caplog):
+    """A database error while staging vectors (here a trigger refusing one file's rows) failed every
+    file staged with it and printed PostgreSQL's DETAIL and CONTEXT lines and a traceback; now the
+    other files are staged and published, and the file fails with one line that names it."""
+    root = tmp_path / "desk"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\n## Body\n\nThe desk rolled its copper hedge.\n")
+    (root / "bad.md").write_text("# Bad\n\n## Body\n\nThe desk trimmed its lithium position.\n")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("""CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+                          IF NEW.path = 'bad.md' THEN RAISE EXCEPTION 'quota exceeded' USING DETAIL = 'table is full';
+                          END IF; RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER refuse_bad BEFORE INSERT ON rag_stage_vectors FOR EACH ROW EXECUTE FUNCTION refuse_bad()")
+
+    code, out, err = rag("ingest", str(root), "--json")
+    assert code == 1 and "Traceback" not in err, err
+    outcomes = {o["path"]: o for o in json.loads(out)["files"]}
+    bad = outcomes["bad.md"]
+    assert "\n" not in bad["detail"] and "table is full" not in bad["detail"]
+    assert "bad.md: staging the vectors failed (RaiseException: quota exceeded)" in bad["detail"]
+    assert (bad["status"], bad["reason"]) == ("failed", "database_error")
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert logged and not [r for r in logged if r.exc_info or "\n" in r.getMessage()]  # no traceback, no DETAIL
+    assert outcomes["good.md"]["status"] == "new"
+    code, out, _ = rag("search", "copper hedge", "--json")
+    assert code == 0 and {h["path"] for h in json.loads(out)["results"]} == {"good.md"}

@@ -15,7 +15,7 @@ from rich.progress import Progress, ProgressColumn
 
 from rag_lib.cli.output import CliConsole
 from rag_lib.db import database_gone
-from rag_lib.errors import RagError
+from rag_lib.errors import RagError, first_line
 from rag_lib.log import get_logger, setup_logging
 from rag_lib.shutdown import skip_final_collections
 
@@ -73,14 +73,6 @@ def progress_bar(*columns: str | ProgressColumn, hidden: bool = False) -> Progre
     """A transient progress bar on stdout, shown only in a terminal: into a pipe or a file it shows
     nothing, and rich would still print a blank line before the output."""
     return Progress(*columns, console=console, transient=True, disable=hidden or not console.is_terminal)
-
-
-def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of an unexpected error's message, cut to `limit` characters: database
-    drivers append the statement and its parameters on later lines, which are for the log only."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 CollectionOpt = typer.Option(None, "--collection", "-c", help="Collection (default: settings.collection, 'default').")

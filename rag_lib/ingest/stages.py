@@ -22,7 +22,7 @@ from rag_lib.corpus_files import ReadLimits
 from rag_lib.db import database_gone
 from rag_lib.documents import load_source
 from rag_lib.embedding import EmbeddingProvider
-from rag_lib.errors import DimensionMismatchError, EmbeddingError, StoppedError, TooManyChunksError
+from rag_lib.errors import DimensionMismatchError, EmbeddingError, StoppedError, TooManyChunksError, first_line
 from rag_lib.flatten import flatten, load_mapping
 from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
@@ -84,8 +84,9 @@ def file_hash(path: Path, root: Path, settings: Settings) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """One line naming the exception type and message (RecursionError etc. have no RagError code)."""
-    return f"{type(exc).__name__}: {exc}"[:2000]
+    """One line naming the exception type and message (RecursionError etc. have no RagError code):
+    the message's first line, as a database error's DETAIL and CONTEXT lines are for the log."""
+    return f"{type(exc).__name__}: {first_line(exc, 2000)}"[:2000]
 
 
 def check_vectors(vectors: np.ndarray, dimensions: int) -> list[str]:

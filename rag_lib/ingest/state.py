@@ -26,7 +26,7 @@ import numpy as np
 from rag_lib.config import Settings
 from rag_lib.corpus_files import file_gone
 from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, StoppedError, TooManyChunksError
-from rag_lib.db import database_gone
+from rag_lib.db import database_error, database_gone
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
 from rag_lib.log import get_logger
 from rag_lib.documents import file_of
@@ -260,9 +260,12 @@ class StageRunner:
         if self.outage_raises and database_gone(exc):
             # not this file's failure: every later file would wait out the pool's timeout in turn
             raise outage_error(exc) from exc
-        # a traceback only for the unexpected: our own errors and the file system's say all in one line
-        log.error("%s failed for %s: %s", stage, t.key, error_text(exc),
-                  exc_info=None if isinstance(exc, (RagError, OSError)) else exc)
+        # a traceback only for the unexpected: our own errors, the file system's and the database's say
+        # all in one line (the database's DETAIL and CONTEXT lines, and where: in the debug log)
+        one_line = isinstance(exc, (RagError, OSError)) or database_error(exc)
+        log.error("%s failed for %s: %s", stage, t.key, error_text(exc), exc_info=None if one_line else exc)
+        if one_line:
+            log.debug("%s failed for %s", stage, t.key, exc_info=exc)
         message = error_text(exc)
         saves.append((t.collection, t.rel, stage, self._payload(stage, "failed", None, error=message), None))
         reason = exc.code if isinstance(exc, RagError) else f"{stage}_failed"
@@ -553,17 +556,30 @@ class StageRunner:
                           self._payload(EMBEDDINGS, "ok", digest, m, space=self.engine.provider.space,
                                         vectors=len(cs)), digest))
             done[key] = StageOutcome(t.key, "ok", m)
-        try:
-            self.store.save_staged_vectors(staged, cfg.model, cfg.dimensions)
-            for c, p, ids, vectors in staged:
+        unstaged = self._stage_vectors(staged, cfg.model, cfg.dimensions)
+        for c, p, ids, vectors in staged:
+            if (c, p) not in unstaged:
                 self._vectors[(c, p)] = {cid: v for (cid, _), v in zip(ids, vectors)}
-        except Exception as exc:  # noqa: BLE001 - staging is one transaction: all of its files failed
-            saves = [s for s in saves if s[3]["status"] == "failed"]
-            for key, (t, _, _) in pending.items():
-                if key not in result.errors:
-                    done[key] = self._failed(t, EMBEDDINGS, exc, saves)
+        saves = [s for s in saves if (s[0], s[1]) not in unstaged]
+        for key, (t, _, _) in pending.items():
+            if _ident(t) in unstaged:
+                done[key] = self._failed(t, EMBEDDINGS, unstaged[_ident(t)], saves)
         self._save(saves)
         return [done.get(o.key, o) for o in outcomes]
+
+    def _stage_vectors(self, staged: list, model: str, dimensions: int) -> dict[tuple[str, str], Exception]:
+        """Stage the files' vectors in one transaction, or when that fails, file by file (so one
+        file's error fails that file only); (collection, path) → the error of each file not staged.
+        The database gone is every file's error at once: retrying each would wait it out in turn."""
+        try:
+            self.store.save_staged_vectors(staged, model, dimensions)
+            return {}
+        except Exception as exc:  # noqa: BLE001 - each file's error is its outcome
+            if len(staged) == 1 or database_gone(exc):
+                return {(c, p): exc for c, p, _, _ in staged}
+            log.warning("staging the vectors of %d files failed (%s); staging them file by file", len(staged),
+                        error_text(exc))
+            return {ident: e for one in staged for ident, e in self._stage_vectors([one], model, dimensions).items()}
 
     def vector_table(self, targets: list[FileTarget]) -> list[StageOutcome]:
         """Publish each file's documents (one transaction each) from the stored sections, chunks and

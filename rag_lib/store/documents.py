@@ -14,8 +14,9 @@ import psycopg
 import psycopg.errors
 from psycopg.types.json import Jsonb
 
+from rag_lib.corpus_files import is_jsonl_name
 from rag_lib.errors import (AmbiguousReferenceError, DatabaseError, DimensionMismatchError, NotFoundError,
-                            did_you_mean, first_of)
+                            did_you_mean, first_line, first_of)
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, DocumentGraph, Section, Skipped
 from rag_lib.store.connection import copy_rows, like_escape
@@ -77,11 +78,9 @@ class DocumentStore:
                 log.info("publishing %s met another ingest (%s); trying again", doc.path, type(exc).__name__)
                 time.sleep(random.uniform(0.05, 0.3) * attempt)
             except psycopg.Error as exc:
-                first = (str(exc).strip().splitlines() or [""])[0]  # the DETAIL / CONTEXT lines go to the log
-                log.debug("publishing %s failed", doc.path, exc_info=True)
-                raise DatabaseError(
-                    f"{doc.path}: publishing failed ({exc.__class__.__name__}: {first}); the previous version stays live"
-                ) from exc
+                log.debug("publishing %s failed", doc.path, exc_info=True)  # the DETAIL / CONTEXT lines
+                raise DatabaseError(f"{doc.path}: publishing failed ({exc.__class__.__name__}: {first_line(exc, 2000)}); "
+                                    "the previous version stays live") from exc
 
     def _publish(self, doc, sections, chunks, vectors, space, dimensions, fingerprint, graph=None) -> None:
         with self.db.connection() as conn, conn.transaction():
@@ -320,7 +319,7 @@ class DocumentStore:
 
     def document_sources_of(self, collection: str, files: Sequence[str]) -> dict[str, str | None]:
         """path → the file it was read from, of the documents at these paths (a JSONL file's: its records)."""
-        records = [like_escape(f) + "#%" for f in files if f.endswith(".jsonl")]
+        records = [like_escape(f) + "#%" for f in files if is_jsonl_name(f)]
         with self.db.connection() as conn:
             return dict(conn.execute(
                 "SELECT path, source_path FROM rag_documents WHERE collection = %s AND (path = ANY(%s) OR path LIKE ANY(%s))",

@@ -8,12 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from rag_lib.errors import DatabaseError, first_line, first_of
+from rag_lib.log import get_logger
 from rag_lib.store.connection import as_array, copy_rows, like_escape
 from rag_lib.store.documents import _dicts
 from rag_lib.store.vectors import index_name
+
+log = get_logger(__name__)
 
 # What searches read: their statistics decide the plans (refresh_statistics, maintain_indexes).
 SERVING_TABLES = ("rag_documents", "rag_sections", "rag_chunks", "rag_chunk_vectors", "rag_graph_nodes",
@@ -68,10 +73,21 @@ class StageStore:
         self, files: Sequence[tuple[str, str, Sequence[tuple[str, str]], np.ndarray]], model: str, dimensions: int,
     ) -> None:
         """Replace the staged vectors of many files in one transaction: (collection, path,
-        [(chunk_id, content_hash)], vectors in that order) each."""
+        [(chunk_id, content_hash)], vectors in that order) each. A database error is a
+        `DatabaseError` naming the files, in one line (its detail goes to the debug log)."""
         if not files:
             return
         files = sorted(files, key=lambda f: (f[0], f[1]))
+        try:
+            self._stage_vectors(files, model, dimensions)
+        except psycopg.Error as exc:
+            log.debug("staging the vectors of %d files failed", len(files), exc_info=True)
+            raise DatabaseError(f"{_files_named([f[1] for f in files])}: staging the vectors failed "
+                                f"({type(exc).__name__}: {first_line(exc, 2000)}); nothing was staged and the "
+                                "previous version stays live") from exc
+
+    def _stage_vectors(self, files: Sequence[tuple[str, str, Sequence[tuple[str, str]], np.ndarray]], model: str,
+                       dimensions: int) -> None:
         with self.db.connection() as conn, conn.transaction(), conn.cursor() as cur:
             # Two runs staging the same file would both delete nothing the other has not committed
             # and then collide on the primary key: one stager per file at a time (locks taken in
@@ -195,3 +211,8 @@ class StageStore:
 def _clear_skips(conn, collection: str, path: str) -> None:
     conn.execute("DELETE FROM rag_skipped WHERE collection = %s AND (path = %s OR path LIKE %s)",
                  (collection, path, like_escape(path) + ":%"))
+
+
+def _files_named(paths: Sequence[str]) -> str:
+    """A file's path, or "3 files (a.md, b.md, c.md)" for several."""
+    return paths[0] if len(paths) == 1 else f"{len(paths)} files ({first_of(list(paths), 3)})"
