@@ -226,23 +226,3 @@ def test_linking_does_nothing_on_a_corpus_without_tickers(kb, tmp_path):
     assert report.count("failed") == 0 and report.profiles["profiles"] == 0 and kb.ticker_profiles() == []
     result = kb.search("how are backups of the database made", mode="hybrid")
     assert result.hits and result.plan["linked"] == {} and result.plan["tickers"] == []
-
-
-def test_a_company_described_only_inside_an_analysis_section_gets_that_description_in_its_profile(kb, tmp_path):
-    # The stock-analysis template keeps what the company does under `phase4_fundamentals: business_overview:`,
-    # not in a top-level company section; a ticker with analyses and no profile document is described there.
-    root = tmp_path / "corpus"
-    _linking_corpus(root)
-    amd = _analysis("AMD", "SA-AMD-1")
-    amd["phase4_fundamentals"] = {
-        "business_overview": {"description": "Designs CPUs, GPUs and data center accelerators",
-                              "key_segments": [{"name": "Gaming", "growth_driver": "Console cycle"}]},
-        # a nested description of something else is not the company's
-        "catalyst": {"description": "Breakout from a three-month range"}}
-    _write(root, "analysis/AMD_20250105T0900.yaml", amd)
-    assert kb.ingest([root]).count("failed") == 0
-
-    text = {p["ticker"]: p["text"] for p in kb.ticker_profiles()}["AMD"]
-    assert "Designs CPUs, GPUs and data center accelerators" in text and "Console cycle" in text
-    assert "three-month range" not in text
-    assert list(kb.search("the graphics chip designer", mode="hybrid").plan["linked"]) == ["AMD"]

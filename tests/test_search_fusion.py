@@ -205,7 +205,8 @@ def test_with_a_semantic_floor_a_weak_semantic_match_elsewhere_ranks_below_the_f
     assert SearchSettings().convex_semantic_floor == 0.0  # off by default (README, Retrieval)
     units = _units(kb, query, top_k=5)
     assert units[0] == "notes/database-vendor.md#Price action"
-    assert units.index(chip) < units.index("notes/database-vendor.md#Cloud backlog"), units
+    # (since stub sections weigh half, the chipmaker's two-word `_intro` no longer lends its document
+    # evidence, and the default already ranks the chip section last here)
     kb.settings.search.convex_semantic_floor = 0.5
     units = _units(kb, query, top_k=5)
     assert units[0] == "notes/database-vendor.md#Price action"

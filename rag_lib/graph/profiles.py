@@ -26,14 +26,6 @@ from rag_lib.flatten import load_mapping
 # Sections whose text describes the company itself (the ticker-profile and analysis schemas' names).
 COMPANY_SECTIONS = ("company", "company_profile", "business", "business_overview", "overview", "description",
                     "revenue_breakdown", "segments", "products")
-# The same blocks nested inside a section (the stock-analysis template keeps the company's description and
-# segments under `phase4_fundamentals: business_overview:`); a bare nested `description` or `overview`
-# is a catalyst's or a scenario's as often as the company's, and a nested `company` (or a list item's,
-# `- company: Microsoft`) names another company as often as this one, so only these count there.
-NESTED_COMPANY_KEYS = frozenset(k.replace("_", " ") for k in (
-    "company_profile", "business", "business_overview", "revenue_breakdown", "segments",
-    "key_segments", "products"))
-_KEY_LINE = re.compile(r"^(\s*)([a-z][a-z0-9 ]*):\s*(.*)$")
 HUB_SAMPLE = 400  # chunks sampled to measure each profile's hubness
 HUB_NEIGHBOURS = 10
 KEY_TERMS = 30  # distinctive words per profile; MiniLM reads 256 tokens, the profile stays well under
@@ -84,39 +76,12 @@ def key_terms(texts: dict[str, list[str]], n: int = KEY_TERMS) -> dict[str, list
     return out
 
 
-def company_blocks(text: str) -> list[str]:
-    """The blocks of a section's flattened text nested under a company key (`business overview:` and
-    the lines indented below it, or its one-line value), each as one line of text."""
-    lines = text.splitlines()
-    blocks = []
-    i = 0
-    while i < len(lines):
-        m = _KEY_LINE.match(lines[i])
-        i += 1
-        if not m or m.group(2) not in NESTED_COMPANY_KEYS:
-            continue
-        indent, body = len(m.group(1)), [m.group(3)] if m.group(3) else []
-        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
-            body.append(lines[i].strip())
-            i += 1
-        if joined := " ".join(b for b in body if b):
-            blocks.append(f"{m.group(2)}: {joined}")
-    return blocks
-
-
-def company_texts(facts: dict[str, Any], limit: int = 3) -> list[str]:
-    """A ticker's company descriptions: its company sections, then company blocks nested in its other
-    sections (newest documents first), at most `limit`."""
-    nested = (b for text in facts.get("texts") or [] for b in company_blocks(text))
-    return list(dict.fromkeys([*(facts.get("company") or []), *nested]))[:limit]
-
-
 def profile_text(ticker: str, facts: dict[str, Any], terms: list[str]) -> str:
     """One short paragraph: names, graph facts, the company sections, distinctive words."""
     parts = [f"{ticker}: " + ", ".join(dict.fromkeys(facts.get("names") or [])) if facts.get("names") else ticker]
     for kind, labels in sorted((facts.get("neighbours") or {}).items()):
         parts.append(f"{kind}: " + ", ".join(label.replace("-", " ") for label in labels[:8]))
-    for text in company_texts(facts):
+    for text in facts.get("company") or []:
         parts.append(re.sub(r"\s+", " ", text)[:MAX_SECTION_CHARS])
     if terms:
         parts.append("about: " + ", ".join(terms))
