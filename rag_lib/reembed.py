@@ -5,7 +5,9 @@ space in one transaction. Rollback switches back to the previous space; drop-old
 
 Documents published while a re-embed runs get vectors only in the active space; the fill loop
 catches them up, and the switch itself re-checks coverage under a lock that holds publishing for
-its few milliseconds, so the new space is complete at the instant it becomes active. After a switch
+its few milliseconds, so the new space is complete at the instant it becomes active; a publish reads
+the active space in its own transaction under the lock the switch waits for, so it either commits
+before the switch (whose check then counts it) or is refused after it. After a switch
 (and a rollback) the documents are carried over to the new space (`carry_over`): settings naming it
 find them current, so nothing is republished and the old space keeps its vectors for a rollback."""
 
