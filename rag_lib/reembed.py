@@ -328,9 +328,10 @@ def carry_over(settings: Settings, store: Store, old: str | None, new: str) -> d
 
 
 def _labels(settings: Settings, space: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """(fingerprint, stage versions) of `settings` with `space`'s embedding model and dimensions."""
+    """(fingerprint, stage versions) of `settings` with `space`'s embedding model, dimensions and
+    chunker (its provider's, which the settings naming it configure)."""
     versions = stage_versions(settings.with_embedding(model=space["model"], dimensions=space["dimensions"]),
-                              CHUNKER_VERSION)
+                              CHUNKER_VERSION, space["chunker"])
     return fingerprint(versions), versions
 
 

@@ -450,7 +450,7 @@ class Engine:
         self.settings = settings
         self.store = store
         self.provider = provider
-        self.versions = stage_versions(settings, CHUNKER_VERSION)
+        self.versions = stage_versions(settings, CHUNKER_VERSION, provider.chunker())
         self.fingerprint = fingerprint(self.versions)
         self.preparer = Preparer(settings, provider.tokenizer())
         self.embedder = Embedder(settings, store, provider)
