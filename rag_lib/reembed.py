@@ -5,7 +5,9 @@ space in one transaction. Rollback switches back to the previous space; drop-old
 
 Documents published while a re-embed runs get vectors only in the active space; the fill loop
 catches them up, and the switch itself re-checks coverage under a lock that holds publishing for
-its few milliseconds, so the new space is complete at the instant it becomes active. After a switch
+its few milliseconds, so the new space is complete at the instant it becomes active; a publish reads
+the active space in its own transaction under the lock the switch waits for, so it either commits
+before the switch (whose check then counts it) or is refused after it. After a switch
 (and a rollback) the documents are carried over to the new space (`carry_over`): settings naming it
 find them current, so nothing is republished and the old space keeps its vectors for a rollback."""
 
@@ -326,9 +328,10 @@ def carry_over(settings: Settings, store: Store, old: str | None, new: str) -> d
 
 
 def _labels(settings: Settings, space: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """(fingerprint, stage versions) of `settings` with `space`'s embedding model and dimensions."""
+    """(fingerprint, stage versions) of `settings` with `space`'s embedding model, dimensions and
+    chunker (its provider's, which the settings naming it configure)."""
     versions = stage_versions(settings.with_embedding(model=space["model"], dimensions=space["dimensions"]),
-                              CHUNKER_VERSION)
+                              CHUNKER_VERSION, space["chunker"])
     return fingerprint(versions), versions
 
 

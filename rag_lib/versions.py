@@ -18,6 +18,11 @@ FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its o
 PUBLISH_VERSION = "1"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
 CONTENT_STAGES = ("flattened_sections", "chunks", "embeddings")
+# The chunker key (rag_lib.tokens.chunker_key) of the local all-MiniLM-L6-v2's tokenizer, and of a
+# remote provider's under the default tokenizer_path and max_input_tokens: the chunks of every default
+# setup were cut with it before the chunker was part of the chunks stage's version. It is left out of
+# that version, so those chunks stay current instead of every document being chunked again.
+UNVERSIONED_CHUNKER = "be50c3628f2bf5bb:254"
 
 
 def _digest(value: Any) -> str:
@@ -28,9 +33,13 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.is_file() else "none"
 
 
-def stage_versions(settings: Settings, chunker_version: str | None = None) -> dict[str, str]:
-    """Stage name → version string; a change marks that stage (and what follows) out of date."""
+def stage_versions(settings: Settings, chunker_version: str | None = None,
+                   chunker: str | None = None) -> dict[str, str]:
+    """Stage name → version string; a change marks that stage (and what follows) out of date.
+    `chunker`: the chunker key of the provider cutting the chunks (`EmbeddingProvider.chunker`:
+    its tokenizer and input limit), by default the configured provider's."""
     from rag_lib.chunking import CHUNKER_VERSION
+    from rag_lib.embedding import configured_chunker
 
     emb = settings.embedding
     limits = getattr(settings, "limits", None)  # parse limits, when the settings have them
@@ -39,6 +48,9 @@ def stage_versions(settings: Settings, chunker_version: str | None = None) -> di
     # chunking.min_tokens was a setting that nothing read (removed); its default stays in the digest so
     # that chunks made before its removal stay current instead of every file being chunked again
     chunking = {**settings.chunking.model_dump(), "min_tokens": 8}
+    chunker = chunker or configured_chunker(settings)
+    if chunker != UNVERSIONED_CHUNKER:  # another tokenizer or input limit cuts other chunks
+        chunking["chunker"] = chunker
     return {
         "raw_documents": f"load-{LOADER_VERSION}-{_digest(loader)}",
         "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",

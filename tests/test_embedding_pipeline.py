@@ -137,6 +137,42 @@ def test_a_new_embed_version_misses_the_cache_and_re_embeds(settings, stub, corp
     assert again.cache_hits == again.chunks and stub.inputs == inputs + first.chunks  # v2 is cached now
 
 
+def stored_embed_texts(kb: KnowledgeBase) -> list[str]:
+    with kb.store.db.connection() as conn:
+        return [r[0] for r in conn.execute("SELECT embed_text FROM rag_chunks")]
+
+
+def test_a_lower_input_limit_re_chunks_every_document_to_fit_it(settings, stub, corpus_copy):
+    """embedding.max_input_tokens (and tokenizer_path) of a remote provider decide where chunks are
+    cut, and so does the chunk stage's version now: lowering the limit re-chunks and republishes
+    every document, each chunk within the new limit, the unchanged chunk texts' vectors from the
+    cache. Before, the next ingest found every document current and kept chunks longer than the
+    limit (which the provider silently truncates). A limit that cuts the same chunks (one above
+    the tokenizer's own, which caps them) republishes nothing."""
+    root = corpus_copy(*FILES)
+    with open_kb(remote_settings(settings, stub)) as kb:
+        assert kb.ingest([root]).count("new") == len(FILES)
+        counts = kb.engine.provider.tokenizer().count_many(stored_embed_texts(kb))
+    with open_kb(remote_settings(settings, stub, max_input_tokens=4000)) as kb:
+        assert kb.ingest([root]).count("unchanged") == len(FILES)
+    with open_kb(remote_settings(settings, stub, max_input_tokens=120)) as kb:
+        limit = kb.engine.preparer.token_limit
+        assert limit < max(counts)  # some chunks no longer fit
+        inputs = stub.inputs
+        again = kb.ingest([root])
+        assert again.count("changed") == len(FILES) and again.count("failed") == 0
+        assert max(kb.engine.provider.tokenizer().count_many(stored_embed_texts(kb))) <= limit
+        assert again.cache_hits > 0 and stub.inputs - inputs == again.embedded < again.chunks
+        assert kb.validate_database()["problems"] == 0
+
+
+def test_input_settings_the_local_model_does_not_read_leave_the_fingerprint_alone(settings):
+    """The local model cuts chunks with its own tokenizer and limit: a remote provider's
+    max_input_tokens or tokenizer_path set beside it republishes nothing."""
+    unread = settings.with_embedding(max_input_tokens=100, tokenizer_path=str(settings.home / "elsewhere"))
+    assert unread.pipeline_fingerprint() == settings.pipeline_fingerprint()
+
+
 def test_cache_stats_and_prune(settings, stub, corpus_copy):
     root = corpus_copy(FILES[0])
     with open_kb(remote_settings(settings, stub)) as kb:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import psycopg
 import pytest
 
 from conftest import SHARED_CORPUS
@@ -179,6 +180,89 @@ def test_documents_published_during_a_build_are_caught_up(rkb, stub):
     # a process still configured for the old space is stopped with the command to run
     with pytest.raises(DimensionMismatchError, match=r"run `rag reembed --to all-MiniLM-L6-v2:384`"):
         rkb.ingest([rkb.root / EXTRA], root=rkb.root, force=True)
+
+
+def _extra_prepared(kb: KnowledgeBase):
+    """EXTRA (not ingested by `rkb`) chunked and embedded by the knowledge base's own engine."""
+    prepared = kb.engine.preparer.prepare(kb.engine.preparer.load(SourceFile("default", kb.root, EXTRA)).documents[0])
+    return prepared, kb.engine.embedder.embed(prepared.chunks).vectors
+
+
+def test_a_publish_racing_the_switch_is_refused_not_served_without_a_vector(rkb, stub, monkeypatch):
+    """An ingest under the old settings checked the active space, then a re-embed's switch committed,
+    then it wrote the document: its chunks had no vector in the now-active space (invisible to
+    semantic search until the next ingest). The check is part of the publishing transaction now, so
+    this interleaving is refused with the line that names the new space, and nothing is written."""
+    assert not rm.reembed(rkb.settings, rkb.store, NEW, switch=False).switched
+    prepared, vectors = _extra_prepared(rkb)
+    publish_document = rkb.store.publish_document
+
+    def switch_then_publish(*args, **kwargs):  # the switch commits after the publisher's own checks
+        assert rkb.store.switch_active(NEW) == OLD
+        return publish_document(*args, **kwargs)
+
+    monkeypatch.setattr(rkb.store, "publish_document", switch_then_publish)
+    with pytest.raises(DimensionMismatchError, match=f"the active space is now {NEW}"):
+        rkb.engine.publisher.publish(prepared, vectors)
+    assert rkb.store.active_space()["space"] == NEW
+    assert rkb.validate_database()["chunks_without_vector"]["count"] == 0
+    assert EXTRA not in rkb.store.document_states("default")
+
+
+def test_a_switch_waits_for_a_publish_under_way_and_then_sees_its_chunks(rkb, stub, monkeypatch):
+    """The other order: a publish inside its transaction holds the switch back until it commits; the
+    switch's coverage check then counts its chunks (no vector in the new space yet) and refuses, and
+    the next fill catches them up. Neither side deadlocks on the other's locks."""
+    import rag_lib.store.documents as store_documents
+
+    assert not rm.reembed(rkb.settings, rkb.store, NEW, switch=False).switched
+    prepared, vectors = _extra_prepared(rkb)
+    inside, release = threading.Event(), threading.Event()
+    change_lexeme_frequencies = store_documents.change_lexeme_frequencies
+
+    def paused(*args, **kwargs):  # the publish's last write, in its transaction
+        change_lexeme_frequencies(*args, **kwargs)
+        inside.set()
+        assert release.wait(60)
+
+    monkeypatch.setattr(store_documents, "change_lexeme_frequencies", paused)
+    outcome: dict = {}
+
+    def run(name, call):
+        try:
+            outcome[name] = call()
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome[name] = exc
+
+    publisher = threading.Thread(target=run, args=("publish", lambda: rkb.engine.publisher.publish(prepared, vectors)))
+    switcher = threading.Thread(target=run, args=("switch", lambda: rkb.store.switch_active(NEW)))
+    publisher.start()
+    try:
+        assert inside.wait(60)
+        switcher.start()
+        assert _waits_for_a_lock(rkb, "LOCK TABLE rag_chunks IN SHARE MODE")
+    finally:
+        release.set()
+        publisher.join(60)
+        switcher.join(60)
+    assert outcome["publish"] is None
+    assert isinstance(outcome["switch"], ValidationError) and "chunks lack a vector" in str(outcome["switch"])
+    assert rkb.store.active_space()["space"] == OLD
+    monkeypatch.undo()
+    assert rm.reembed(rkb.settings, rkb.store, NEW).switched
+    assert rkb.validate_database()["chunks_without_vector"]["count"] == 0
+
+
+def _waits_for_a_lock(kb: KnowledgeBase, statement: str, timeout: float = 30.0) -> bool:
+    """Whether a backend running `statement` is seen waiting for a lock within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(kb.settings.database_url, autocommit=True) as conn:  # a fresh view on every read
+        while time.monotonic() < deadline:
+            if conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = %s",
+                            (statement,)).fetchone():
+                return True
+            time.sleep(0.02)
+    return False
 
 
 def test_a_failed_fill_never_switches_and_writes_nothing_bad(rkb, stub):

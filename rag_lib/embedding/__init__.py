@@ -45,6 +45,17 @@ def build_provider(cfg: ProviderSettings) -> EmbeddingProvider:
     raise ConfigError(f"unknown embedding provider '{cfg.provider}'; use one of {', '.join(PROVIDERS)}")
 
 
+def _primary(settings: Settings) -> ProviderSettings:
+    """The configured provider's own settings (the `embedding` fields a provider reads)."""
+    return ProviderSettings(**settings.embedding.model_dump(include=set(ProviderSettings.model_fields)))
+
+
+def configured_chunker(settings: Settings) -> str:
+    """What decides the chunks an ingest under `settings` cuts: the configured provider's chunker
+    key (`EmbeddingProvider.chunker`; a fallback chain cuts with its primary's tokenizer)."""
+    return build_provider(_primary(settings)).chunker()
+
+
 def _named(settings: Settings, name: str) -> ProviderSettings:
     for entry in settings.embedding.providers:
         if (entry.name or entry.space) == name:
@@ -56,13 +67,12 @@ def _named(settings: Settings, name: str) -> ProviderSettings:
 def get_provider(settings: Settings) -> EmbeddingProvider:
     """The configured provider; with `embedding.fallback`, a chain that only falls back within the space."""
     cfg = settings.embedding
-    primary = build_provider(ProviderSettings(**cfg.model_dump(include=set(ProviderSettings.model_fields))))
+    primary = build_provider(_primary(settings))
     if not cfg.fallback:
         return primary
     from rag_lib.embedding.chain import FallbackProvider
 
-    entries = [ProviderSettings(**cfg.model_dump(include=set(ProviderSettings.model_fields))),
-               *(_named(settings, n) for n in cfg.fallback)]
+    entries = [_primary(settings), *(_named(settings, n) for n in cfg.fallback)]
     usable = [e for e in entries if not missing_key(e)]
     if not usable:
         names = ", ".join(f"{e.name or e.space} (${e.api_key_env})" for e in entries)
@@ -93,8 +103,7 @@ def resolve_space(settings: Settings, spec: str) -> list[ProviderSettings]:
     """Provider settings able to make the space `MODEL[:DIMS]`, preferred first: the configured
     provider, then registry entries; a known OpenAI model needs no entry."""
     model, dims = parse_spec(spec)
-    primary = ProviderSettings(**settings.embedding.model_dump(include=set(ProviderSettings.model_fields)))
-    candidates = [primary, *settings.embedding.providers]
+    candidates = [_primary(settings), *settings.embedding.providers]
     found = [c for c in candidates if c.model == model and (dims is None or c.dimensions == dims)]
     spaces = {c.space for c in found}
     if len(spaces) > 1:
@@ -119,4 +128,4 @@ def provider_for_space(settings: Settings, spec: str) -> EmbeddingProvider:
     return FallbackProvider([build_provider(e) for e in entries])
 
 
-__all__ = ["EmbeddingProvider", "build_provider", "get_provider", "parse_spec", "provider_for_space", "resolve_space"]
+__all__ = ["EmbeddingProvider", "build_provider", "configured_chunker", "get_provider", "parse_spec", "provider_for_space", "resolve_space"]

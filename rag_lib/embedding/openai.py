@@ -10,9 +10,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import openai
 
 from rag_lib.config import ProviderSettings
 from rag_lib.embedding.base import EmbeddingProvider
@@ -24,6 +24,9 @@ from rag_lib.metrics import embed_call
 from rag_lib.errors import ConfigError, DimensionMismatchError, EmbeddingError
 from rag_lib.log import get_logger
 from rag_lib.tokens import Tokenizer, get_tokenizer
+
+if TYPE_CHECKING:
+    import openai
 
 log = get_logger(__name__)
 
@@ -82,6 +85,8 @@ class OpenAIProvider(EmbeddingProvider):
 
     @cached_property
     def client(self) -> openai.OpenAI:
+        import openai  # ~1 s: not for what needs only the tokenizer (the pipeline fingerprint, `rag status`)
+
         key = os.environ.get(self.cfg.api_key_env)
         if not key:
             if self.cfg.provider == "openai":
@@ -203,6 +208,8 @@ class OpenAIProvider(EmbeddingProvider):
     @staticmethod
     def _classify(exc: Exception) -> tuple[str, bool, float | None]:
         """(kind, retryable, retry_after seconds)."""
+        import openai
+
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retry_after = parse_retry_after(exc.response.headers) if exc.response is not None else None

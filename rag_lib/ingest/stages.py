@@ -420,17 +420,12 @@ class Publisher:
                                 self.provider.chunker())
 
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:
-        """Write one document with its sections, chunks and vectors in one transaction."""
+        """Write one document with its sections, chunks and vectors in one transaction; refused
+        (DimensionMismatchError) once a re-embed has made another space active."""
         cfg = self.settings.embedding
         problems = check_vectors(vectors, cfg.dimensions) if len(vectors) else []
         if problems:
             raise DimensionMismatchError(f"{prepared.doc.path}: {'; '.join(problems)}; nothing was written")
-        active = self.store.active_space()
-        if active is not None and active["space"] != self.provider.space:  # a re-embed switched spaces
-            raise DimensionMismatchError(
-                f"{prepared.doc.path}: this process embeds into {self.provider.space} but the active space is now "
-                f"{active['space']}; set embedding.model/dimensions to match and restart (nothing was written)"
-            )
         self.store.publish_document(
             prepared.doc, prepared.sections, prepared.chunks, vectors, self.provider.space,
             cfg.dimensions, self.fingerprint, graph=document_graph(prepared.doc, prepared.sections),
@@ -456,7 +451,7 @@ class Engine:
         self.settings = settings
         self.store = store
         self.provider = provider
-        self.versions = stage_versions(settings, CHUNKER_VERSION)
+        self.versions = stage_versions(settings, CHUNKER_VERSION, provider.chunker())
         self.fingerprint = fingerprint(self.versions)
         self.preparer = Preparer(settings, provider.tokenizer())
         self.embedder = Embedder(settings, store, provider)

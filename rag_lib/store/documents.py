@@ -32,6 +32,21 @@ def _lock_key(collection: str, path: str) -> str:
     return f"{collection}\x1f{path}"
 
 
+def _refuse_inactive_space(conn: psycopg.Connection, path: str, space: str) -> None:
+    """Raise DimensionMismatchError unless `space` is the active space (or none is yet), for the
+    rest of the publishing transaction: it takes the ROW EXCLUSIVE lock on rag_chunks that its
+    writes take anyway before reading, and a re-embed's switch needs SHARE on rag_chunks to commit
+    (`SpaceStore.switch_active`). So the switch either committed before this read (refused here)
+    or waits for this publish, and its coverage check counts these chunks."""
+    conn.execute("LOCK TABLE rag_chunks IN ROW EXCLUSIVE MODE")
+    active = conn.execute("SELECT space FROM rag_spaces WHERE status = 'active'").fetchone()
+    if active is not None and active[0] != space:
+        raise DimensionMismatchError(
+            f"{path}: this process embeds into {space} but the active space is now {active[0]}; set "
+            "embedding.model/dimensions to match and restart (nothing was written)"
+        )
+
+
 class DocumentStore:
     """Mixin: needs `self.db` (Connections) and `self.held_vectors` (told of every change)."""
 
@@ -55,7 +70,8 @@ class DocumentStore:
         graph: DocumentGraph | None = None,
     ) -> None:
         """Replace a document's rows atomically: readers see the old version or the new, never half.
-        Its graph edges are replaced in the same transaction (`graph=None`: the document has none)."""
+        Its graph edges are replaced in the same transaction (`graph=None`: the document has none).
+        DimensionMismatchError, and nothing written, when another space than `space` is active."""
         if len(chunks) != len(vectors):
             raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors for {doc.path}")
         if len(chunks) and vectors.shape[1] != dimensions:
@@ -87,6 +103,7 @@ class DocumentStore:
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_lock_key(doc.collection, doc.path),)
             )
+            _refuse_inactive_space(conn, doc.path, space)
             old_nodes = self._graph_keys(conn, doc.collection, [doc.path])
             old_lexemes = lexeme_counts(conn, doc.collection, [doc.path])
             # Client tags are not in the file: the new version keeps the old one's.
