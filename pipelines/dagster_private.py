@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -147,12 +147,13 @@ def execute_location_run(instance, run) -> None:
 
 
 def create_location_run(instance, workspace, location_name: str, job_name: str, run_config: Mapping[str, Any],
-                        tags: Mapping[str, str]):
+                        tags: Mapping[str, str], assets: Collection[str] | None = None):
     """Create (not start) a run of the location's job as the UI's launch does: the code server's
     job snapshot and execution plan, its remote origin, the repository's asset graph
-    (`JobSubsetSelector`, `DagsterInstance.create_run`). `workspace` is a workspace request
-    context, or an `InProcessLocation` (then the run records the code server's origin)."""
-    from dagster import DagsterRunStatus
+    (`JobSubsetSelector`, `DagsterInstance.create_run`); with `assets`, of those assets only (the
+    UI's "Materialize selected"). `workspace` is a workspace request context, or an
+    `InProcessLocation` (then the run records the code server's origin)."""
+    from dagster import AssetKey, DagsterRunStatus
     from dagster._core.definitions.selector import JobSubsetSelector
     from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 
@@ -161,8 +162,9 @@ def create_location_run(instance, workspace, location_name: str, job_name: str, 
     else:
         location, served = workspace.get_code_location(location_name), None
     (repo,) = location.get_repositories().values()
+    selection = frozenset(AssetKey(a) for a in assets) if assets is not None else None
     remote_job = location.get_job(JobSubsetSelector(location_name=location_name, repository_name=repo.name,
-                                                    job_name=job_name, op_selection=None))
+                                                    job_name=job_name, op_selection=None, asset_selection=selection))
     plan = location.get_execution_plan(remote_job, dict(run_config), step_keys_to_execute=None, known_state=None,
                                        instance=instance)
     return instance.create_run(
@@ -175,7 +177,7 @@ def create_location_run(instance, workspace, location_name: str, job_name: str, 
         remote_job_origin=(RemoteJobOrigin(RemoteRepositoryOrigin(served, repo.name), job_name) if served
                            else remote_job.get_remote_origin()),
         job_code_origin=remote_job.get_python_origin(),
-        asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph,
+        asset_selection=selection, asset_check_selection=None, asset_graph=repo.asset_graph,
     )
 
 

@@ -4,7 +4,9 @@ many-file run stays one process, not one per file."""
 
 from dagster import AssetSelection, OpExecutionContext, define_asset_job, job, op
 
-from pipelines.assets import chunks, embeddings, hnsw_index, vector_table
+from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, STAGES, VECTORS
+
+from pipelines.assets import hnsw_index
 from pipelines.resources import RagResource
 
 INGEST_JOB = "ingest_files"
@@ -19,11 +21,15 @@ ingest_job = define_asset_job(
 )
 
 # Token-aware chunks depend on the model's tokenizer, so a re-embed re-chunks too (cheap, no model calls).
+REEMBED_STAGES = (CHUNKS, EMBEDDINGS, VECTORS)
 reembed_job = define_asset_job(
     REEMBED_JOB,
-    selection=AssetSelection.assets(chunks, embeddings, vector_table, hnsw_index),
+    selection=AssetSelection.assets(*REEMBED_STAGES, hnsw_index),
     description="Re-chunk, re-embed and re-publish files whose embedding settings changed, then the index.",
 )
+
+# The per-file stages a run of each job materializes (without an asset selection of its own).
+JOB_STAGES = {INGEST_JOB: STAGES, REEMBED_JOB: REEMBED_STAGES}
 
 
 @op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")

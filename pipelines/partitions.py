@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -25,6 +25,7 @@ from rag_lib.corpus_files import Digests, ReadLimits, empty_folder_warning, file
 from rag_lib.errors import RagError, ValidationError, first_of
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
+from rag_lib.ingest.state import STAGES
 
 if TYPE_CHECKING:
     from rag_lib.ingest.state import ReconcilePlan
@@ -39,6 +40,9 @@ NO_ROOTS = ("no corpus roots registered: register one with `rag roots add PATH` 
 # Dagster's run tags for a partition range (what single-run backfills use).
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+# Dagster's implicit asset job: the UI's "Materialize" and an asset backfill's runs. A prefix, as
+# Dagster's own `is_implicit_asset_job_name` reads it (older releases numbered them `__ASSET_JOB_0`…).
+ASSET_JOB = "__ASSET_JOB"
 # Wanted files at most this many partitions apart share a run; farther apart, each group gets its
 # own. A run's fixed cost (creating and starting it, its checks and the index step: 3 s and more,
 # 10 s with a run worker that loads the model) is about that of ~128 current files inside a span
@@ -259,12 +263,25 @@ def run_partition_keys(tags: dict[str, str], ordered: list[str]) -> list[str]:
     return [key] if key in ordered else []
 
 
-def files_in_flight(instance, job_names: Iterable[str], ordered: list[str]) -> dict[str, DagsterRun]:
-    """key → a queued or running run of one of `job_names` that covers that file: its work is under
-    way, and another run for it would do it again beside that one."""
+def run_stages(run: DagsterRun, job_stages: Mapping[str, Collection[str]]) -> set[str]:
+    """The per-file stages a run materializes: those of its asset selection (the UI's "Materialize",
+    an asset backfill's runs), else its whole job's (`job_stages`; the implicit asset job has every asset)."""
+    if run.asset_selection is not None:
+        return {key.to_user_string() for key in run.asset_selection} & set(STAGES)
+    if run.job_name.startswith(ASSET_JOB):
+        return set(STAGES)
+    return set(job_stages.get(run.job_name, ()))
+
+
+def files_in_flight(instance, stages: Collection[str], ordered: list[str],
+                    job_stages: Mapping[str, Collection[str]]) -> dict[str, DagsterRun]:
+    """key → a queued or running run that materializes at least `stages` for that file (a run of a
+    job that does, or one launched from the UI or by an asset backfill whose selection does): its
+    work is under way, and another run for it would do it again beside that one. A run of fewer
+    stages (the UI's "Materialize" on `vector_table` alone) does not hold its files."""
     busy: dict[str, DagsterRun] = {}
-    for job in job_names:
-        for run in instance.get_runs(RunsFilter(job_name=job, statuses=IN_FLIGHT)):
+    for run in instance.get_runs(RunsFilter(statuses=IN_FLIGHT)):  # few: the queue and what runs
+        if set(stages) <= run_stages(run, job_stages):
             for key in run_partition_keys(run.tags, ordered):
                 busy.setdefault(key, run)
     return busy

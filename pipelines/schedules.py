@@ -6,7 +6,7 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 from rag_lib.config import get_settings
 from rag_lib.errors import first_of
 
-from pipelines.jobs import INGEST_JOB, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
+from pipelines.jobs import JOB_STAGES, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
 from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, in_flight_text, plan_ranges, plan_runs,
                                   range_tags, record_refused, run_key, sync_partitions)
 from pipelines.resources import RagResource
@@ -49,9 +49,10 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
             f"{rag.kb().settings.embedding.embed_version})" if only_stale else "")
             + (f"; {held_text(plan.held)}" if plan.held else ""))
     # A run still queued or running for some of these files (an earlier tick's, the sensor's, a
-    # backfill's) does their work: a second one beside it would do it twice. ingest_files
-    # materializes every corpus asset, so it covers a re-embed's work too.
-    busy = files_in_flight(context.instance, {job_name, INGEST_JOB}, sync.ordered)
+    # backfill's, an operator's "Materialize" in the UI) does their work when it materializes the
+    # job's per-file stages: a second one beside it would do it twice. ingest_files materializes
+    # every corpus asset, so it covers a re-embed's work too.
+    busy = files_in_flight(context.instance, JOB_STAGES[job_name], sync.ordered, JOB_STAGES)
     waiting = {k: busy[k] for k in wanted if k in busy}
     if waiting:
         wanted = [k for k in wanted if k not in waiting]

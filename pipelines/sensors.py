@@ -23,7 +23,7 @@ from rag_lib.errors import RagError
 
 from pipelines.checks import CHECKS
 from pipelines.graph_checks import GRAPH_CHECKS
-from pipelines.jobs import INGEST_JOB, ingest_job
+from pipelines.jobs import INGEST_JOB, JOB_STAGES, ingest_job
 from pipelines.partitions import (
     CORPUS_FILES,
     NO_ROOTS,
@@ -88,10 +88,11 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     seen = [k for k in result.new + result.changed if k in result.state]
     wanted = keys_needing_runs(context.instance, rag.kb(), [pmap.target(k) for k in seen])
     # A file changed again while a run over it is queued or in progress (or a first tick while `rag
-    # materialize` runs) is left to that run: a second one beside it would do its work twice. Only
-    # ingest_files runs read the files (a re-embed re-chunks what it has). The file stays unseen in
-    # the cursor: the run may have read it before this change, so a tick after it ends looks again.
-    busy = files_in_flight(context.instance, {INGEST_JOB}, sync.ordered) if wanted else {}
+    # materialize` runs) is left to that run: a second one beside it would do its work twice. That is
+    # a run of every per-file stage, as ingest_files (an operator's "Materialize" of them all in the UI,
+    # an asset backfill's run; a re-embed re-chunks what it has). The file stays unseen in the cursor:
+    # the run may have read it before this change, so a tick after it ends looks again.
+    busy = files_in_flight(context.instance, JOB_STAGES[INGEST_JOB], sync.ordered, JOB_STAGES) if wanted else {}
     waiting = {k: busy[k] for k in wanted if k in busy}
     wanted = [k for k in wanted if k not in waiting]
     state = unseen(result.state, previous, waiting)

@@ -30,6 +30,7 @@ from pipelines import dagster_private  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
 from pipelines.launch import LOCATION, location_in_process  # noqa: E402
 from pipelines.partitions import (  # noqa: E402
+    ASSET_JOB,
     CORPUS_FILES,
     MERGE_GAP,
     RANGE_END_TAG,
@@ -38,6 +39,7 @@ from pipelines.partitions import (  # noqa: E402
     decode_key,
     encode_key,
     plan_ranges,
+    range_tags,
     sync_partitions,
 )
 from pipelines.resources import RagResource, preload_provider  # noqa: E402
@@ -564,6 +566,68 @@ def test_the_sensor_leaves_changed_files_to_the_run_already_queued_for_them(env)
     assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [FILES[0]]
     with pytest.raises(NotFoundError):
         kb.show(RELS[0])
+
+
+PARTITIONED = ["raw_documents", "flattened_sections", "chunks", "embeddings", "vector_table", "knowledge_graph"]
+
+
+def asset_job_run(instance, keys: list[str], assets: list[str], status: DagsterRunStatus, backfill: str = ""):
+    """A run of Dagster's implicit asset job over `keys` as the UI's "Materialize" creates it (one
+    partition: its tag) or as an asset backfill's single run does (a range, with the backfill's tag),
+    queued as the run coordinator does, or started."""
+    tags = {**range_tags(keys[0], keys[-1]), "dagster/backfill": backfill} if backfill else \
+        {"dagster/partition": keys[0], "dagster/from_ui": "true"}
+    with location_in_process(instance) as location:
+        run = dagster_private.create_location_run(instance, location, LOCATION, ASSET_JOB, {}, tags, assets)
+    event = DagsterEventType.RUN_ENQUEUED if status == DagsterRunStatus.QUEUED else DagsterEventType.RUN_START
+    instance.report_dagster_event(DagsterEvent(event.value, ASSET_JOB), run.run_id)
+    run = instance.get_run_by_id(run.run_id)
+    assert run.status == status and run.job_name == ASSET_JOB
+    return run
+
+
+def test_runs_launched_from_the_ui_hold_their_files_as_ingest_runs_do(env):
+    """An operator's "Materialize" in the UI (Dagster's implicit asset job over a file's partition)
+    and an asset backfill's run do what an ingest_files run does for their files: the sensor and the
+    schedules launch no second run beside them, and say which run holds the files. A run of fewer
+    stages than a tick's job (`vector_table` alone) does not: its file gets its run."""
+    root, rag, kb, instance = env
+    when = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+
+    def evaluate(schedule, resource=rag):
+        with build_schedule_context(instance=instance, resources={"rag": resource}, scheduled_execution_time=when) as ctx:
+            return schedule(ctx)
+
+    instance.add_dynamic_partitions(CORPUS_FILES, FILES)  # the files' partitions, which the operator picks
+    ui = asset_job_run(instance, [FILES[0]], PARTITIONED, DagsterRunStatus.QUEUED)
+    backfill = asset_job_run(instance, [FILES[1]], PARTITIONED, DagsterRunStatus.STARTED, backfill="xkqzbtvm")
+    runs = (f"{backfill.run_id} (__ASSET_JOB, started, backfill), "  # in the files' order
+            f"{ui.run_id} (__ASSET_JOB, queued, launched from the UI)")
+    first = sensor_tick(instance, rag, None)
+    assert not first.run_requests
+    assert first.skip_reason.skip_message == (
+        f"first tick: 2 files needing a run are in runs already queued or in progress: {runs}; nothing launched, "
+        "they are looked at again once those runs end; 2 files")
+    assert evaluate(nightly_reconcile).skip_message == (
+        f"all 2 files needing a run are in runs already queued or in progress: {runs}; nothing launched")
+
+    instance.report_run_canceled(ui)  # the operator publishes that file again, and nothing before it
+    asset_job_run(instance, [FILES[0]], ["vector_table"], DagsterRunStatus.STARTED)
+    (run,) = sensor_tick(instance, rag, first.cursor).run_requests
+    assert run.tags[RANGE_START_TAG] == run.tags[RANGE_END_TAG] == FILES[0]
+    (run,) = evaluate(nightly_reconcile)
+    assert run.tags[RANGE_START_TAG] == run.tags[RANGE_END_TAG] == FILES[0]
+
+    # A UI run of the stages a re-embed runs holds its file for the re-embed schedule, not the reconcile.
+    instance.report_run_canceled(backfill)
+    assert kb.ingest([root]).count("new") == 2
+    asset_job_run(instance, [FILES[1]], ["chunks", "embeddings", "vector_table"], DagsterRunStatus.STARTED)
+    bumped = RagResource(database_url=rag.database_url, home=rag.home, embed_version="2")
+    preload_provider(bumped.settings(), kb.provider)
+    (run,) = evaluate(reembed_schedule, bumped)
+    assert run.tags[RANGE_START_TAG] == run.tags[RANGE_END_TAG] == FILES[0]
+    (run,) = evaluate(nightly_reconcile)  # both never materialized here, and neither UI run reads its file
+    assert {run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]} == set(FILES)
 
 
 @pytest.mark.slow
