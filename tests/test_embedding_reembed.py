@@ -228,6 +228,28 @@ def test_quality_gate_is_pluggable(rkb, stub, tmp_path):
     assert rm.reembed(settings, rkb.store, NEW, scorer=scorer).switched
 
 
+def test_a_reembed_into_the_rollback_space_that_does_not_switch_leaves_the_rollback_in_place(rkb, stub, tmp_path):
+    """`rag reembed --to X` where X is the space a rollback returns to, refused by its quality gate
+    or stopped by an error: X was left 'building', so `rag reembed --rollback` answered "no retired
+    embedding space" and `rag reembed --abort`, which status then offered, would drop X's vectors."""
+    rm.reembed(rkb.settings, rkb.store, NEW)
+    rm.rollback(rkb.settings, rkb.store)
+    settings = rkb.settings.model_copy(deep=True)
+    settings.embedding.reembed.eval_set = tmp_path
+    worse = lambda store, provider, space, eval_set: 0.1 if space["space"] == NEW else 0.9  # noqa: E731
+
+    def broken(store, provider, space, eval_set):
+        raise EmbeddingError("the eval set's provider is down")
+
+    assert not rm.reembed(settings, rkb.store, NEW, scorer=worse).switched
+    assert rkb.store.get_space(NEW)["status"] == "retired" and rkb.store.previous_space() == NEW
+    with pytest.raises(EmbeddingError, match="provider is down"):
+        rm.reembed(settings, rkb.store, NEW, scorer=broken)
+    assert rkb.store.get_space(NEW)["status"] == "retired" and rkb.store.previous_space() == NEW
+    back = rm.rollback(rkb.settings, rkb.store)
+    assert back.switched and back.filled == 0 and rkb.store.active_space()["space"] == NEW
+
+
 def test_default_quality_gate_scores_each_space_on_the_eval_set(rkb, stub, tmp_path):
     """The real scorer (rag_lib.eval) on a tiny BEIR set: the stub's random vectors retrieve worse
     than the local model, so a strict tolerance refuses the switch and a loose one allows it."""
