@@ -250,6 +250,24 @@ def test_a_reembed_into_the_rollback_space_that_does_not_switch_leaves_the_rollb
     assert back.switched and back.filled == 0 and rkb.store.active_space()["space"] == NEW
 
 
+def test_settings_naming_the_new_model_before_the_reembed_still_search_and_reembed(rkb, stub, tmp_path):
+    """The operator edits embedding.* to name the new model first, then runs `rag reembed --to` it.
+    Searches failed ("no provider for 'all-MiniLM-L6-v2:384': add an entry ... to
+    embedding.providers"), and so did the re-embed, at its quality gate, after paying for the fill:
+    the installed local model, which the default settings name, now needs no entry."""
+    before = [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits]
+    edited = Settings(database_url=rkb.settings.database_url, home=rkb.settings.home, embedding={
+        "provider": "openai_compatible", "base_url": stub.base_url, "model": MODEL, "dimensions": DIMS,
+        "backoff_base": 0.01, "max_retries": 1, "reembed": {"eval_set": str(tmp_path)}})
+    kb = KnowledgeBase(edited)
+    try:
+        assert [h.chunk_id for h in kb.search(QUERY, top_k=5).hits] == before
+        same = lambda store, provider, space, eval_set: 0.5  # noqa: E731
+        assert rm.reembed(edited, kb.store, NEW, scorer=same).switched
+    finally:
+        kb.close()
+
+
 def test_default_quality_gate_scores_each_space_on_the_eval_set(rkb, stub, tmp_path):
     """The real scorer (rag_lib.eval) on a tiny BEIR set: the stub's random vectors retrieve worse
     than the local model, so a strict tolerance refuses the switch and a loose one allows it."""
