@@ -164,6 +164,18 @@ def test_piped_search_and_list_print_each_row_on_one_line_with_its_date_and_tick
         assert cells[2:6] == [doc["doc_id"], doc["doc_type"], doc["ticker"] or "", doc["doc_date"] or ""], row
 
 
+def test_a_piped_table_title_wider_than_its_table_stays_on_one_line(rag, corpus_copy):
+    """Into a pipe the rows were one line each, but a title wider than its table was still folded
+    at the table's width: "ingest into 'tradegent' (264.8" / "s)", "database check (active space
+    all-MiniLM-L6-v2:384, 3325" / "chunks, 3325 vectors)"."""
+    assert rag("ingest", str(corpus_copy(LEARNING)))[0] == 0
+    code, out, _ = rag("validate")
+    assert code == 0
+    assert re.fullmatch(r"database check \(active space all-MiniLM-L6-v2:384, \d+ chunks, \d+ vectors\)",
+                        out.splitlines()[0]), out
+    assert out.splitlines()[1].startswith("┏")  # the table follows its title
+
+
 def test_a_terminal_of_80_columns_gets_a_search_table_80_columns_wide(rag, corpus_copy, monkeypatch):
     """COLUMNS (or a terminal's width) still bounds the table: each row is folded within it, with
     its rank, score, date and ticker on its first line."""
