@@ -19,7 +19,7 @@ from rag_lib.documents import file_of, type_spellings
 from rag_lib.config import Settings, get_settings
 from rag_lib.db import database_gone
 from rag_lib.embedding import EmbeddingProvider, get_provider
-from rag_lib.embedding.spaces import SpaceProviders
+from rag_lib.embedding.spaces import SpaceProviders, settings_naming
 from rag_lib.errors import ConfigError, NotFoundError, ValidationError, close_matches, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
@@ -671,8 +671,11 @@ class KnowledgeBase:
         configured = self.settings.embedding.space
         if active is None or active["space"] == configured:
             return None
+        # the space a rollback returns to needs no re-embedding: its vectors were kept
+        back = ("`rag reembed --rollback` switches back to it" if configured == self.store.previous_space()
+                else f"`rag reembed --to {configured}`")
         return (f"the settings name embedding space {configured}, not the active {active['space']}: ingests are "
-                f"refused until they match (`rag reembed --to {configured}`, or set embedding.* to {active['space']})")
+                f"refused until they match ({back}, or set {settings_naming(active)})")
 
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version

@@ -389,8 +389,8 @@ def test_status_says_when_the_settings_name_another_embedding_space_than_the_act
     monkeypatch.setenv("RAG_EMBEDDING__MODEL", "rotated-minilm")
     out = " ".join(rag("status")[1].split())
     assert ("the settings name embedding space rotated-minilm:384, not the active all-MiniLM-L6-v2:384: ingests are "
-            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.* to "
-            "all-MiniLM-L6-v2:384)") in out
+            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.provider local, "
+            "model all-MiniLM-L6-v2, dimensions 384)") in out
 
 
 def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, database_url):

@@ -319,6 +319,30 @@ def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
         STATE["kb"] = None
 
 
+def test_after_a_switch_rag_names_the_settings_to_set_or_that_they_name_it_already(rkb, stub):
+    """After `rag reembed --to`, rag said "Set embedding.model/dimensions (and provider) to match" without
+    their values, and said it again after a rollback to the space the settings already named; `rag
+    status` offered `rag reembed --to` the retired space, where `--rollback` switches back at no cost."""
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
+    STATE["kb"] = rkb
+    try:
+        said = " ".join(CliRunner().invoke(app, ["reembed", "--to", NEW]).output.split())
+        assert (f"{NEW} is now the active space (was {OLD}). Set embedding.provider openai_compatible, model "
+                f"{MODEL}, dimensions {DIMS} (and its base_url) in rag.yaml and restart the servers;") in said
+        assert rkb.space_mismatch().endswith(
+            "(`rag reembed --rollback` switches back to it, or set embedding.provider openai_compatible, model "
+            f"{MODEL}, dimensions {DIMS} (and its base_url))")
+        said = " ".join(CliRunner().invoke(app, ["reembed", "--rollback"]).output.split())
+        assert f"{OLD} is now the active space (was {NEW}). The settings name it already: `rag ingest`" in said
+        assert "Set embedding" not in said and rkb.space_mismatch() is None
+    finally:
+        STATE["kb"] = None
+
+
 def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb, stub):
     """Two `rag reembed --to X` at once: the second raced the first to the index (a raw
     DuplicateTable) or to the switch; it is refused up front in one line, the first one finishes."""
