@@ -240,6 +240,8 @@ class KnowledgeBase:
         location watches them."""
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]  # one path is a list of one
         name = self._collection(collection)
+        for missing in (p for p in paths if not os.path.lexists(p)):
+            raise ValidationError(self._missing_path_message(missing, name))
         if root is None:
             root = self._registered_root_of(paths, name)
         elif Path(root).is_dir():  # a --root inside or holding a root of the collection: its files again, other paths
@@ -418,6 +420,27 @@ class KnowledgeBase:
         holders = {r for r in roots for p in spelled if real[p].is_relative_to(r) or p.is_relative_to(r)}
         covering = [r for r in holders if all(real[p].is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
         return max(covering, key=lambda r: len(r.parts)) if covering else None
+
+    def _missing_path_message(self, path: Path, collection: str) -> str:
+        """"no such file or directory", and for a path under a root of `collection` (a folder or file
+        moved or deleted) how many documents read from there are still served and what deletes them:
+        an ingest of the nearest folder that exists, with --prune (it prunes only under that folder)."""
+        message = f"{path}: no such file or directory"
+        spelled = Path(os.path.abspath(path))
+        roots = [r for r in self._roots_of(collection) if spelled.is_relative_to(r)]
+        if not roots:
+            return message
+        root = max(roots, key=lambda r: len(r.parts))
+        rel = spelled.relative_to(root).as_posix()
+        served = len(self.store.document_sources_under(collection, [rel], [rel]))
+        if not served:
+            return message
+        message += (f"; {served} document{'s' if served != 1 else ''} of collection '{collection}' read from there "
+                    f"{'is' if served == 1 else 'are'} still served")
+        parent = next(p for p in spelled.parents if p.is_dir())
+        if parent.is_relative_to(root):
+            message += f": `rag ingest {parent} --collection {collection} --prune` deletes {'it' if served == 1 else 'them'}"
+        return message
 
     def _roots_of(self, collection: str) -> list[Path]:
         """The registered roots of `collection` (one read of the registry)."""
