@@ -343,6 +343,24 @@ def test_after_a_switch_rag_names_the_settings_to_set_or_that_they_name_it_alrea
         STATE["kb"] = None
 
 
+def test_reembed_status_in_80_columns_prints_each_space_name_whole(rkb, stub, monkeypatch):
+    """`rag reembed --status` in an 80-column terminal cut the names `--to` takes: "all-Mi…", "stub-e…"."""
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
+    rm.reembed(rkb.settings, rkb.store, NEW)
+    monkeypatch.setenv("COLUMNS", "80")
+    STATE["kb"] = rkb
+    try:
+        out = CliRunner().invoke(app, ["reembed", "--status"]).output
+    finally:
+        STATE["kb"] = None
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert f"│ {OLD} │ retired │" in out and f"│ {NEW} " in out, out
+
+
 def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb, stub):
     """Two `rag reembed --to X` at once: the second raced the first to the index (a raw
     DuplicateTable) or to the switch; it is refused up front in one line, the first one finishes."""

@@ -19,7 +19,8 @@ from rag_lib.embedding.spaces import settings_naming
 def _print_status(data: dict) -> None:
     table = Table(title=f"embedding spaces (rollback → {data['rollback_to'] or 'none'})")
     for col in ("space", "status", "provider", "vectors", "coverage", "HNSW", "activated", "retired"):
-        table.add_column(col)
+        # folded, never cut with "…": a space's name is what `--to` takes; the name and status stay whole
+        table.add_column(col, overflow="fold", no_wrap=col in ("space", "status"))
     for s in data["spaces"]:
         table.add_row(s["space"], s["status"], s["provider"], f"{s['vectors']}/{s['chunks']}", f"{s['coverage']:.1%}",
                       "yes" if s["hnsw_index"] else "no", str(s["activated_at"] or "")[:19], str(s["retired_at"] or "")[:19])
