@@ -19,7 +19,7 @@ from rag_lib.documents import file_of, type_spellings
 from rag_lib.config import Settings, get_settings
 from rag_lib.db import database_gone
 from rag_lib.embedding import EmbeddingProvider, get_provider
-from rag_lib.embedding.spaces import SpaceProviders
+from rag_lib.embedding.spaces import SpaceProviders, settings_naming
 from rag_lib.errors import ConfigError, NotFoundError, ValidationError, close_matches, text_problem
 from rag_lib.ingest import ProgressFn
 from rag_lib.ingest import ingest as run_ingest
@@ -240,6 +240,8 @@ class KnowledgeBase:
         location watches them."""
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]  # one path is a list of one
         name = self._collection(collection)
+        for missing in (p for p in paths if not os.path.lexists(p)):
+            raise ValidationError(self._missing_path_message(missing, name))
         if root is None:
             root = self._registered_root_of(paths, name)
         elif Path(root).is_dir():  # a --root inside or holding a root of the collection: its files again, other paths
@@ -418,6 +420,27 @@ class KnowledgeBase:
         holders = {r for r in roots for p in spelled if real[p].is_relative_to(r) or p.is_relative_to(r)}
         covering = [r for r in holders if all(real[p].is_relative_to(r) or p.is_relative_to(r) for p in spelled)]
         return max(covering, key=lambda r: len(r.parts)) if covering else None
+
+    def _missing_path_message(self, path: Path, collection: str) -> str:
+        """"no such file or directory", and for a path under a root of `collection` (a folder or file
+        moved or deleted) how many documents read from there are still served and what deletes them:
+        an ingest of the nearest folder that exists, with --prune (it prunes only under that folder)."""
+        message = f"{path}: no such file or directory"
+        spelled = Path(os.path.abspath(path))
+        roots = [r for r in self._roots_of(collection) if spelled.is_relative_to(r)]
+        if not roots:
+            return message
+        root = max(roots, key=lambda r: len(r.parts))
+        rel = spelled.relative_to(root).as_posix()
+        served = len(self.store.document_sources_under(collection, [rel], [rel]))
+        if not served:
+            return message
+        message += (f"; {served} document{'s' if served != 1 else ''} of collection '{collection}' read from there "
+                    f"{'is' if served == 1 else 'are'} still served")
+        parent = next(p for p in spelled.parents if p.is_dir())
+        if parent.is_relative_to(root):
+            message += f": `rag ingest {parent} --collection {collection} --prune` deletes {'it' if served == 1 else 'them'}"
+        return message
 
     def _roots_of(self, collection: str) -> list[Path]:
         """The registered roots of `collection` (one read of the registry)."""
@@ -671,8 +694,11 @@ class KnowledgeBase:
         configured = self.settings.embedding.space
         if active is None or active["space"] == configured:
             return None
+        # the space a rollback returns to needs no re-embedding: its vectors were kept
+        back = ("`rag reembed --rollback` switches back to it" if configured == self.store.previous_space()
+                else f"`rag reembed --to {configured}`")
         return (f"the settings name embedding space {configured}, not the active {active['space']}: ingests are "
-                f"refused until they match (`rag reembed --to {configured}`, or set embedding.* to {active['space']})")
+                f"refused until they match ({back}, or set {settings_naming(active)})")
 
     def reembed_version(self, version: str, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Re-ingest (re-chunk, re-embed, re-publish) the documents published under embed_version

@@ -218,7 +218,17 @@ class Reembedder:
         started = time.perf_counter()
         active = self.store.active_space()
         report = ReembedReport(self.space, active["space"] if active else None, self.run_id)
-        self.start()
+        before = self.start()
+        try:
+            return self._fill_check_switch(report, switch, skip_quality, started)
+        finally:
+            # a retired space (what a rollback returns to) that was not switched to stays retired: left
+            # "building", it was no longer a rollback target and `--abort` would have dropped its vectors
+            if before == "retired" and not report.switched:
+                self.store.retire_again(self.space)
+
+    def _fill_check_switch(self, report: ReembedReport, switch: bool, skip_quality: bool,
+                           started: float) -> ReembedReport:
         try:
             self.fill(report)
         except Exception:

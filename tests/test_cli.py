@@ -164,6 +164,39 @@ def test_piped_search_and_list_print_each_row_on_one_line_with_its_date_and_tick
         assert cells[2:6] == [doc["doc_id"], doc["doc_type"], doc["ticker"] or "", doc["doc_date"] or ""], row
 
 
+def test_an_ingest_of_a_deleted_folder_says_what_it_still_serves_and_what_deletes_it(rag, corpus_copy):
+    """A folder deleted (or moved), then `rag ingest FOLDER --prune` to drop its documents, since an
+    ingest names and prunes only under the path it is given: "no such file or directory", not a word
+    of the documents read from there, which searches went on serving."""
+    import shutil
+
+    root = corpus_copy(LEARNING, TRADE, EARNINGS)
+    assert rag("ingest", str(root))[0] == 0
+    shutil.rmtree(root / "tradegent/knowledge/trades")
+    code, _, err = rag("ingest", str(root / "tradegent/knowledge/trades"), "--prune")
+    assert code == 1 and err.strip() == (
+        f"error: {root}/tradegent/knowledge/trades: no such file or directory; 1 document of collection 'default' "
+        f"read from there is still served: `rag ingest {root}/tradegent/knowledge --collection default --prune` "
+        "deletes it")
+    code, out, _ = rag("ingest", str(root / "tradegent/knowledge"), "--collection", "default", "--prune")
+    assert code == 0 and f"pruned (their files are gone): {TRADE}" in out
+    assert {d["path"] for d in json.loads(rag("list", "--json")[1])} == {LEARNING, EARNINGS}
+    code, _, err = rag("ingest", str(root / "tradegent/knowledge/trades"))
+    assert code == 1 and err.strip() == f"error: {root}/tradegent/knowledge/trades: no such file or directory"
+
+
+def test_a_piped_table_title_wider_than_its_table_stays_on_one_line(rag, corpus_copy):
+    """Into a pipe the rows were one line each, but a title wider than its table was still folded
+    at the table's width: "ingest into 'tradegent' (264.8" / "s)", "database check (active space
+    all-MiniLM-L6-v2:384, 3325" / "chunks, 3325 vectors)"."""
+    assert rag("ingest", str(corpus_copy(LEARNING)))[0] == 0
+    code, out, _ = rag("validate")
+    assert code == 0
+    assert re.fullmatch(r"database check \(active space all-MiniLM-L6-v2:384, \d+ chunks, \d+ vectors\)",
+                        out.splitlines()[0]), out
+    assert out.splitlines()[1].startswith("┏")  # the table follows its title
+
+
 def test_a_terminal_of_80_columns_gets_a_search_table_80_columns_wide(rag, corpus_copy, monkeypatch):
     """COLUMNS (or a terminal's width) still bounds the table: each row is folded within it, with
     its rank, score, date and ticker on its first line."""
@@ -377,8 +410,8 @@ def test_status_says_when_the_settings_name_another_embedding_space_than_the_act
     monkeypatch.setenv("RAG_EMBEDDING__MODEL", "rotated-minilm")
     out = " ".join(rag("status")[1].split())
     assert ("the settings name embedding space rotated-minilm:384, not the active all-MiniLM-L6-v2:384: ingests are "
-            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.* to "
-            "all-MiniLM-L6-v2:384)") in out
+            "refused until they match (`rag reembed --to rotated-minilm:384`, or set embedding.provider local, "
+            "model all-MiniLM-L6-v2, dimensions 384)") in out
 
 
 def test_an_empty_database_is_named_with_how_to_point_at_another(rag, tmp_path, database_url):

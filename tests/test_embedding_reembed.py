@@ -312,6 +312,46 @@ def test_quality_gate_is_pluggable(rkb, stub, tmp_path):
     assert rm.reembed(settings, rkb.store, NEW, scorer=scorer).switched
 
 
+def test_a_reembed_into_the_rollback_space_that_does_not_switch_leaves_the_rollback_in_place(rkb, stub, tmp_path):
+    """`rag reembed --to X` where X is the space a rollback returns to, refused by its quality gate
+    or stopped by an error: X was left 'building', so `rag reembed --rollback` answered "no retired
+    embedding space" and `rag reembed --abort`, which status then offered, would drop X's vectors."""
+    rm.reembed(rkb.settings, rkb.store, NEW)
+    rm.rollback(rkb.settings, rkb.store)
+    settings = rkb.settings.model_copy(deep=True)
+    settings.embedding.reembed.eval_set = tmp_path
+    worse = lambda store, provider, space, eval_set: 0.1 if space["space"] == NEW else 0.9  # noqa: E731
+
+    def broken(store, provider, space, eval_set):
+        raise EmbeddingError("the eval set's provider is down")
+
+    assert not rm.reembed(settings, rkb.store, NEW, scorer=worse).switched
+    assert rkb.store.get_space(NEW)["status"] == "retired" and rkb.store.previous_space() == NEW
+    with pytest.raises(EmbeddingError, match="provider is down"):
+        rm.reembed(settings, rkb.store, NEW, scorer=broken)
+    assert rkb.store.get_space(NEW)["status"] == "retired" and rkb.store.previous_space() == NEW
+    back = rm.rollback(rkb.settings, rkb.store)
+    assert back.switched and back.filled == 0 and rkb.store.active_space()["space"] == NEW
+
+
+def test_settings_naming_the_new_model_before_the_reembed_still_search_and_reembed(rkb, stub, tmp_path):
+    """The operator edits embedding.* to name the new model first, then runs `rag reembed --to` it.
+    Searches failed ("no provider for 'all-MiniLM-L6-v2:384': add an entry ... to
+    embedding.providers"), and so did the re-embed, at its quality gate, after paying for the fill:
+    the installed local model, which the default settings name, now needs no entry."""
+    before = [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits]
+    edited = Settings(database_url=rkb.settings.database_url, home=rkb.settings.home, embedding={
+        "provider": "openai_compatible", "base_url": stub.base_url, "model": MODEL, "dimensions": DIMS,
+        "backoff_base": 0.01, "max_retries": 1, "reembed": {"eval_set": str(tmp_path)}})
+    kb = KnowledgeBase(edited)
+    try:
+        assert [h.chunk_id for h in kb.search(QUERY, top_k=5).hits] == before
+        same = lambda store, provider, space, eval_set: 0.5  # noqa: E731
+        assert rm.reembed(edited, kb.store, NEW, scorer=same).switched
+    finally:
+        kb.close()
+
+
 def test_default_quality_gate_scores_each_space_on_the_eval_set(rkb, stub, tmp_path):
     """The real scorer (rag_lib.eval) on a tiny BEIR set: the stub's random vectors retrieve worse
     than the local model, so a strict tolerance refuses the switch and a loose one allows it."""
@@ -361,6 +401,48 @@ def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
         assert out.exit_code == 2
     finally:
         STATE["kb"] = None
+
+
+def test_after_a_switch_rag_names_the_settings_to_set_or_that_they_name_it_already(rkb, stub):
+    """After `rag reembed --to`, rag said "Set embedding.model/dimensions (and provider) to match" without
+    their values, and said it again after a rollback to the space the settings already named; `rag
+    status` offered `rag reembed --to` the retired space, where `--rollback` switches back at no cost."""
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
+    STATE["kb"] = rkb
+    try:
+        said = " ".join(CliRunner().invoke(app, ["reembed", "--to", NEW]).output.split())
+        assert (f"{NEW} is now the active space (was {OLD}). Set embedding.provider openai_compatible, model "
+                f"{MODEL}, dimensions {DIMS} (and its base_url) in rag.yaml and restart the servers;") in said
+        assert rkb.space_mismatch().endswith(
+            "(`rag reembed --rollback` switches back to it, or set embedding.provider openai_compatible, model "
+            f"{MODEL}, dimensions {DIMS} (and its base_url))")
+        said = " ".join(CliRunner().invoke(app, ["reembed", "--rollback"]).output.split())
+        assert f"{OLD} is now the active space (was {NEW}). The settings name it already: `rag ingest`" in said
+        assert "Set embedding" not in said and rkb.space_mismatch() is None
+    finally:
+        STATE["kb"] = None
+
+
+def test_reembed_status_in_80_columns_prints_each_space_name_whole(rkb, stub, monkeypatch):
+    """`rag reembed --status` in an 80-column terminal cut the names `--to` takes: "all-Mi…", "stub-e…"."""
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
+    rm.reembed(rkb.settings, rkb.store, NEW)
+    monkeypatch.setenv("COLUMNS", "80")
+    STATE["kb"] = rkb
+    try:
+        out = CliRunner().invoke(app, ["reembed", "--status"]).output
+    finally:
+        STATE["kb"] = None
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert f"│ {OLD} │ retired │" in out and f"│ {NEW} " in out, out
 
 
 def test_a_second_reembed_to_the_same_space_is_refused_while_the_first_runs(rkb, stub):

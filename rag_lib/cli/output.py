@@ -6,6 +6,7 @@ get` and `gh` print, unless COLUMNS names a width. `--json` is the format for pr
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -41,17 +42,31 @@ class CliConsole(Console):
 
 
 class _TitlesLeftInPipes(RenderHook):
-    """Out of a terminal a table's title and caption start at the left margin: centred over a row
-    hundreds of characters long, they would start off the screen of `less`."""
+    """Out of a terminal a table's title and caption are lines of their own at the left margin:
+    centred over a row hundreds of characters long, they would start off the screen of `less`, and
+    inside the table they were folded at its width ("ingest into 'tradegent' (264.8" / "s)")."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
 
     def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
-        if not self.console.is_terminal:
-            for table in (r for r in renderables if isinstance(r, Table)):
-                table.title_justify = table.caption_justify = "default"  # left, not padded to the width
-        return renderables
+        if self.console.is_terminal:
+            return renderables
+        out: list[ConsoleRenderable] = []
+        for r in renderables:
+            out.extend(self._annotations_apart(r) if isinstance(r, Table) else [r])
+        return out
+
+    def _annotations_apart(self, table: Table) -> list[ConsoleRenderable]:
+        """The title, the table without its title and caption, and the caption."""
+        bare = copy.copy(table)  # the caller's table keeps its title
+        bare.title = bare.caption = None
+        title = [self._line(table.title, table.title_style or "table.title")] if table.title else []
+        caption = [self._line(table.caption, table.caption_style or "table.caption")] if table.caption else []
+        return [*title, bare, *caption]
+
+    def _line(self, text: Any, style: Any) -> ConsoleRenderable:
+        return self.console.render_str(text, style=style, highlight=False) if isinstance(text, str) else text
 
 
 _PATH_PART = re.compile(r"#.*|[^/#]+/?|/")  # a folder with its slash, a file name, a '#section' anchor

@@ -13,12 +13,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from rag_lib.cli.app import app, console, fail, kb, print_json, progress_bar
+from rag_lib.embedding.spaces import settings_naming
 
 
 def _print_status(data: dict) -> None:
     table = Table(title=f"embedding spaces (rollback → {data['rollback_to'] or 'none'})")
     for col in ("space", "status", "provider", "vectors", "coverage", "HNSW", "activated", "retired"):
-        table.add_column(col)
+        # folded, never cut with "…": a space's name is what `--to` takes; the name and status stay whole
+        table.add_column(col, overflow="fold", no_wrap=col in ("space", "status"))
     for s in data["spaces"]:
         table.add_row(s["space"], s["status"], s["provider"], f"{s['vectors']}/{s['chunks']}", f"{s['coverage']:.1%}",
                       "yes" if s["hnsw_index"] else "no", str(s["activated_at"] or "")[:19], str(s["retired_at"] or "")[:19])
@@ -35,6 +37,14 @@ def _print_report(report, as_json: bool) -> None:
     )
     for gate in report.gates:
         console.print(f"  {'[green]pass[/]' if gate.passed else '[red]FAIL[/]'} {gate.name}: {gate.detail}")
+
+
+def _settings_step(base, space: str) -> str:
+    """What to set after a switch to `space`, with the values, or that the settings name it already."""
+    if base.settings.embedding.space == space:
+        return "The settings name it already: "
+    row = next(s for s in base.reembed_status()["spaces"] if s["space"] == space)
+    return f"Set {settings_naming(row)} in rag.yaml and restart the servers; "
 
 
 def _after_settings(carried: dict) -> str:
@@ -121,9 +131,8 @@ def reembed(
     _print_report(report, as_json)
     if report.switched and not as_json:
         console.print(
-            f"[bold]{report.space}[/] is now the active space (was {report.previous}). Set embedding.model/dimensions "
-            f"(and provider) to match in rag.yaml and restart servers; {_after_settings(report.carried)} "
-            "`rag reembed --rollback` goes back."
+            f"[bold]{report.space}[/] is now the active space (was {report.previous}). {_settings_step(base, report.space)}"
+            f"{_after_settings(report.carried)} `rag reembed --rollback` goes back."
         )
     elif not no_switch and not report.switched:
         failed = "; ".join(f"{g.name}: {g.detail}" for g in report.gates if not g.passed) or "unknown reason"

@@ -101,7 +101,7 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
 
 def resolve_space(settings: Settings, spec: str) -> list[ProviderSettings]:
     """Provider settings able to make the space `MODEL[:DIMS]`, preferred first: the configured
-    provider, then registry entries; a known OpenAI model needs no entry."""
+    provider, then registry entries; a known OpenAI model and the installed local one need no entry."""
     model, dims = parse_spec(spec)
     candidates = [_primary(settings), *settings.embedding.providers]
     found = [c for c in candidates if c.model == model and (dims is None or c.dimensions == dims)]
@@ -112,6 +112,11 @@ def resolve_space(settings: Settings, spec: str) -> list[ProviderSettings]:
         return found
     if model in OPENAI_DEFAULT_DIMS:
         return [ProviderSettings(provider="openai", model=model, dimensions=dims or OPENAI_DEFAULT_DIMS[model])]
+    installed = ProviderSettings()  # the local model the default settings name, installed with rag-kb
+    if model == installed.model and dims in (None, installed.dimensions):
+        # the space embedding.* named before it was edited: searching it, comparing a new space
+        # with it and rolling back to it need no entry in embedding.providers
+        return [installed]
     raise ConfigError(
         f"no provider for '{spec}': add an entry with model {model}"
         + (f" and dimensions {dims}" if dims else "") + " to embedding.providers"

@@ -13,6 +13,12 @@ from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.errors import ConfigError
 
 
+def settings_naming(space: dict[str, Any]) -> str:
+    """The embedding settings that name a space row of `rag_spaces` (its provider, model, dimensions)."""
+    remote = "" if space["provider"] == "local" else " (and its base_url)"
+    return f"embedding.provider {space['provider']}, model {space['model']}, dimensions {space['dimensions']}{remote}"
+
+
 class PinnedStore:
     """A view of a store whose `active_space()` is fixed; everything else is the store's."""
 

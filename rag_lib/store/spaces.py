@@ -76,6 +76,12 @@ class SpaceStore:
             )
         return before or "new"
 
+    def retire_again(self, space: str) -> None:
+        """Return `space` from 'building' to 'retired', its retirement time unchanged: a re-embed into
+        the space a rollback returns to that did not switch leaves that rollback in place."""
+        with self.db.connection() as conn:
+            conn.execute("UPDATE rag_spaces SET status = 'retired' WHERE space = %s AND status = 'building'", (space,))
+
     def note_space_chunker(self, space: str, chunker: str) -> None:
         """Record the chunker of `space`'s provider where none is recorded yet (a space registered
         before chunkers were recorded)."""
