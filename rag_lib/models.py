@@ -278,6 +278,8 @@ class IngestReport:
     pruned: list[str] = field(default_factory=list)
     # documents within the ingested paths whose files are gone, still served: a run without prune
     stale: list[str] = field(default_factory=list)
+    # files skipped by this run whose last good version's documents are still served
+    held: list[str] = field(default_factory=list)
     embedded: int = 0  # chunks sent to the provider
     cache_hits: int = 0
     seconds: float = 0.0
@@ -300,6 +302,7 @@ class IngestReport:
             "failed": self.count("failed"),
             "pruned": self.pruned,
             "stale": self.stale,
+            "held": self.held,
             "chunks": self.chunks,
             "embedded": self.embedded,
             "cache_hits": self.cache_hits,

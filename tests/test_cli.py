@@ -701,7 +701,15 @@ def test_status_names_files_served_from_an_older_version_and_what_to_do(rag, tmp
     (root / "copper.yaml").write_text("_meta:\n  type: research\nthesis: [The desk is long copper.\n")
     (root / "beir.jsonl").write_text("{broken\n" * 3)  # every record unreadable
     (root / "mixed.jsonl").write_text('{"_id": "m1", "text": "Tin, revised."}\n{broken\n')
-    assert rag("ingest", str(root))[0] == 0
+    code, out, _ = rag("ingest", str(root))
+    # the ingest itself says so: "skipped" alone read as if the file were left out
+    assert code == 0 and "served from an older version (the newest edit is skipped, the last good version stays " \
+        "live): beir.jsonl, copper.yaml; fix and ingest again" in out
+    assert "still served though their files are gone" not in out  # their files are there, unreadable
+    code, out, _ = rag("ingest", str(root), "--json", "--prune")
+    report = json.loads(out)
+    # a prune (the sensor's too) keeps the records of a file whose lines can't be read: it deleted all seven
+    assert code == 0 and report["held"] == ["beir.jsonl", "copper.yaml"] and report["pruned"] == []
     code, out, _ = rag("status", "--json")
     held = {h["path"]: h for h in json.loads(out)["held"]}
     assert code == 0 and sorted(held) == ["beir.jsonl", "copper.yaml"]

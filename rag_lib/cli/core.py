@@ -62,6 +62,9 @@ def print_ingest_report(report: IngestReport) -> None:
             detail.add_row(PathCell(row["path"]), row["status"], row["reason"], escape(row["detail"]))
         detail.caption = _folded_caption(rows)
         console.print(detail)
+    if report.held:
+        console.print(f"[yellow]served from an older version[/] (the newest edit is skipped, the last good version "
+                      f"stays live): {escape(_some(report.held))}; fix and ingest again", soft_wrap=True, highlight=False)
     warned = [(o.path, w) for o in report.outcomes for w in o.warnings]
     if warned:
         table = Table(title="ingested without some of their metadata")

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from rag_lib.corpus_files import empty_folder_warning, file_gone, path_refusal
-from rag_lib.documents import file_of, iter_corpus_files
+from rag_lib.documents import file_of, iter_corpus_files, record_of
 from rag_lib.corpus_scan import FileTarget
 from rag_lib.ingest.overlap import overlapped
 from rag_lib.ingest.stages import Engine, Loaded
-from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, SECTIONS, STAGES, VECTORS, StageOutcome, StageRunner
+from rag_lib.ingest.state import (CHUNKS, EMBEDDINGS, RAW, SECTIONS, STAGES, VECTORS, StageOutcome, StageRunner,
+                                  held_files, unread_records)
 from rag_lib.errors import LimitExceededError, ValidationError
 from rag_lib.graph.extract import forget_corpus_indexes
 from rag_lib.log import get_logger
@@ -179,6 +180,9 @@ def ingest(
         report.pruned = _prune(store, collection, seen, scopes, {s.rel for s in files}, empty)
     else:  # said, not done: a renamed or deleted file's documents would otherwise be served unnoticed
         report.stale = _gone_documents(store, collection, seen, scopes, {s.rel for s in files}, empty, quiet=True).gone
+    if skipped := {(record_of(o.path) or (o.path,))[0] for o in report.outcomes if o.status == "skipped"}:
+        # "skipped" alone read as if the file were left out: its last good version still serves
+        report.held = sorted(r["path"] for r in held_files(store, collection) if r["path"] in skipped)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -330,6 +334,10 @@ def _report_file(engine: Engine, report: IngestReport, t: FileTarget, stages: di
     for s in raw.get("skipped", []):
         report.outcomes.append(FileOutcome(s["path"], "skipped", reason=s["reason"], detail=s["detail"]))
     keep = {t.rel, *documents, *(s["path"] for s in raw.get("skipped", []))}
+    if unread_records(raw):
+        # which record a broken line held can't be told: the publisher keeps every live record of the
+        # file (`unread_records`), and so must prune (it deleted them) and the stale list
+        keep |= set(engine.store.document_sources_under(t.collection, [], [t.rel]))
     failed = next((stages[st] for st in STAGES if st in stages and stages[st].status == "failed"), None)
     if failed is not None:  # the file keeps its last good version (prune leaves it)
         stage = next(st for st in STAGES if stages.get(st) is failed)

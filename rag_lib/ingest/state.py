@@ -675,7 +675,7 @@ class StageRunner:
             written += len(chunks)
         gone = set((stored.get(VECTORS) or {}).get("documents", [])) - set(published) - kept
         gone |= {p for p in states if p.startswith(f"{t.rel}#")} - set(published) - kept  # JSONL records
-        if unread := _unread_records(raw):
+        if unread := unread_records(raw):
             # which `_id` a broken line had can't be told: every absent record keeps its live version
             # until the file reads cleanly (then the ones removed on purpose go)
             if held := {p for p in gone if p.startswith(f"{t.rel}#")}:
@@ -701,7 +701,7 @@ def _skip_entry(exc: TooManyChunksError) -> dict[str, str]:
     return {"path": exc.path, "reason": exc.reason, "detail": str(exc)}
 
 
-def _unread_records(raw: dict) -> list[str]:
+def unread_records(raw: dict) -> list[str]:
     """A JSONL file's lines skipped without a record id to tell (`<file>:<line>`; a duplicate `_id`
     names a record that is there)."""
     return [s["path"] for s in raw.get("skipped", []) if s.get("reason") != "duplicate_id"]
