@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from rag_lib.cli.app import console, fail, print_json
+from rag_lib.cli.app import console, err_console, fail, leave_on_interrupt, print_json
 from rag_lib.config import get_settings
 from rag_lib.models import CorpusRoot
 
@@ -101,6 +101,11 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
         os.close(saved)
 
 
+def _say(line: str) -> None:
+    """A line about what the command waits on, on stderr at once (stdout may be --json's)."""
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _run(paths: list[str], collection: Optional[str], force: bool, job: str, embed_version: Optional[str],
          as_json: bool, parallel: Optional[int] = None) -> None:
     from rag_lib import quality
@@ -117,13 +122,17 @@ def _run(paths: list[str], collection: Optional[str], force: bool, job: str, emb
         ends_with_its_runs()
         with collections_paused():  # importing Dagster
             from pipelines.instance import get_instance
-            from pipelines.launch import materialize_corpus
+            from pipelines.launch import QueueWatch, materialize_corpus
 
         instance = get_instance(settings)
+        watch = QueueWatch(say=_say)
         try:
             with _stdout_to_stderr(as_json):  # the code server and runs inherit fd 1: keep --json clean
                 summary = materialize_corpus(instance, roots, force=force, job_name=job, embed_version=embed_version,
-                                             parallel=parallel)
+                                             parallel=parallel, watch=watch)
+        except KeyboardInterrupt:  # runs in the queue go on without this command: say so, not "run it again"
+            leave_on_interrupt(watch.interrupted_note())
+            raise
         finally:
             instance.dispose()
     finally:

@@ -1,15 +1,16 @@
 """`rag materialize` through the code location: register the roots, sync the partitions, then
 create each run for the code location's own job (a remote job origin, as the UI's launch does),
-submit it to the instance (the run queue when a daemon is running, else launch it directly,
+submit it to the instance (the run queue when its daemon beats, else launch it directly,
 `--parallel` at a time; one at a time, it runs in this process), wait, and summarize stages, checks and failed partitions from the event log.
-Files that are current and materialized get no run unless forced."""
+Files that are current and materialized get no run unless forced. What the user waits on (a run
+held in the queue, a daemon that stopped) is said in one line, not waited out in silence."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,9 @@ from rag_lib import quality
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.errors import ConfigError
+from rag_lib.log import get_logger
 from rag_lib.models import CorpusRoot
+from rag_lib.search.notes import plural
 from rag_lib.corpus_scan import FileTarget
 
 from pipelines import dagster_private
@@ -35,10 +38,18 @@ FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 # Dagster's daemon heartbeat interval and the tolerance its liveness check allows past it
 # (dagster/_daemon/controller.py: DEFAULT_HEARTBEAT_INTERVAL_SECONDS, DEFAULT_DAEMON_HEARTBEAT_TOLERANCE_SECONDS)
 HEARTBEAT_SECONDS, HEARTBEAT_TOLERANCE_SECONDS = 30, 1800
+# A live daemon beats every interval: it checks between steps of its loop, and each step is short
+# (one run's launch, or half a second idle). Silent for this long, it has stopped (or hangs), and
+# its queue would hold runs until it runs again: Dagster's status still calls it running for 30 min.
+STALE_HEARTBEAT_SECONDS = 3 * HEARTBEAT_SECONDS
+# A run still queued this long after its submission: say why, once (a live daemon dequeues within seconds).
+QUEUED_NOTICE_SECONDS = 30.0
 # Between reads of a run's status: quick at first (short runs end soon), then at most once a
 # second. A read costs ~2.6 ms of CPU here and about as much in Postgres: at a steady 5 reads a
 # second, waiting on a cold 3-minute run took ~2.3 s of CPU from an embedding using both cores.
 POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.1, 1.0
+
+log = get_logger(__name__)
 
 
 def poll_delays() -> Iterator[float]:
@@ -101,16 +112,108 @@ def register_partitions(instance, kb: KnowledgeBase, roots: list[CorpusRoot], fo
     return targets, sync.ordered, sync.removed
 
 
-def daemon_running(instance, now: float | None = None) -> bool:
-    """True when the run-queue daemon has a recent heartbeat (then runs are submitted to the queue):
-    within Dagster's heartbeat interval plus the tolerance its daemon status allows (errors the
-    daemon reported do not count: it still dequeues)."""
+def heartbeat_age(instance, now: float | None = None) -> float | None:
+    """Seconds since the run-queue daemon's last heartbeat; None when the instance has no run queue
+    or the daemon never beat."""
     if QUEUE_DAEMON not in instance.get_required_daemon_types():
-        return False
+        return None
     beat = instance.get_daemon_heartbeats().get(QUEUE_DAEMON)
     if beat is None:
+        return None
+    return (now if now is not None else time.time()) - beat.timestamp
+
+
+def daemon_running(instance, now: float | None = None) -> bool:
+    """Dagster's daemon status: the run-queue daemon beat within its heartbeat interval plus the
+    tolerance the status allows (errors the daemon reported do not count: it still dequeues)."""
+    return running_at(heartbeat_age(instance, now))
+
+
+def running_at(age: float | None) -> bool:
+    """`daemon_running` for a last heartbeat `age` seconds old (None: none)."""
+    return age is not None and age <= HEARTBEAT_SECONDS + HEARTBEAT_TOLERANCE_SECONDS
+
+
+def queue_takes_runs(instance, stale_after: float = STALE_HEARTBEAT_SECONDS, now: float | None = None) -> bool:
+    """Whether to submit runs to the queue: its daemon is running and beat within `stale_after`
+    seconds. Dagster's status gives a daemon 30 minutes (`daemon_running`); runs queued behind one
+    that stopped minutes ago would wait, unseen, until it runs again, so they are launched here."""
+    return beats_within(heartbeat_age(instance, now), stale_after)
+
+
+def beats_within(age: float | None, stale_after: float) -> bool:
+    """`queue_takes_runs` for a last heartbeat `age` seconds old (None: none)."""
+    return running_at(age) and age <= stale_after
+
+
+def age_text(seconds: float) -> str:
+    """`45 s`, `5 min`, `2.5 h`: an age as a user reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class QueueWatch:
+    """What `rag materialize` tells its user about the run queue, each in one line through `say`:
+    runs launched here because the daemon stopped beating (`stale_after`), a run still queued
+    `notice_after` seconds after its submission (once), and, on Ctrl-C, which runs stay queued."""
+
+    say: Callable[[str], None] = log.warning
+    stale_after: float = STALE_HEARTBEAT_SECONDS
+    notice_after: float = QUEUED_NOTICE_SECONDS
+    waiting: list[str] = field(default_factory=list)  # submitted to the queue, not yet seen finished
+    submitted_at: float = 0.0  # time.monotonic() of the last submission
+    told: bool = False  # the still-queued line was said
+
+    def takes_runs(self, instance, runs: int) -> bool:
+        """`queue_takes_runs`; when Dagster still counts a stale daemon running, say that the `runs`
+        start here instead (a daemon gone for longer is the usual no-daemon case: nothing to say)."""
+        age = heartbeat_age(instance)
+        if beats_within(age, self.stale_after):
+            return True
+        if running_at(age):
+            self.say(f"Dagster's run-queue daemon last reported {age_text(age)} ago (every {HEARTBEAT_SECONDS} s "
+                     f"while it runs, so it has stopped): running {plural(runs, 'run')} from here, not through its "
+                     "queue (dagster.yaml's queue limits do not apply; --parallel does)")
         return False
-    return (now if now is not None else time.time()) <= beat.timestamp + HEARTBEAT_SECONDS + HEARTBEAT_TOLERANCE_SECONDS
+
+    def submitted(self, run_id: str) -> None:
+        self.waiting.append(run_id)
+        self.submitted_at = time.monotonic()
+
+    def still_waiting(self, instance, run) -> None:
+        """Called at each read of an unfinished run: once a queued run has waited `notice_after`
+        seconds, say why it waits (the first time only)."""
+        if self.told or run.run_id not in self.waiting or run.status.value != "QUEUED" \
+                or time.monotonic() - self.submitted_at < self.notice_after:
+            return
+        self.told = True
+        self.say(f"run {run.run_id} has waited {age_text(time.monotonic() - self.submitted_at)} in Dagster's run "
+                 f"queue: {self._why_queued(instance)}; still waiting (Ctrl-C leaves the runs queued)")
+
+    def _why_queued(self, instance) -> str:
+        """The facts a user needs to tell a busy queue from a daemon that is not running."""
+        from dagster import DagsterRunStatus, RunsFilter
+
+        age = heartbeat_age(instance)
+        running = instance.get_runs_count(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]))
+        reported = "has never reported" if age is None else f"last reported {age_text(age)} ago"
+        return (f"its daemon starts queued runs within dagster.yaml's limits ({plural(running, 'run')} in progress "
+                f"now) and {reported} (every {HEARTBEAT_SECONDS} s while it runs; `rag dev` starts it)")
+
+    def finished(self, run_id: str) -> None:
+        if run_id in self.waiting:
+            self.waiting.remove(run_id)
+
+    def interrupted_note(self) -> str | None:
+        """What an interrupt leaves when runs wait in the queue: they stay there (None: no run does)."""
+        if not self.waiting:
+            return None
+        them = "it" if len(self.waiting) == 1 else "them"
+        return (f"{'its run' if len(self.waiting) == 1 else 'its runs'} went to Dagster's run queue and go"
+                f"{'es' if len(self.waiting) == 1 else ''} on without it (a queued run starts when the daemon runs: "
+                f"`rag dev`): {', '.join(self.waiting)}; to cancel {them}, terminate {them} in the Dagster UI (Runs)")
 
 
 def _code_server_env(settings: Settings) -> None:
@@ -154,7 +257,7 @@ def location_in_process(instance) -> Iterator[Any]:
         yield location
 
 
-def runs_in_process(instance, parallel: int) -> bool:
+def runs_in_process(instance, parallel: int, stale_after: float = STALE_HEARTBEAT_SECONDS) -> bool:
     """Run here rather than in a run worker the code server starts: no run queue to submit to, one
     run at a time, and runs the instance would launch locally anyway (Dagster's default launcher,
     not e.g. Kubernetes'). The runs are the same (the location's job, its origin, events, tags);
@@ -162,7 +265,8 @@ def runs_in_process(instance, parallel: int) -> bool:
     location again: 5-8 s of a warm `rag materialize` (see README, dagster_overhead)."""
     from dagster import DefaultRunLauncher
 
-    return parallel == 1 and not daemon_running(instance) and isinstance(instance.run_launcher, DefaultRunLauncher)
+    return parallel == 1 and not queue_takes_runs(instance, stale_after) \
+        and isinstance(instance.run_launcher, DefaultRunLauncher)
 
 
 def _wait_for_run_processes(workspace, timeout: float = 30.0) -> None:
@@ -175,11 +279,12 @@ def _wait_for_run_processes(workspace, timeout: float = 30.0) -> None:
 
 
 def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], ranges: list[tuple[str, str]],
-                parallel: int = 1, trigger: str = "rag materialize") -> list[str]:
-    """One run per partition range: submitted to the queue when its daemon runs (dagster.yaml's
-    limits apply), else launched here, at most `parallel` at once; with a `location_in_process`
-    workspace, executed in this process one after the other. Returns the run ids."""
-    queued = daemon_running(instance)
+                parallel: int = 1, trigger: str = "rag materialize", watch: QueueWatch | None = None) -> list[str]:
+    """One run per partition range: submitted to the queue when its daemon beats (dagster.yaml's
+    limits apply; `QueueWatch.takes_runs`), else launched here, at most `parallel` at once, or with a
+    `location_in_process` workspace executed in this process one after the other. Returns the run ids."""
+    watch = watch or QueueWatch()
+    queued = watch.takes_runs(instance, len(ranges))
     run_ids: list[str] = []
     in_flight: list[str] = []
     for start, end in ranges:
@@ -191,6 +296,7 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
             continue
         if queued:
             instance.submit_run(run.run_id, workspace)
+            watch.submitted(run.run_id)
             continue
         delays = poll_delays()
         while len(in_flight) >= parallel:
@@ -201,12 +307,16 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
     return run_ids
 
 
-def wait_for_run(instance, run_id: str):
-    """The run once its status is final (read at `poll_delays`)."""
+def wait_for_run(instance, run_id: str, watch: QueueWatch | None = None):
+    """The run once its status is final (read at `poll_delays`); `watch` hears of each read."""
     delays = poll_delays()
-    while not run_finished(instance, run_id):
+    while (run := instance.get_run_by_id(run_id)).status.value not in FINISHED:
+        if watch is not None:
+            watch.still_waiting(instance, run)
         time.sleep(next(delays))
-    return instance.get_run_by_id(run_id)
+    if watch is not None:
+        watch.finished(run_id)
+    return run
 
 
 def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: dict[str, Counter]) -> None:
@@ -254,11 +364,12 @@ def materialize_corpus(
     log_level: str = "WARNING",
     kb: KnowledgeBase | None = None,
     parallel: int | None = None,
+    watch: QueueWatch | None = None,
 ) -> PipelineRunSummary:
     """Materialize the files under `roots` (all registered roots when empty) that need it (all
     with `force`) through the code location's job: one run per partition range, `parallel`
     (default: settings.pipeline.parallel_runs) ranges at once, recorded on `instance`, visible
-    in the UI."""
+    in the UI; `watch` says what the runs wait on."""
     started = time.perf_counter()
     overrides: dict[str, Any] = {k: v for k, v in {"database_url": database_url, "home": Path(home) if home else None
                                                    }.items() if v is not None}
@@ -294,14 +405,15 @@ def materialize_corpus(
     if config:
         run_config["resources"] = {"rag": {"config": config}}
     stages: dict[str, Counter] = defaultdict(Counter)
-    here = runs_in_process(instance, parallel)
+    watch = watch or QueueWatch()
+    here = runs_in_process(instance, parallel, watch.stale_after)
     if not here:  # a validation process `rag materialize` started ahead would serve no run of this process
         quality.discard_unused_validator()
     with (location_in_process(instance) if here else location_workspace(instance, log_level)) as workspace:
         summary.run_ids = launch_runs(instance, workspace, job_name, run_config, plan_ranges(keys, ordered, parallel),
-                                      parallel)
+                                      parallel, watch=watch)
         for run_id in summary.run_ids:
-            wait_for_run(instance, run_id)
+            wait_for_run(instance, run_id, watch)
             summarize_run(instance, run_id, summary, stages)
     summary.stages = {k: dict(v) for k, v in stages.items()}
     summary.seconds = time.perf_counter() - started

@@ -29,7 +29,8 @@ app = typer.Typer(
 console = CliConsole()  # in a pipe or a file, each table row on one line (see `CliConsole`)
 err_console = CliConsole(stderr=True)
 log = get_logger("cli")
-STATE: dict[str, Any] = {"debug": False, "kb": None, "command": None, "interrupted": False}
+# interrupt_kept: what an interrupt leaves, once the command knows it better than INTERRUPTED (`leave_on_interrupt`)
+STATE: dict[str, Any] = {"debug": False, "kb": None, "command": None, "interrupted": False, "interrupt_kept": None}
 
 # What an interrupted command leaves behind and how to go on (the rest of `interrupted_line`)
 _WRITES_WHOLE = ("files already published stay published and none is half-written (each document is one "
@@ -88,8 +89,15 @@ def fail(message: str, code: int = 1) -> None:
 def interrupted_line(command: str | None) -> str:
     """The one line an interrupt (Ctrl-C) prints: what stopped, what is kept, what to do."""
     name = f"rag {command}" if command else "rag"
-    kept = INTERRUPTED.get(command or "", "what it finished writing is kept whole; run the same command again")
+    kept = STATE["interrupt_kept"] or INTERRUPTED.get(command or "",
+                                                      "what it finished writing is kept whole; run the same command again")
     return f"interrupted: {name} stopped before it finished; {kept}"
+
+
+def leave_on_interrupt(kept: str | None) -> None:
+    """What an interrupt of the running command leaves, known only as it runs (e.g. the runs it
+    queued): `interrupted_line` says it instead of the command's INTERRUPTED entry (None: that)."""
+    STATE["interrupt_kept"] = kept
 
 
 def _note_interrupt(signum: int, frame: Any) -> None:
@@ -119,6 +127,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     STATE["interrupted"] = False
+    STATE["interrupt_kept"] = None
     previous = signal.signal(signal.SIGINT, _note_interrupt)
     try:
         # Non-standalone click returns the code of typer.Exit instead of raising it.

@@ -10,7 +10,8 @@ from rag_lib.errors import close_matches, did_you_mean
 from rag_lib.models import SearchFilters
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
+    """`1 document`, `2 documents`."""
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
@@ -23,7 +24,7 @@ def empty_collection_note(facts: dict[str, Any]) -> str | None:
     collection): say so and name the collections that hold some. None when it holds documents."""
     if facts["documents"]:
         return None
-    held = ", ".join(f"{c['collection']} ({_plural(c['documents'], 'document')})"
+    held = ", ".join(f"{c['collection']} ({plural(c['documents'], 'document')})"
                      for c in facts["collections"] if c["documents"])
     return f"collection '{facts['collection']}' holds no documents" + (f"; these do: {held}" if held else "")
 
