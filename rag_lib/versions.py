@@ -16,6 +16,11 @@ LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unrea
 FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its own ("Desk note (2)"); a file
 # that failed on it under 1 kept its stored sections, current, and failed again on every run
 PUBLISH_VERSION = "1"
+# The digest of the loader's limits (max_file_bytes, limits.*) at their defaults. They were part of its
+# version, so a change of any re-read every file; now a skip records the limit it is over and only the
+# files skipped under another value are read again (rag_lib.ingest.state). The digest stays in the
+# version so that the outputs of a default setup stay current.
+UNVERSIONED_LIMITS = "cf198bf3"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
 CONTENT_STAGES = ("flattened_sections", "chunks", "embeddings")
 # The chunker key (rag_lib.tokens.chunker_key) of the local all-MiniLM-L6-v2's tokenizer, and of a
@@ -42,9 +47,6 @@ def stage_versions(settings: Settings, chunker_version: str | None = None,
     from rag_lib.embedding import configured_chunker
 
     emb = settings.embedding
-    limits = getattr(settings, "limits", None)  # parse limits, when the settings have them
-    loader = {"max_file_bytes": settings.max_file_bytes,
-              "limits": limits.model_dump() if hasattr(limits, "model_dump") else limits}
     # chunking.min_tokens was a setting that nothing read (removed); its default stays in the digest so
     # that chunks made before its removal stay current instead of every file being chunked again
     chunking = {**settings.chunking.model_dump(), "min_tokens": 8}
@@ -52,7 +54,7 @@ def stage_versions(settings: Settings, chunker_version: str | None = None,
     if chunker != UNVERSIONED_CHUNKER:  # another tokenizer or input limit cuts other chunks
         chunking["chunker"] = chunker
     return {
-        "raw_documents": f"load-{LOADER_VERSION}-{_digest(loader)}",
+        "raw_documents": f"load-{LOADER_VERSION}-{UNVERSIONED_LIMITS}",
         "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",
         "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(chunking)}",
         "embeddings": f"{emb.model}:{emb.dimensions}:v{emb.embed_version}",
