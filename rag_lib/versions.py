@@ -39,10 +39,11 @@ def _file_digest(path: Path) -> str:
 
 
 def stage_versions(settings: Settings, chunker_version: str | None = None,
-                   chunker: str | None = None) -> dict[str, str]:
+                   chunker: str | None = None, model: str | None = None) -> dict[str, str]:
     """Stage name → version string; a change marks that stage (and what follows) out of date.
     `chunker`: the chunker key of the provider cutting the chunks (`EmbeddingProvider.chunker`:
-    its tokenizer and input limit), by default the configured provider's."""
+    its tokenizer and input limit), by default the configured provider's; `model`: the key of the
+    model making the vectors (`EmbeddingProvider.key`), by default the configured one's."""
     from rag_lib.chunking import CHUNKER_VERSION
     from rag_lib.embedding import configured_chunker
 
@@ -51,14 +52,15 @@ def stage_versions(settings: Settings, chunker_version: str | None = None,
     # that chunks made before its removal stay current instead of every file being chunked again
     chunking = {**settings.chunking.model_dump(), "min_tokens": 8}
     chunker = chunker or configured_chunker(settings)
+    space = f"{model or emb.key}:{emb.dimensions}"  # another local model under the same name: another space
     if chunker != UNVERSIONED_CHUNKER:  # another tokenizer or input limit cuts other chunks
         chunking["chunker"] = chunker
     return {
         "raw_documents": f"load-{LOADER_VERSION}-{UNVERSIONED_LIMITS}",
         "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",
         "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(chunking)}",
-        "embeddings": f"{emb.model}:{emb.dimensions}:v{emb.embed_version}",
-        "vector_table": f"publish-{PUBLISH_VERSION}-{emb.model}:{emb.dimensions}",
+        "embeddings": f"{space}:v{emb.embed_version}",
+        "vector_table": f"publish-{PUBLISH_VERSION}-{space}",
     }
 
 

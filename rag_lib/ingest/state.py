@@ -582,7 +582,7 @@ class StageRunner:
             result = FileVectors(errors={key: exc for key in pending})
         self.embed_totals["cache_hits"] += result.cache_hits
         self.embed_totals["embedded"] += result.embedded
-        meta = {"model": cfg.model, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
+        meta = {"model": cfg.key, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
         staged, saves, done = [], [], {}
         for key, (t, digest, cs) in pending.items():
             if key in result.errors:
@@ -594,7 +594,7 @@ class StageRunner:
                           self._payload(EMBEDDINGS, "ok", digest, m, _ident(t), space=self.engine.provider.space,
                                         vectors=len(cs)), digest))
             done[key] = StageOutcome(t.key, "ok", m)
-        unstaged = self._stage_vectors(staged, cfg.model, cfg.dimensions)
+        unstaged = self._stage_vectors(staged, cfg.key, cfg.dimensions)
         for c, p, ids, vectors in staged:
             if (c, p) not in unstaged:
                 self._vectors[(c, p)] = {cid: v for (cid, _), v in zip(ids, vectors)}
@@ -644,7 +644,7 @@ class StageRunner:
         # this round's files only: the embedding step may be adding the next round's meanwhile
         staged = {i: self._vectors[i] for i in idents if i in self._vectors}
         cfg = self.engine.settings.embedding
-        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged], cfg.model, cfg.dimensions))
+        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged], cfg.key, cfg.dimensions))
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
@@ -705,8 +705,8 @@ class StageRunner:
             chunks = [Chunk.from_dict(c) for c in entry["chunks"]]
             missing = [c.chunk_id for c in chunks if c.chunk_id not in staged]
             if missing:  # e.g. staged by another model, under settings naming another space
-                raise ValueError(f"{len(missing)} chunks of {doc.path} have no vector staged by {cfg.model}:"
-                                 f"{cfg.dimensions}; rematerialize embeddings")
+                raise ValueError(f"{len(missing)} chunks of {doc.path} have no vector staged by {cfg.space}; "
+                                 "rematerialize embeddings")
             vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
             self.engine.publisher.publish(Prepared(doc, sections, chunks), vectors)
