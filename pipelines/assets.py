@@ -110,7 +110,7 @@ def pipelined_stages(context: AssetExecutionContext, rag: RagResource, first: st
     runner = rag.runner()
     kb = rag.kb()
     cfg = kb.settings.embedding
-    if VECTORS in stages and kb.store.bad_staged_vectors(cfg.model, cfg.dimensions)["bad"]:
+    if VECTORS in stages and kb.store.bad_staged_vectors(cfg.key, cfg.dimensions)["bad"]:
         stages.remove(VECTORS)
     found = {stage: rag.ahead.setdefault(stage, {}) for stage in stages}
     out: dict[str, dict[str, StageOutcome]] = {t.key: {} for t in targets}

@@ -739,7 +739,7 @@ class KnowledgeBase:
     def init(self) -> dict[str, Any]:
         """Start the database, apply migrations, register the configured space and load the model."""
         cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name,
+        self.store.ensure_space(self.provider.space, self.provider.key, cfg.dimensions, self.provider.name,
                                 self.provider.chunker())
         self.provider.embed(["warm-up"])
         from rag_lib.db import redacted_url
@@ -922,7 +922,7 @@ class KnowledgeBase:
         counts = self.store.status_counts(collection)
         space = self.store.active_space()
         counts["active_space"] = space
-        counts["configured_space"] = f"{self.settings.embedding.model}:{self.settings.embedding.dimensions}"
+        counts["configured_space"] = self.settings.embedding.space
         counts["documents_with_other_settings"] = self.documents_with_other_settings(collection)["count"]
         stats = self.store.index_stats()
         counts["index_size_mb"] = stats["index_size_mb"]

@@ -97,8 +97,18 @@ class ProviderSettings(BaseModel):
     equivalent_to: list[str] = Field(default_factory=list)  # spaces declared identical to this one
 
     @property
+    def key(self) -> str:
+        """The model's name as its vectors are keyed (embedding cache, space, staged vectors): a local
+        model other than the installed one adds the identity of its files (rag_lib.embedding.identity)."""
+        if self.provider != "local":
+            return self.model
+        from rag_lib.embedding.identity import model_key
+
+        return model_key(self.model, self.model_path)
+
+    @property
     def space(self) -> str:
-        return f"{self.model}:{self.dimensions}"
+        return f"{self.key}:{self.dimensions}"
 
 
 class ReembedSettings(BaseModel):

@@ -45,12 +45,14 @@ def is_jsonl_name(name: str | os.PathLike[str]) -> bool:
 
 
 class FileRefused(DocumentError):
-    """A corpus file that is not read: `reason` is the skip reason recorded for it."""
+    """A corpus file that is not read: `reason` is the skip reason recorded for it; `setting` the
+    limit it is over (`max_file_bytes`), if any."""
 
     code = "file_refused"
 
-    def __init__(self, reason: str, detail: str, path: str | None = None):
+    def __init__(self, reason: str, detail: str, path: str | None = None, setting: str | None = None):
         self.detail = detail  # the skip detail (without the path, which the skip record carries)
+        self.setting = setting
         super().__init__(reason, detail, path)
 
 
@@ -255,7 +257,7 @@ def _kind(mode: int) -> str:
 
 
 def _too_large(size: int, limit: int, setting: str) -> FileRefused:
-    return FileRefused("too_large", f"{size} bytes is over the {limit}-byte limit ({setting})")
+    return FileRefused("too_large", f"{size} bytes is over the {limit}-byte limit ({setting})", setting=setting)
 
 
 def _blocks(fd: int, st: os.stat_result, limit: int, setting: str) -> Iterator[bytes]:

@@ -441,7 +441,7 @@ def load_source(
         items = _load_file(path, rel, collection, max_bytes, limits, read)
     except FileRefused as exc:
         log.info("not reading %s: %s (%s)", path, exc.reason, exc.detail)
-        return [Skipped(collection, exc.path or rel, exc.reason, exc.detail)], digest()
+        return [Skipped(collection, exc.path or rel, exc.reason, exc.detail, limit=exc.setting)], digest()
     except RecursionError:
         log.exception("loading %s hit the recursion limit", path)
         items = [Skipped(collection, rel, "too_deep", "nesting too deep to parse; lower its nesting depth")]
@@ -517,8 +517,8 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
                read: Callable[[], bytes]) -> list[Document | Skipped]:
     suffix = path.suffix.lower()
 
-    def skip(reason: str, detail: str, digest: str | None = None) -> list[Document | Skipped]:
-        return [Skipped(collection, rel, reason, detail, digest)]
+    def skip(reason: str, detail: str, digest: str | None = None, limit: str | None = None) -> list[Document | Skipped]:
+        return [Skipped(collection, rel, reason, detail, digest, limit)]
 
     if ".jsonl#" in rel.lower():
         # `<file>.jsonl#<_id>` is where JSONL records live; a file named like one could replace them.
@@ -545,13 +545,13 @@ def _load_file(path: Path, rel: str, collection: str, max_bytes: int, limits: Pa
             check_yaml(front_text, limits, "front matter") if front_text is not None else None
         ) or _check_markdown_sections(text, limits)
         if problem:
-            return skip(problem.reason, problem.detail, digest)
+            return skip(problem.reason, problem.detail, digest, problem.setting)
         meta = _markdown_metadata(text, rel, front_text)
         return [Document(path=rel, format="markdown", content_hash=digest, body=text, **meta, **common)]
 
     problem = check_yaml(text, limits)
     if problem:
-        return skip(problem.reason, problem.detail, digest)
+        return skip(problem.reason, problem.detail, digest, problem.setting)
     try:
         body, duplicates = parse_yaml_noting(text)
     except yaml.YAMLError as exc:
@@ -580,27 +580,33 @@ def _check_markdown_sections(text: str, limits: ParseLimits) -> LimitExceeded | 
         if len(section.text) > limits.max_section_chars:
             return LimitExceeded("section_too_large", f"section '{section.name[:80]}' at line {section.line} holds "
                                  f"{len(section.text)} characters, over the limit of {limits.max_section_chars}; "
-                                 "raise limits.max_section_chars (RAG_LIMITS__MAX_SECTION_CHARS) to accept it")
+                                 "raise limits.max_section_chars (RAG_LIMITS__MAX_SECTION_CHARS) to accept it",
+                                 "limits.max_section_chars")
     return None
 
 
-def record_id_problem(raw: Any, limits: ParseLimits) -> str | None:
-    """Why a JSONL `_id` cannot name a document (None if it can): a string or integer of at most
-    `max_id_chars` printable characters that is not a path escape (`..`, leading `/`)."""
+def record_id_problem(raw: Any, limits: ParseLimits) -> LimitExceeded | None:
+    """Why a JSONL `_id` cannot name a document (None if it can), as an `invalid_id` refusal: a
+    string or integer of at most `max_id_chars` printable characters that is not a path escape
+    (`..`, leading `/`)."""
+    def invalid(detail: str, setting: str | None = None) -> LimitExceeded:
+        return LimitExceeded("invalid_id", detail, setting)
+
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        return f"_id must be a string or an integer, not {type(raw).__name__}"
+        return invalid(f"_id must be a string or an integer, not {type(raw).__name__}")
     value = str(raw)
     if not value.strip():
-        return "_id is empty"
+        return invalid("_id is empty")
     if len(value) > limits.max_id_chars:
-        return f"_id has {len(value)} characters, over the limit of {limits.max_id_chars} (limits.max_id_chars)"
+        return invalid(f"_id has {len(value)} characters, over the limit of {limits.max_id_chars} (limits.max_id_chars)",
+                       "limits.max_id_chars")
     if value != value.strip():
-        return "_id starts or ends with whitespace"
+        return invalid("_id starts or ends with whitespace")
     bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn")), None)
     if bad is not None:
-        return f"_id contains the control or unassigned character U+{ord(bad):04X}"
+        return invalid(f"_id contains the control or unassigned character U+{ord(bad):04X}")
     if value.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", value) or value == ".":
-        return "_id looks like a path escape ('..' segment or leading '/'); use a plain identifier"
+        return invalid("_id looks like a path escape ('..' segment or leading '/'); use a plain identifier")
     return None
 
 
@@ -637,15 +643,15 @@ def _load_jsonl(
         if not line.strip():
             continue
 
-        def skip(reason: str, detail: str) -> Skipped:
-            return Skipped(collection, f"{rel}:{lineno}", reason, f"line {lineno}: {detail}", digest)
+        def skip(reason: str, detail: str, limit: str | None = None) -> Skipped:
+            return Skipped(collection, f"{rel}:{lineno}", reason, f"line {lineno}: {detail}", digest, limit)
 
         if len(line.encode()) > max_bytes:
-            yield skip("too_large", f"over the {max_bytes}-byte limit (max_file_bytes)")
+            yield skip("too_large", f"over the {max_bytes}-byte limit (max_file_bytes)", "max_file_bytes")
             continue
         problem = check_json(line, limits)
         if problem:
-            yield skip(problem.reason, problem.detail)
+            yield skip(problem.reason, problem.detail, problem.setting)
             continue
         try:
             record = json.loads(line)
@@ -660,7 +666,7 @@ def _load_jsonl(
             continue
         id_problem = record_id_problem(record["_id"], limits)
         if id_problem:
-            yield skip("invalid_id", id_problem)
+            yield skip(id_problem.reason, id_problem.detail, id_problem.setting)
             continue
         doc_id = str(record["_id"])
         if doc_id in first_line:
@@ -680,7 +686,7 @@ def _load_jsonl(
         if len(body_text) > limits.max_value_chars:
             yield skip("value_too_long", f"record {doc_id}: text of {len(body_text)} characters is over the limit of "
                                          f"{limits.max_value_chars}; raise limits.max_value_chars "
-                                         "(RAG_LIMITS__MAX_VALUE_CHARS) to accept it")
+                                         "(RAG_LIMITS__MAX_VALUE_CHARS) to accept it", "limits.max_value_chars")
             continue
         title = str(raw_title or "").strip() or None
         record_hash = content_hash(line.encode())

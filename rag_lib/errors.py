@@ -145,6 +145,7 @@ class TooManyChunksError(LimitExceededError):
     """A document that chunks into more than `limits.max_chunks_per_document` chunks."""
 
     reason = "too_many_chunks"
+    setting = "limits.max_chunks_per_document"  # the limit it is over (see Skipped.limit)
 
     def __init__(self, path: str, message: str):
         self.path = path

@@ -4,34 +4,52 @@ characters after YAML alias expansion, longest line and value, text per section.
 The checks are linear and never recurse: YAML is read as libyaml parser events (a state machine;
 composing the tree is what recurses, and libyaml slows quadratically with depth, so the scan stops
 at the first event over a limit), JSON with a bracket scan outside strings. A file over a limit is
-a `LimitExceeded` with a stable reason key and a detail naming the limit, its setting and where."""
+a `LimitExceeded` with a stable reason key, a detail naming the limit, its setting and where, and
+that setting's name (a skip records it: raising the setting has the file read again)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from rag_lib.config import ParseLimits
+from rag_lib.config import ParseLimits, Settings
 
 _SETTING = "RAG_LIMITS__"
 
 
 @dataclass(frozen=True)
 class LimitExceeded:
-    """Why a text was refused: `reason` is a stable key, `detail` one line for people."""
+    """Why a text was refused: `reason` is a stable key, `detail` one line for people, `setting` the
+    limit it is over (`limits.max_depth`; None when no setting would accept it)."""
 
     reason: str
     detail: str
+    setting: str | None = None
 
 
 def _where(mark) -> str:
     return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
 
 
-def _setting(name: str) -> str:
-    return f"raise limits.{name} ({_SETTING}{name.upper()}) to accept it"
+def _over(reason: str, text: str, name: str) -> LimitExceeded:
+    """A refusal for being over `limits.<name>`, its detail saying how to accept the text."""
+    return LimitExceeded(reason, f"{text}; raise limits.{name} ({_SETTING}{name.upper()}) to accept it", f"limits.{name}")
+
+
+def setting_values(settings: Settings, names: Iterable[str]) -> dict[str, Any]:
+    """The current value of each named setting (`max_file_bytes`, `limits.max_depth`, ...) of a
+    `rag_lib.config.Settings`: what a skip over one of them was judged under."""
+    values = {}
+    for name in names:
+        value = settings
+        for part in name.split("."):
+            value = getattr(value, part, None)
+        values[name] = value
+    return values
 
 
 def check_lines(text: str, limits: ParseLimits) -> LimitExceeded | None:
@@ -40,11 +58,8 @@ def check_lines(text: str, limits: ParseLimits) -> LimitExceeded | None:
         return None
     for number, line in enumerate(text.split("\n"), start=1):
         if len(line) > limits.max_line_chars:
-            return LimitExceeded(
-                "line_too_long",
-                f"line {number} has {len(line)} characters, over the limit of {limits.max_line_chars}; "
-                + _setting("max_line_chars"),
-            )
+            return _over("line_too_long", f"line {number} has {len(line)} characters, over the limit of "
+                         f"{limits.max_line_chars}", "max_line_chars")
     return None
 
 
@@ -77,24 +92,22 @@ def check_yaml(text: str, limits: ParseLimits, what: str = "YAML") -> LimitExcee
     def over_size(mark) -> LimitExceeded | None:
         if total_nodes > limits.max_nodes:
             if aliases:
-                return LimitExceeded("yaml_aliases", f"{what} aliases expand to over {limits.max_nodes} nodes"
-                                     f"{_where(mark)}; " + _setting("max_nodes"))
-            return LimitExceeded("too_many_nodes", f"{what} has over {limits.max_nodes} nodes{_where(mark)}; "
-                                 + _setting("max_nodes"))
+                return _over("yaml_aliases", f"{what} aliases expand to over {limits.max_nodes} nodes{_where(mark)}",
+                             "max_nodes")
+            return _over("too_many_nodes", f"{what} has over {limits.max_nodes} nodes{_where(mark)}", "max_nodes")
         if total_chars > limits.max_document_chars:
             if aliases:
-                return LimitExceeded("yaml_aliases", f"{what} aliases expand to over {limits.max_document_chars} "
-                                     f"characters{_where(mark)}; " + _setting("max_document_chars"))
-            return LimitExceeded("too_large", f"{what} holds over {limits.max_document_chars} characters of text"
-                                 f"{_where(mark)}; " + _setting("max_document_chars"))
+                return _over("yaml_aliases", f"{what} aliases expand to over {limits.max_document_chars} "
+                             f"characters{_where(mark)}", "max_document_chars")
+            return _over("too_large", f"{what} holds over {limits.max_document_chars} characters of text"
+                         f"{_where(mark)}", "max_document_chars")
         return None
 
     def section_done(chars_after: int) -> LimitExceeded | None:
         size = chars_after - section_start
         if section_key is not None and size > limits.max_section_chars:
-            return LimitExceeded("section_too_large", f"section '{section_key[:80]}'{_where(section_mark)} holds "
-                                 f"{size} characters of text, over the limit of {limits.max_section_chars}; "
-                                 + _setting("max_section_chars"))
+            return _over("section_too_large", f"section '{section_key[:80]}'{_where(section_mark)} holds "
+                         f"{size} characters of text, over the limit of {limits.max_section_chars}", "max_section_chars")
         return None
 
     def add(nodes: int, chars: int, height: int, mark) -> LimitExceeded | None:
@@ -121,8 +134,8 @@ def check_yaml(text: str, limits: ParseLimits, what: str = "YAML") -> LimitExcee
             mark = event.start_mark
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) + 1 > limits.max_depth:
-                    return LimitExceeded("too_deep", f"{what} nests deeper than {limits.max_depth} levels{_where(mark)}; "
-                                         + _setting("max_depth"))
+                    return _over("too_deep", f"{what} nests deeper than {limits.max_depth} levels{_where(mark)}",
+                                 "max_depth")
                 if event.anchor:
                     open_anchors.add(event.anchor)
                 frame = _Frame(event.anchor, mark)
@@ -142,8 +155,8 @@ def check_yaml(text: str, limits: ParseLimits, what: str = "YAML") -> LimitExcee
             elif isinstance(event, yaml.ScalarEvent):
                 size = len(event.value)
                 if size > limits.max_value_chars:
-                    return LimitExceeded("value_too_long", f"a {what} value of {size} characters{_where(mark)} is over "
-                                         f"the limit of {limits.max_value_chars}; " + _setting("max_value_chars"))
+                    return _over("value_too_long", f"a {what} value of {size} characters{_where(mark)} is over the "
+                                 f"limit of {limits.max_value_chars}", "max_value_chars")
                 if event.anchor:
                     anchors[event.anchor] = (1, size, 0)
                 if len(stack) == 1 and expecting_key and stack[0].anchor != "\x00seq":
@@ -161,8 +174,8 @@ def check_yaml(text: str, limits: ParseLimits, what: str = "YAML") -> LimitExcee
                                          "node that contains it (a recursive structure); remove the alias")
                 nodes, chars, height = anchors.get(event.anchor, (1, 0, 0))
                 if len(stack) + height > limits.max_depth:
-                    return LimitExceeded("too_deep", f"{what} alias *{event.anchor}{_where(mark)} nests deeper than "
-                                         f"{limits.max_depth} levels when expanded; " + _setting("max_depth"))
+                    return _over("too_deep", f"{what} alias *{event.anchor}{_where(mark)} nests deeper than "
+                                 f"{limits.max_depth} levels when expanded", "max_depth")
                 if len(stack) == 1 and expecting_key and stack[0].anchor != "\x00seq":
                     section_key, section_mark = f"*{event.anchor}", mark
                 total_nodes += nodes
@@ -194,8 +207,7 @@ def check_json(text: str, limits: ParseLimits, what: str = "JSON") -> LimitExcee
         if match.group() in "[{":
             depth += 1
             if depth > limits.max_depth:
-                return LimitExceeded("too_deep", f"{what} nests deeper than {limits.max_depth} levels; "
-                                     + _setting("max_depth"))
+                return _over("too_deep", f"{what} nests deeper than {limits.max_depth} levels", "max_depth")
         else:
             depth -= 1
     return None

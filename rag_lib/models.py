@@ -82,13 +82,16 @@ class Document:
 
 @dataclass
 class Skipped:
-    """An input that was not ingested, and why (`reason` is a stable key, `detail` human text)."""
+    """An input that was not ingested, and why (`reason` is a stable key, `detail` human text).
+    `limit`: the setting it is over (`limits.max_depth`, `max_file_bytes`), when a larger value
+    would accept it: an ingest under another value reads it again."""
 
     collection: str
     path: str
     reason: str
     detail: str
     content_hash: str | None = None
+    limit: str | None = None
 
 
 @dataclass

@@ -74,15 +74,15 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str], limit: int = 
 def check_embeddings(store: Store, settings: Settings) -> QualityResult:
     """Every staged vector has the configured model and dimension, is finite and non-zero."""
     cfg = settings.embedding
-    found = store.bad_staged_vectors(cfg.model, cfg.dimensions)
+    found = store.bad_staged_vectors(cfg.key, cfg.dimensions)
     bad = found["bad"]
     by_problem = Counter(r["problem"] for r in bad)
     return QualityResult(
         passed=not bad,
         severity="error",
-        description=(f"{found['checked']} staged vectors are {cfg.model}:{cfg.dimensions}, finite and non-zero"
+        description=(f"{found['checked']} staged vectors are {cfg.space}, finite and non-zero"
                      if not bad else f"{len(bad)} of {found['checked']} staged vectors are unusable"),
-        metadata={"checked": found["checked"], "bad": len(bad), "model": cfg.model, "dimensions": cfg.dimensions,
+        metadata={"checked": found["checked"], "bad": len(bad), "model": cfg.key, "dimensions": cfg.dimensions,
                   **{f"bad_{k}": v for k, v in by_problem.items()},
                   "offending_ids": [f"{r['path']}:{r['chunk_id']} ({r['problem']})" for r in bad[:50]]},
         markdown={"offenders": markdown_table(bad, ["path", "chunk_id", "problem", "model", "actual_dims"])} if bad else {},

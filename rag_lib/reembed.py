@@ -126,7 +126,7 @@ class Reembedder:
 
     def start(self) -> str:
         self._note_active_chunker()
-        return self.store.begin_building(self.space, self.target.model, self.target.dimensions, self.target.name,
+        return self.store.begin_building(self.space, self.target.key, self.target.dimensions, self.target.name,
                                          self.target.chunker())
 
     def _note_active_chunker(self) -> None:
@@ -145,7 +145,7 @@ class Reembedder:
         """Vectors for every live chunk missing from the space, batch by batch (each batch is one
         transaction; a failed batch writes nothing and the next run resumes where this one stopped)."""
         batch = max(1, self.settings.embedding.reembed.batch_size)
-        embedder = Embedder(self.settings, self.store, self.target, model=self.target.model,
+        embedder = Embedder(self.settings, self.store, self.target, model=self.target.key,
                             dimensions=self.target.dimensions, kind="reembed")
         embedder.begin_run("reembed", self.run_id)
         while rows := self.store.missing_chunks(self.space, batch):
@@ -341,7 +341,7 @@ def _labels(settings: Settings, space: dict[str, Any]) -> tuple[str, dict[str, s
     """(fingerprint, stage versions) of `settings` with `space`'s embedding model, dimensions and
     chunker (its provider's, which the settings naming it configure)."""
     versions = stage_versions(settings.with_embedding(model=space["model"], dimensions=space["dimensions"]),
-                              CHUNKER_VERSION, space["chunker"])
+                              CHUNKER_VERSION, space["chunker"], model=space["model"])
     return fingerprint(versions), versions
 
 

@@ -16,6 +16,11 @@ LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unrea
 FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its own ("Desk note (2)"); a file
 # that failed on it under 1 kept its stored sections, current, and failed again on every run
 PUBLISH_VERSION = "1"
+# The digest of the loader's limits (max_file_bytes, limits.*) at their defaults. They were part of its
+# version, so a change of any re-read every file; now a skip records the limit it is over and only the
+# files skipped under another value are read again (rag_lib.ingest.state). The digest stays in the
+# version so that the outputs of a default setup stay current.
+UNVERSIONED_LIMITS = "cf198bf3"
 # Stages whose output decides a published document's chunks and vectors (the fingerprint's inputs).
 CONTENT_STAGES = ("flattened_sections", "chunks", "embeddings")
 # The chunker key (rag_lib.tokens.chunker_key) of the local all-MiniLM-L6-v2's tokenizer, and of a
@@ -34,29 +39,28 @@ def _file_digest(path: Path) -> str:
 
 
 def stage_versions(settings: Settings, chunker_version: str | None = None,
-                   chunker: str | None = None) -> dict[str, str]:
+                   chunker: str | None = None, model: str | None = None) -> dict[str, str]:
     """Stage name → version string; a change marks that stage (and what follows) out of date.
     `chunker`: the chunker key of the provider cutting the chunks (`EmbeddingProvider.chunker`:
-    its tokenizer and input limit), by default the configured provider's."""
+    its tokenizer and input limit), by default the configured provider's; `model`: the key of the
+    model making the vectors (`EmbeddingProvider.key`), by default the configured one's."""
     from rag_lib.chunking import CHUNKER_VERSION
     from rag_lib.embedding import configured_chunker
 
     emb = settings.embedding
-    limits = getattr(settings, "limits", None)  # parse limits, when the settings have them
-    loader = {"max_file_bytes": settings.max_file_bytes,
-              "limits": limits.model_dump() if hasattr(limits, "model_dump") else limits}
     # chunking.min_tokens was a setting that nothing read (removed); its default stays in the digest so
     # that chunks made before its removal stay current instead of every file being chunked again
     chunking = {**settings.chunking.model_dump(), "min_tokens": 8}
     chunker = chunker or configured_chunker(settings)
+    space = f"{model or emb.key}:{emb.dimensions}"  # another local model under the same name: another space
     if chunker != UNVERSIONED_CHUNKER:  # another tokenizer or input limit cuts other chunks
         chunking["chunker"] = chunker
     return {
-        "raw_documents": f"load-{LOADER_VERSION}-{_digest(loader)}",
+        "raw_documents": f"load-{LOADER_VERSION}-{UNVERSIONED_LIMITS}",
         "flattened_sections": f"flatten-{FLATTEN_VERSION}-sections-{_file_digest(Path(settings.sections_file))}",
         "chunks": f"chunker-{chunker_version or CHUNKER_VERSION}-{_digest(chunking)}",
-        "embeddings": f"{emb.model}:{emb.dimensions}:v{emb.embed_version}",
-        "vector_table": f"publish-{PUBLISH_VERSION}-{emb.model}:{emb.dimensions}",
+        "embeddings": f"{space}:v{emb.embed_version}",
+        "vector_table": f"publish-{PUBLISH_VERSION}-{space}",
     }
 
 

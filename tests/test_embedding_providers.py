@@ -512,3 +512,38 @@ def test_an_ingest_process_does_not_import_torch(provider, tmp_path):
         "print(before, p.loaded, 'torch' in sys.modules, v.shape, round(float(np.linalg.norm(v, axis=1).min()), 4))\n"))
     # loaded (what /health waits for) once the export is in memory, torch never imported
     assert printed == ["False", "True", "False", "(3,", "384)", "1.0"]
+
+
+def test_a_local_models_key_names_its_files_read_once_per_version_of_them(tmp_path, monkeypatch):
+    """The installed model keeps its bare name (existing caches and spaces stay its); another local
+    model's key adds the identity of the files that make its vectors (not its documentation),
+    read once per version of them (kept by size and mtime, across processes in the user's cache)."""
+    from rag_lib.embedding import identity
+    from rag_lib.embedding.local import default_model_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(identity, "_known", {})  # as a new process
+    assert identity.model_key("all-MiniLM-L6-v2", None) == "all-MiniLM-L6-v2"
+    assert identity.model_key("all-MiniLM-L6-v2", default_model_path()) == "all-MiniLM-L6-v2"
+
+    folder = tmp_path / "tuned"
+    (folder / "1_Pooling").mkdir(parents=True)
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (folder / "model.safetensors").write_bytes(b"weights-1")
+    (folder / "README.md").write_text("A tuned copy.")
+    first = identity.model_identity(folder)
+    assert identity.model_key("all-MiniLM-L6-v2", folder) == f"all-MiniLM-L6-v2@{first}"
+    (folder / "README.md").write_text("A tuned copy, documented.")
+    assert identity.model_identity(folder) == first  # documentation makes no vectors
+
+    weights = folder / "model.safetensors"
+    stat = weights.stat()
+    weights.write_bytes(b"weights-2")  # same size: known by its new mtime
+    second = identity.model_identity(folder)
+    assert second != first
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    monkeypatch.setattr(identity, "_known", {})
+    # the first version's size and mtime again: its identity comes from the cache, the file is not read
+    assert identity.model_identity(folder) == first
+    with pytest.raises(ConfigError, match="embedding.model_path"):
+        identity.model_key("all-MiniLM-L6-v2", tmp_path / "missing")

@@ -4,6 +4,7 @@ local model's space while searches run; the switch is atomic, gated on coverage 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -17,7 +18,8 @@ from testkit import RotatedProvider
 from rag_lib.api import KnowledgeBase
 from rag_lib.config import Settings
 from rag_lib.embedding import EmbeddingProvider, provider_for_space
-from rag_lib.errors import DimensionMismatchError, EmbeddingError, ValidationError
+from rag_lib.embedding.local import LocalProvider, default_model_path
+from rag_lib.errors import ConfigError, DimensionMismatchError, EmbeddingError, ValidationError
 from rag_lib.models import SourceFile
 from rag_lib import reembed as rm
 
@@ -617,3 +619,78 @@ def test_a_document_lacking_a_vector_in_the_new_space_is_not_carried_over(
     finally:
         new_kb.close()
         old_kb.close()
+
+
+def changed_model_copy(folder) -> str:
+    """A copy of the installed model's files with one weight changed: another model, as a fine-tuned
+    copy or new files put in place of the old would be, under the same name."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.numpy import load_file, save_file
+
+    source = Path(default_model_path())
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(str(source / "model.safetensors"))
+    weights["embeddings.LayerNorm.bias"] = weights["embeddings.LayerNorm.bias"] + np.float32(0.01)
+    save_file(weights, str(Path(folder) / "model.safetensors"))
+    return str(folder)
+
+
+class ChangedModel(LocalProvider):
+    """A local model at `model_path` (its files, so its key), whose vectors here are the installed
+    model's turned by a rotation (another model's vectors, without exporting it to ONNX)."""
+
+    def __init__(self, base: LocalProvider, model_path: str):
+        super().__init__(base.model, base.dimensions, model_path=model_path)
+        self.base, self.rotation = base, RotatedProvider(base).rotation
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)
+
+    def embed_counted(self, texts: list[str]):
+        vectors, usage = self.base.embed_counted(texts)
+        return (vectors @ self.rotation.T).astype(np.float32), usage
+
+
+@pytest.mark.warm_cache
+def test_another_local_model_under_the_same_name_makes_its_own_space_never_served_the_cached_vectors(
+        database_url, tmp_path, provider, corpus_copy, monkeypatch):
+    """embedding.model_path changed (a fine-tuned copy) and embedding.model kept: its vectors used to
+    be keyed by the name alone, so an ingest found every document current, `--force` served the
+    old model's cached vectors and new files were embedded by the new one into the same space
+    (searches embedded with the new model). Now a local model other than the installed one keys
+    its cache, space and stored outputs by its files' identity: the ingest and searches refuse,
+    naming the re-embed; the re-embed embeds every chunk with it, none from the cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the copy's identity is kept there
+    settings = Settings(database_url=database_url, home=tmp_path / ".rag")
+    assert settings.embedding.space == OLD  # the installed model keeps its keys...
+    assert settings.with_embedding(model_path=default_model_path()).embedding.space == OLD  # ...named by path too
+    root = corpus_copy(*FILES)
+    kb = KnowledgeBase(settings, provider=provider)
+    documents = kb.ingest([root], root=root).count("new")
+    kb.close()
+
+    changed = settings.with_embedding(model_path=changed_model_copy(tmp_path / "tuned"))  # same embedding.model
+    target = ChangedModel(provider, changed.embedding.model_path)
+    tuned = KnowledgeBase(changed, provider=target)
+    try:
+        with pytest.raises(DimensionMismatchError, match=r"rag reembed --to all-MiniLM-L6-v2@[0-9a-f]{16}:384`"):
+            tuned.ingest([root], root=root, force=True)
+        space = changed.embedding.space
+        assert target.space == space != OLD
+        with pytest.raises(ConfigError, match=f"in space {OLD} .* configured for {space}"):
+            tuned.search(QUERY)
+
+        report = rm.reembed(changed, tuned.store, space, target=target)
+        assert report.switched and report.from_cache == 0 and report.embedded == report.filled > 0
+        again = tuned.ingest([root], root=root)
+        assert again.count("unchanged") == documents and again.embedded == again.cache_hits == 0
+        hit = tuned.search(QUERY, top_k=1).hits[0]
+        with tuned.store.db.connection() as conn:
+            served, text = conn.execute("SELECT v.embedding::text, c.embed_text FROM rag_chunk_vectors v JOIN rag_chunks c"
+                                        " USING (chunk_id) WHERE v.space = %s AND c.chunk_id = %s",
+                                        (space, hit.chunk_id)).fetchone()
+        assert np.allclose(np.array(json.loads(served)), target.embed([text])[0], atol=1e-5)  # the new model's vector
+    finally:
+        tuned.close()

@@ -149,7 +149,127 @@ def test_the_reconcile_plan_holds_files_served_from_an_older_version(kb, setting
         strict.close()
     (root / LEARNING).write_text("pattern: fixed on disk, not ingested yet\n")
     plan = plan_reconcile(kb.store, kb.settings, targets, fingerprint)
-    assert plan.stale == [LEARNING] and plan.held == ["note.md"]
+    # note.md was skipped under a lower chunk limit than kb's: a run under kb's settings publishes it
+    assert plan.stale == [LEARNING, "note.md"] and plan.held == []
+
+
+def _loads(monkeypatch) -> list[str]:
+    """The files the ingests from now on read and parse (a spy on the real loader)."""
+    from rag_lib.ingest.stages import Preparer
+
+    read, load = [], Preparer.load
+
+    def spied(self, source: SourceFile):
+        read.append(source.rel)
+        return load(self, source)
+
+    monkeypatch.setattr(Preparer, "load", spied)
+    return read
+
+
+def test_raising_the_chunk_limit_brings_back_what_was_skipped_over_it(kb, settings, provider, tmp_path, monkeypatch):
+    """The skip says "split it or raise the setting": raised, a plain ingest publishes the documents
+    skipped over it (a whole file, one JSONL record) from their stored sections, reading no file
+    again; a file skipped for another reason is not read again either."""
+    from rag_lib.api import KnowledgeBase
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "note.md").write_text("# Note\n\n## One\n\nCopper.\n\n## Two\n\nTin.\n\n## Three\n\nZinc cathode premiums.\n")
+    long = " ".join(f"Nickel grade {n} held at the port." for n in range(60))
+    (root / "recs.jsonl").write_text(json.dumps({"_id": "long", "text": long}) + "\n"
+                                     + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
+    (root / "broken.yaml").write_text("pattern: [unclosed\n  bad: : yaml")
+    strict = KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(max_chunks_per_document=1)}),
+                           provider=provider)
+    try:
+        first = strict.ingest([root])
+    finally:
+        strict.close()
+    assert {o.path: o.reason for o in first.outcomes if o.status == "skipped"} == {
+        "note.md": "too_many_chunks", "recs.jsonl#long": "too_many_chunks", "broken.yaml": "malformed_yaml"}
+
+    loads = _loads(monkeypatch)
+    again = kb.ingest([root])  # the default limit, no --force
+    assert {o.path: o.status for o in again.outcomes} == {
+        "note.md": "new", "recs.jsonl#long": "new", "recs.jsonl#short": "unchanged", "broken.yaml": "skipped"}
+    assert loads == []  # the chunks were cut again from the stored sections; broken.yaml is as it was
+    assert kb.search("zinc cathode premiums", top_k=3).hits[0].path == "note.md"
+    assert kb.search("nickel grade held at the port", top_k=3).hits[0].path == "recs.jsonl#long"
+    assert [s["path"] for s in kb.status()["skipped"]] == ["broken.yaml"]
+    assert kb.ingest([root]).count("unchanged") == 3 and loads == []
+
+
+def test_raising_a_parse_limit_reads_again_only_what_was_skipped_over_it(kb, settings, provider, tmp_path,
+                                                                         monkeypatch):
+    """A file or JSONL record skipped over a parse limit is read again once that limit is raised
+    (a record's file used to fail with a KeyError: its later stages took the old reading as
+    current); a file over another limit, or skipped for another reason, is not read again."""
+    from rag_lib.api import KnowledgeBase
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "deep.yaml").write_text("outer:\n  middle:\n    inner:\n      leaf: Tungsten supply notes.\n")
+    (root / "r.jsonl").write_text(json.dumps({"_id": "long", "text": "Copper grade held at the port of Antofagasta."})
+                                  + "\n" + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
+    (root / "broken.yaml").write_text("pattern: [unclosed\n  bad: : yaml")
+
+    def kb_with(**limits):
+        return KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(**limits)}), provider=provider)
+
+    strict = kb_with(max_depth=2, max_value_chars=20)
+    try:
+        first = strict.ingest([root])
+    finally:
+        strict.close()
+    assert {o.path: o.reason for o in first.outcomes if o.status == "skipped"} == {
+        "deep.yaml": "too_deep", "r.jsonl:1": "value_too_long", "broken.yaml": "malformed_yaml"}
+
+    loads = _loads(monkeypatch)
+    raised = kb_with(max_depth=2)  # max_value_chars back to its default
+    try:
+        report = raised.ingest([root])
+    finally:
+        raised.close()
+    assert {o.path: o.status for o in report.outcomes} == {
+        "deep.yaml": "skipped", "r.jsonl#long": "new", "r.jsonl#short": "unchanged", "broken.yaml": "skipped"}
+    assert loads == ["r.jsonl"]
+    assert kb.search("copper grade Antofagasta", top_k=3).hits[0].path == "r.jsonl#long"
+
+    loads.clear()
+    report = kb.ingest([root])  # every limit at its default
+    assert {o.path: o.status for o in report.outcomes}["deep.yaml"] == "new" and loads == ["deep.yaml"]
+    assert [s["path"] for s in kb.status()["skipped"]] == ["broken.yaml"]
+
+
+def test_skips_stored_before_outputs_recorded_their_limits_are_judged_again(kb, settings, provider, tmp_path,
+                                                                           monkeypatch):
+    """A knowledge base ingested before stage outputs recorded the limits they were judged under:
+    the next ingest reads again the files skipped over a limit (only those), and the documents
+    that fit today's limits are published."""
+    from rag_lib.api import KnowledgeBase
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "note.md").write_text("# Note\n\n## One\n\nCopper.\n\n## Two\n\nTin.\n")
+    (root / "r.jsonl").write_text(json.dumps({"_id": "long", "text": "Copper grade held at the port of Antofagasta."})
+                                  + "\n" + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
+    (root / "plain.md").write_text("# Plain\n\nZinc.\n")
+    strict = KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(
+        max_chunks_per_document=1, max_value_chars=20)}), provider=provider)
+    try:
+        strict.ingest([root])
+    finally:
+        strict.close()
+    with kb.store.db.connection() as conn:  # as stored before: no `judged`
+        conn.execute("UPDATE rag_stage_outputs SET payload = payload - 'judged'")
+
+    loads = _loads(monkeypatch)
+    report = kb.ingest([root])
+    assert {o.path: o.status for o in report.outcomes} == {
+        "note.md": "new", "r.jsonl#long": "new", "r.jsonl#short": "unchanged", "plain.md": "unchanged"}
+    assert loads == ["r.jsonl"]  # its loading skipped a record; note.md's chunking skipped it
+    assert kb.ingest([root]).count("unchanged") == 4 and loads == ["r.jsonl"]
 
 
 @pytest.mark.warm_cache(False)  # the first ingest embeds every chunk

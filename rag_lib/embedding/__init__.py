@@ -58,7 +58,8 @@ def configured_chunker(settings: Settings) -> str:
 
 def _named(settings: Settings, name: str) -> ProviderSettings:
     for entry in settings.embedding.providers:
-        if (entry.name or entry.space) == name:
+        # an unnamed entry by its space, or by model:dimensions as spaces were named before model identities
+        if name in ((entry.name,) if entry.name else (entry.space, f"{entry.model}:{entry.dimensions}")):
             return entry
     known = ", ".join(e.name or e.space for e in settings.embedding.providers) or "none"
     raise ConfigError(f"embedding.fallback names '{name}', which is not in embedding.providers (known: {known})")
@@ -104,7 +105,8 @@ def resolve_space(settings: Settings, spec: str) -> list[ProviderSettings]:
     provider, then registry entries; a known OpenAI model and the installed local one need no entry."""
     model, dims = parse_spec(spec)
     candidates = [_primary(settings), *settings.embedding.providers]
-    found = [c for c in candidates if c.model == model and (dims is None or c.dimensions == dims)]
+    # by key: a local model other than the installed one serves only its own space (`model@identity`)
+    found = [c for c in candidates if c.key == model and (dims is None or c.dimensions == dims)]
     spaces = {c.space for c in found}
     if len(spaces) > 1:
         raise ConfigError(f"'{spec}' is ambiguous ({', '.join(sorted(spaces))}); say MODEL:DIMS")

@@ -20,9 +20,15 @@ class EmbeddingProvider(ABC):
     dimensions: int
 
     @property
+    def key(self) -> str:
+        """The model's name as its vectors are keyed (embedding cache, space, staged vectors); a
+        local model other than the installed one adds the identity of its files."""
+        return self.model
+
+    @property
     def space(self) -> str:
         """The vector space identifier: vectors are comparable only within one space."""
-        return f"{self.model}:{self.dimensions}"
+        return f"{self.key}:{self.dimensions}"
 
     @abstractmethod
     def tokenizer(self) -> Tokenizer:

@@ -46,6 +46,10 @@ class FallbackProvider(EmbeddingProvider):
         self.label = "fallback(" + ", ".join(getattr(m, "label", m.name) for m in members) + ")"
 
     @property
+    def key(self) -> str:
+        return self.members[0].key
+
+    @property
     def space(self) -> str:
         return self.members[0].space
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_lib.embedding.base import EmbeddingProvider
+from rag_lib.embedding.identity import model_key
 from rag_lib.embedding.usage import Usage
 from rag_lib.embedding.onnx_encoder import BATCH_WORKERS, OnnxEncoder, load_onnx_encoder
 from rag_lib.metrics import embed_call
@@ -46,6 +47,7 @@ class LocalProvider(EmbeddingProvider):
         self.model = model
         self.dimensions = dimensions
         self.batch_size = batch_size
+        self._given_path = model_path  # None: the installed model
         self.model_path = model_path or default_model_path()
         self.query_runtime = query_runtime
         self.batch_runtime = batch_runtime
@@ -58,6 +60,11 @@ class LocalProvider(EmbeddingProvider):
         # so two ingests at once share the cores mini-batch by mini-batch
         self._batch_slots = threading.BoundedSemaphore(BATCH_WORKERS)
         self._count_lock = threading.Lock()
+
+    @cached_property
+    def key(self) -> str:
+        """`model`, with the identity of the files at `model_path` when they are not the installed model's."""
+        return model_key(self.model, self._given_path)
 
     def tokenizer(self) -> Tokenizer:
         return get_tokenizer(self.model_path)

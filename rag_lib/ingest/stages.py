@@ -219,7 +219,7 @@ class Embedder:
         self.settings = settings
         self.store = store
         self.provider = provider
-        self.model = model or settings.embedding.model
+        self.model = model or settings.embedding.key
         self.dimensions = dimensions or settings.embedding.dimensions
         self._lock = threading.Lock()
         self._in_flight: dict[str, Call] = {}  # content hash → the started, unfinished call embedding it
@@ -416,7 +416,7 @@ class Publisher:
     def ensure_space(self) -> None:
         """Register the provider's embedding space (before the first publish)."""
         cfg = self.settings.embedding
-        self.store.ensure_space(self.provider.space, cfg.model, cfg.dimensions, self.provider.name,
+        self.store.ensure_space(self.provider.space, self.provider.key, cfg.dimensions, self.provider.name,
                                 self.provider.chunker())
 
     def publish(self, prepared: Prepared, vectors: np.ndarray) -> None:

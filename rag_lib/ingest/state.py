@@ -28,6 +28,7 @@ from rag_lib.corpus_files import file_gone
 from rag_lib.errors import DatabaseError, DocumentConflictError, RagError, StoppedError, TooManyChunksError
 from rag_lib.db import database_error, database_gone
 from rag_lib.ingest.stages import Engine, FileGroup, FileVectors, Loaded, Prepared, error_text, file_hash
+from rag_lib.limits import setting_values
 from rag_lib.log import get_logger
 from rag_lib.documents import file_of
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
@@ -230,15 +231,50 @@ class StageRunner:
     # ---- shared rules ------------------------------------------------------------------
 
     def _payload(self, stage: str, status: str, file_hash_: str | None, meta: dict[str, Any] | None = None,
-                 **data: Any) -> dict[str, Any]:
-        return {"status": status, "file_hash": file_hash_, "fingerprint": self.engine.fingerprint,
-                "version": self.engine.versions[stage], "meta": meta or {}, **data}
+                 ident: tuple[str, str] | None = None, **data: Any) -> dict[str, Any]:
+        """A stage output to store; given the file (`ident`), with what it was `judged` under."""
+        payload = {"status": status, "file_hash": file_hash_, "fingerprint": self.engine.fingerprint,
+                   "version": self.engine.versions[stage], "meta": meta or {}, **data}
+        if ident is not None:
+            payload["judged"] = self._judged(ident, stage, data.get("skipped", ()))
+        return payload
 
-    def _is_current(self, stage: str, mine: dict[str, Any] | None, digest: str | None) -> bool:
-        """The stored output was made from this file content by this stage version."""
+    def _before(self, ident: tuple[str, str], stage: str) -> dict[str, Any]:
+        """The stored output of the stage before `stage` for a file, as this run read or wrote it
+        ({}: none, or `stage` is the first)."""
+        if stage == RAW:
+            return {}
+        row = self._rows.get((*ident, STAGES[STAGES.index(stage) - 1]), _MISSING)
+        return row if isinstance(row, dict) else {}
+
+    def _judged(self, ident: tuple[str, str], stage: str, skipped) -> dict[str, Any]:
+        """The limits (setting → value) that decided which of a file's documents reach this stage's
+        output: those the output before it was judged under, and those its own `skipped` entries
+        are over (their `limit`). A file without skips over a limit has none."""
+        judged = dict(self._before(ident, stage).get("judged") or {})
+        judged.update(setting_values(self.settings, [s["limit"] for s in skipped if s.get("limit")]))
+        return judged
+
+    def _is_current(self, stage: str, mine: dict[str, Any] | None, digest: str | None,
+                    ident: tuple[str, str]) -> bool:
+        """The stored output was made from this file content by this stage version, under the
+        limits it was judged under (`_judgement_holds`)."""
         return (not self.force and mine is not None and mine.get("status") in ("ok", "skipped")
                 and mine.get("file_hash") == digest and mine.get("fingerprint") == self.engine.fingerprint
-                and mine.get("version") == self.engine.versions[stage] and "meta" in mine)
+                and mine.get("version") == self.engine.versions[stage] and "meta" in mine
+                and self._judgement_holds(stage, mine, ident))
+
+    def _judgement_holds(self, stage: str, mine: dict[str, Any], ident: tuple[str, str]) -> bool:
+        """The limits that decided which documents reach a stored output have the values it was
+        judged under: raising one brings back what was skipped for being over it, and the outputs
+        after it are made again (they hold those documents too). An output stored before outputs
+        recorded this holds unless it has skips of its own (judged again, once) or the output
+        before it was made since (that one may hold other documents)."""
+        if "judged" in mine:
+            return judgement_holds(mine["judged"], self.settings)
+        if mine.get("status") == "skipped" or mine.get("skipped"):
+            return False
+        return "judged" not in self._before(ident, stage)
 
     def _upstream(self, t: FileTarget, stage: str, rows: dict, saves: list) -> StageOutcome | None:
         """`upstream_outcome` for this stage; an outcome the previous stage decided (it failed, or
@@ -250,7 +286,7 @@ class StageRunner:
                                    STAGES[STAGES.index(stage) - 1])
         if outcome is not None and outcome.status != "failed" and raw["status"] not in ("skipped", "failed"):
             if outcome.status == "skipped":  # e.g. chunks over limits.max_chunks_per_document
-                payload = self._payload(stage, "skipped", raw["file_hash"], outcome.metadata, **outcome.metadata)
+                payload = self._payload(stage, "skipped", raw["file_hash"], outcome.metadata, (c, p), **outcome.metadata)
             else:
                 payload = self._payload(stage, "upstream_failed", raw["file_hash"], error=outcome.error)
             saves.append((c, p, stage, payload, raw["file_hash"]))
@@ -290,7 +326,8 @@ class StageRunner:
                     continue
                 raw = rows[(c, p, RAW)]
                 mine = rows.get((c, p, stage))
-                if self._is_current(stage, mine, raw["file_hash"]) and (still_current is None or still_current(t, raw, rows)):
+                if (self._is_current(stage, mine, raw["file_hash"], (c, p))
+                        and (still_current is None or still_current(t, raw, rows))):
                     outcomes[t.key] = StageOutcome(t.key, "unchanged", mine["meta"])
                     continue
                 todo.append(t)
@@ -305,7 +342,8 @@ class StageRunner:
                     outcomes[t.key] = StageOutcome(t.key, "pending")
                     continue
                 meta, data = done
-                saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, **data), raw["file_hash"]))
+                saves.append((c, p, stage, self._payload(stage, "ok", raw["file_hash"], meta, (c, p), **data),
+                              raw["file_hash"]))
                 outcomes[t.key] = StageOutcome(t.key, "ok", meta)
         self._save(saves)
         return [outcomes[t.key] for t in targets]
@@ -321,7 +359,7 @@ class StageRunner:
             digest = rows[(c, p, RAW)]["file_hash"]
             self._skip(Skipped(c, exc.path, exc.reason, str(exc), digest))
             skip = {"skip_reason": exc.reason, "skip_detail": str(exc)}
-            saves.append((c, p, stage, self._payload(stage, "skipped", digest, skip, **skip,
+            saves.append((c, p, stage, self._payload(stage, "skipped", digest, skip, (c, p), **skip,
                                                      skipped=[_skip_entry(exc)]), digest))
             outcomes[t.key] = StageOutcome(t.key, "skipped", skip)
         except Exception as exc:  # noqa: BLE001 - the per-file boundary: the file fails, not the run
@@ -396,7 +434,7 @@ class StageRunner:
                     raise FileNotFoundError(f"{t.path} does not exist (deleted files are removed by the corpus sensor)")
                 mine = rows.get((c, p, RAW))
                 digest = loaded.file_hash if loaded else None
-                if mine is not None and self._is_current(RAW, mine, digest or _digest_or_none(t, self.settings)):
+                if mine is not None and self._is_current(RAW, mine, digest or _digest_or_none(t, self.settings), (c, p)):
                     status = "unchanged" if mine["status"] == "ok" else mine["status"]
                     outcomes.append(StageOutcome(t.key, status, mine["meta"]))
                     continue
@@ -424,8 +462,8 @@ class StageRunner:
                 if warnings := [w for d in docs for w in d.warnings]:
                     meta["warnings"] = "; ".join(warnings)
                 payload = self._payload(
-                    RAW, status, loaded.file_hash, meta, documents=[_doc_meta(d) for d in docs],
-                    skipped=[{"path": s.path, "reason": s.reason, "detail": s.detail} for s in skips],
+                    RAW, status, loaded.file_hash, meta, (c, p), documents=[_doc_meta(d) for d in docs],
+                    skipped=[{"path": s.path, "reason": s.reason, "detail": s.detail, "limit": s.limit} for s in skips],
                     skip_reason=reason)
                 saves.append((c, p, RAW, payload, loaded.file_hash))
                 outcomes.append(StageOutcome(t.key, status, meta))
@@ -506,7 +544,7 @@ class StageRunner:
             raw, chunked = rows.get((c, p, RAW)), rows.get((c, p, CHUNKS))
             if (raw is None or raw["status"] != "ok" or chunked is None or chunked.get("status") != "ok"
                     or chunked.get("file_hash") != raw["file_hash"] or (c, p, CHUNKS) in self._heads
-                    or self._is_current(EMBEDDINGS, rows.get((c, p, EMBEDDINGS)), raw["file_hash"])):
+                    or self._is_current(EMBEDDINGS, rows.get((c, p, EMBEDDINGS)), raw["file_hash"], (c, p))):
                 continue
             chunks = [Chunk.from_dict(x) for d in chunked["documents"] for x in d["chunks"]]
             files.append((t.key, chunks))
@@ -544,7 +582,7 @@ class StageRunner:
             result = FileVectors(errors={key: exc for key in pending})
         self.embed_totals["cache_hits"] += result.cache_hits
         self.embed_totals["embedded"] += result.embedded
-        meta = {"model": cfg.model, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
+        meta = {"model": cfg.key, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
         staged, saves, done = [], [], {}
         for key, (t, digest, cs) in pending.items():
             if key in result.errors:
@@ -553,10 +591,10 @@ class StageRunner:
             staged.append((t.collection, t.rel, [(c.chunk_id, c.content_hash) for c in cs], result.vectors[key]))
             m = {"vectors": len(cs), **meta}
             saves.append((t.collection, t.rel, EMBEDDINGS,
-                          self._payload(EMBEDDINGS, "ok", digest, m, space=self.engine.provider.space,
+                          self._payload(EMBEDDINGS, "ok", digest, m, _ident(t), space=self.engine.provider.space,
                                         vectors=len(cs)), digest))
             done[key] = StageOutcome(t.key, "ok", m)
-        unstaged = self._stage_vectors(staged, cfg.model, cfg.dimensions)
+        unstaged = self._stage_vectors(staged, cfg.key, cfg.dimensions)
         for c, p, ids, vectors in staged:
             if (c, p) not in unstaged:
                 self._vectors[(c, p)] = {cid: v for (cid, _), v in zip(ids, vectors)}
@@ -606,7 +644,7 @@ class StageRunner:
         # this round's files only: the embedding step may be adding the next round's meanwhile
         staged = {i: self._vectors[i] for i in idents if i in self._vectors}
         cfg = self.engine.settings.embedding
-        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged], cfg.model, cfg.dimensions))
+        staged.update(self.store.load_staged_vectors([i for i in idents if i not in staged], cfg.key, cfg.dimensions))
         saves: list = []
         done: dict[str, StageOutcome] = {}
         for key, (t, raw, stored) in pending.items():
@@ -616,7 +654,8 @@ class StageRunner:
                 meta, published, statuses = self._publish_file(t, raw, stored, staged.get(_ident(t), {}),
                                                                states[t.collection])
                 saves.append((t.collection, t.rel, VECTORS,
-                              self._payload(VECTORS, "ok", raw["file_hash"], meta, documents=published), raw["file_hash"]))
+                              self._payload(VECTORS, "ok", raw["file_hash"], meta, _ident(t), documents=published),
+                              raw["file_hash"]))
                 done[key] = StageOutcome(t.key, "ok", meta, documents=statuses)
             except Exception as exc:  # noqa: BLE001 - the per-file boundary
                 done[key] = self._failed(t, VECTORS, exc, saves)
@@ -666,8 +705,8 @@ class StageRunner:
             chunks = [Chunk.from_dict(c) for c in entry["chunks"]]
             missing = [c.chunk_id for c in chunks if c.chunk_id not in staged]
             if missing:  # e.g. staged by another model, under settings naming another space
-                raise ValueError(f"{len(missing)} chunks of {doc.path} have no vector staged by {cfg.model}:"
-                                 f"{cfg.dimensions}; rematerialize embeddings")
+                raise ValueError(f"{len(missing)} chunks of {doc.path} have no vector staged by {cfg.space}; "
+                                 "rematerialize embeddings")
             vectors = (np.stack([staged[c.chunk_id] for c in chunks]) if chunks
                        else np.zeros((0, cfg.dimensions), dtype=np.float32))
             self.engine.publisher.publish(Prepared(doc, sections, chunks), vectors)
@@ -698,7 +737,13 @@ class StageRunner:
 
 
 def _skip_entry(exc: TooManyChunksError) -> dict[str, str]:
-    return {"path": exc.path, "reason": exc.reason, "detail": str(exc)}
+    return {"path": exc.path, "reason": exc.reason, "detail": str(exc), "limit": exc.setting}
+
+
+def judgement_holds(judged: dict[str, Any] | None, settings: Settings) -> bool:
+    """Whether `settings` have the values a stored output's limits were judged under (None: an
+    output with skips stored before outputs recorded them, judged again)."""
+    return judged is not None and setting_values(settings, judged) == judged
 
 
 def unread_records(raw: dict) -> list[str]:
@@ -747,6 +792,9 @@ def plan_reconcile(store: Store, settings: Settings, targets: list[FileTarget], 
     broken = {k for stage in STAGES for k, (_, status, _) in store.stage_index(stage).items()
               if status in ("failed", "upstream_failed")}
     held = {(r["collection"], r["path"]) for r in held_files(store)}
+    # files whose skips were judged under limits that have other values now: a run judges them again
+    rejudged = {(c, p) for (c, p, _), judged in store.skip_judgements((RAW, CHUNKS)).items()
+                if not judgement_holds(judged, settings)}
     plan = ReconcilePlan()
     for t in targets:
         ident = (t.collection, t.rel)
@@ -757,7 +805,7 @@ def plan_reconcile(store: Store, settings: Settings, targets: list[FileTarget], 
             plan.missing.append(t.key)
             continue
         digest, status, _ = raw[ident]
-        if digest != file_hash(t.path, t.root, settings):
+        if digest != file_hash(t.path, t.root, settings) or ident in rejudged:
             plan.stale.append(t.key)
         elif status == "skipped":
             if ident in held:  # a run would skip it again: its older version stays as it is

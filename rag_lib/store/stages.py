@@ -132,6 +132,19 @@ class StageStore:
             ).fetchall()
         return {(c, p): (h, s, f) for c, p, h, s, f in rows}
 
+    def skip_judgements(self, stages: Sequence[str]) -> dict[tuple[str, str, str], dict[str, Any] | None]:
+        """(collection, path, stage) → the limits an output of `stages` was judged under (its
+        `judged`), for the outputs judged under some limit, and None for those with skips stored
+        before outputs recorded them."""
+        with self.db.connection() as conn:
+            rows = conn.execute(
+                """SELECT collection, path, stage, payload->'judged' FROM rag_stage_outputs
+                    WHERE stage = ANY(%s) AND CASE WHEN payload ? 'judged' THEN payload->'judged' <> '{}'::jsonb
+                          ELSE payload->>'status' = 'skipped'
+                               OR jsonb_array_length(coalesce(payload->'skipped', '[]')) > 0 END""",
+                (list(stages),)).fetchall()
+        return {(c, p, st): judged for c, p, st, judged in rows}
+
     def failed_outputs(self, collection: str | None = None) -> list[dict[str, Any]]:
         """Files whose latest output of a stage failed (not `upstream_failed`: the stage before is the
         cause): collection, path, stage, error, when; a file that fails again keeps one row per stage."""

@@ -28,6 +28,15 @@ def index_name(space: str) -> str:
     return "rag_vec_hnsw_" + hashlib.sha1(space.encode()).hexdigest()[:12]
 
 
+def _same_name_note(model: str, active_model: str) -> str:
+    """Why two spaces of one model name differ: the local model's files (a space of a local model
+    other than the installed one is `name@identity`, rag_lib.embedding.identity)."""
+    if model.split("@")[0] != active_model.split("@")[0]:
+        return ""
+    return (f" (both are {model.split('@')[0]}, but the local model's files at embedding.model_path are not the "
+            "ones the active space's vectors were made with: its files, not only its name, name a space)")
+
+
 def vector_sql_type(vector_type: str, dimensions: int) -> sql.Composable:
     """The cast the HNSW index is built on and queries use: `vector(d)` or `halfvec(d)`."""
     if vector_type not in ("vector", "halfvec"):
@@ -414,7 +423,8 @@ class VectorStore:
                 conn.execute("UPDATE rag_spaces SET chunker = %s WHERE space = %s", (chunker, space))
             elif active[0] != space:
                 raise DimensionMismatchError(
-                    f"the configured embedding space {space} differs from the stored active space {active[0]}; "
+                    f"the configured embedding space {space} differs from the stored active space {active[0]}"
+                    f"{_same_name_note(model, active[3])}; "
                     f"run `rag reembed --to {space}` to re-embed into it while search keeps serving {active[0]}, "
                     f"or configure the active space's provider: embedding.provider {active[2]}, model {active[3]}, "
                     f"dimensions {active[1]} (and its base_url for a remote provider; `rag reembed --status` lists "
