@@ -52,12 +52,14 @@ def _print_summary(summary, as_json: bool) -> None:
     for skip in summary.skipped:  # one line per file not ingested, with what to do
         console.print(f"skipped {skip['path']}: {skip['reason']}: {skip['detail']}", highlight=False, soft_wrap=True,
                       markup=False)
-    if not summary.run_ids:
+    if not summary.run_ids and not summary.waited_for:
         console.print(f"all {summary.partitions} files are current: nothing to run (--force runs them again)"
                       + (f"; removed {len(summary.removed)} files that are gone" if summary.removed else ""))
         return
-    table = Table(title=f"pipeline run: {summary.partitions} files ({summary.current} current), "
-                        f"{len(summary.run_ids)} run(s), {summary.seconds:.1f}s")
+    in_flight = f", {summary.in_flight} in runs in flight" if summary.in_flight else ""
+    waited = f" + {len(summary.waited_for)} waited for" if summary.waited_for else ""
+    table = Table(title=f"pipeline run: {summary.partitions} files ({summary.current} current{in_flight}), "
+                        f"{len(summary.run_ids)} run(s){waited}, {summary.seconds:.1f}s")
     table.add_column("asset")
     table.add_column("partitions by status")
     for asset, counts in summary.stages.items():
@@ -81,7 +83,10 @@ def _print_summary(summary, as_json: bool) -> None:
                       soft_wrap=True)
     if not summary.success and not summary.failed_steps and not summary.failed_partitions:
         console.print("[red]a run did not succeed[/]; see it in the Dagster UI")
-    console.print(f"runs: {', '.join(summary.run_ids)}\n{UI_HINT}")
+    runs = [f"runs: {', '.join(summary.run_ids)}"] if summary.run_ids else []
+    if summary.waited_for:  # runs over the same files, already queued or in progress: waited for, not launched
+        runs.append(f"waited for: {', '.join(summary.waited_for)}")
+    console.print(f"{'; '.join(runs)}\n{UI_HINT}")
 
 
 @contextmanager
@@ -166,7 +171,8 @@ def materialize(
 
     Each folder is registered as a corpus root, every file is a partition, and the runs of the
     code location's `ingest_files` job go to the instance (visible and re-executable in the UI).
-    Files that are current (and materialized on this instance) get no run unless --force."""
+    Files that are current (and materialized on this instance) get no run unless --force; files a
+    run already queued or in progress covers get none either, and that run is waited for."""
     _run(paths or [], collection, force, "ingest_files", None, as_json, parallel)
 
 

@@ -2,8 +2,9 @@
 create each run for the code location's own job (a remote job origin, as the UI's launch does),
 submit it to the instance (the run queue when its daemon beats, else launch it directly,
 `--parallel` at a time; one at a time, it runs in this process), wait, and summarize stages, checks and failed partitions from the event log.
-Files that are current and materialized get no run unless forced. What the user waits on (a run
-held in the queue, a daemon that stopped) is said in one line, not waited out in silence."""
+Files that are current and materialized get no run unless forced; files a run already queued or in
+progress covers get none either, and that run is waited for. What the user waits on (a run held in
+the queue, a daemon that stopped, runs over the same files) is said in one line, not waited out in silence."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from rag_lib.search.notes import plural
 from rag_lib.corpus_scan import FileTarget
 
 from pipelines import dagster_private
-from pipelines.jobs import INGEST_JOB
-from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, keys_needing_runs, plan_ranges, range_tags,
-                                  record_refused, sync_partitions)
+from pipelines.jobs import INGEST_JOB, JOB_STAGES
+from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, files_in_flight, in_flight_text,
+                                  keys_needing_runs, plan_ranges, range_tags, record_refused, sync_partitions)
 from pipelines.gc_policy import collections_paused
 from pipelines.resources import stage_runner
 
@@ -76,6 +77,8 @@ class PipelineRunSummary:
     partitions: int = 0
     removed: list[str] = field(default_factory=list)
     current: int = 0  # files left alone: current, and materialized on this instance
+    in_flight: int = 0  # files needing a run left to runs already queued or in progress (`waited_for`)
+    waited_for: list[str] = field(default_factory=list)  # those runs: not this command's, waited for and summarized
     skipped: list[dict[str, str]] = field(default_factory=list)  # path, reason, detail of files not ingested
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # asset → status → partitions
     checks: list[CheckSummary] = field(default_factory=list)
@@ -86,7 +89,8 @@ class PipelineRunSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_ids": self.run_ids, "success": self.success, "partitions": self.partitions,
-            "removed": self.removed, "current": self.current, "skipped": self.skipped, "stages": self.stages,
+            "removed": self.removed, "current": self.current, "in_flight": self.in_flight,
+            "waited_for": self.waited_for, "skipped": self.skipped, "stages": self.stages,
             "checks": [c.__dict__ for c in self.checks], "failed_partitions": self.failed_partitions,
             "failed_steps": self.failed_steps,
             "seconds": round(self.seconds, 3),
@@ -163,6 +167,7 @@ class QueueWatch:
     stale_after: float = STALE_HEARTBEAT_SECONDS
     notice_after: float = QUEUED_NOTICE_SECONDS
     waiting: list[str] = field(default_factory=list)  # submitted to the queue, not yet seen finished
+    others: list[str] = field(default_factory=list)  # runs not this command's it waits for (`waits_for`)
     submitted_at: float = 0.0  # time.monotonic() of the last submission
     told: bool = False  # the still-queued line was said
 
@@ -182,10 +187,15 @@ class QueueWatch:
         self.waiting.append(run_id)
         self.submitted_at = time.monotonic()
 
+    def waits_for(self, run_ids: list[str]) -> None:
+        """Runs already queued or in progress over this command's files: it waits for them as for its own."""
+        self.others.extend(run_ids)
+        self.submitted_at = time.monotonic()
+
     def still_waiting(self, instance, run) -> None:
         """Called at each read of an unfinished run: once a queued run has waited `notice_after`
         seconds, say why it waits (the first time only)."""
-        if self.told or run.run_id not in self.waiting or run.status.value != "QUEUED" \
+        if self.told or run.run_id not in self.waiting + self.others or run.status.value != "QUEUED" \
                 or time.monotonic() - self.submitted_at < self.notice_after:
             return
         self.told = True
@@ -203,8 +213,9 @@ class QueueWatch:
                 f"now) and {reported} (every {HEARTBEAT_SECONDS} s while it runs; `rag dev` starts it)")
 
     def finished(self, run_id: str) -> None:
-        if run_id in self.waiting:
-            self.waiting.remove(run_id)
+        for runs in (self.waiting, self.others):
+            if run_id in runs:
+                runs.remove(run_id)
 
     def interrupted_note(self) -> str | None:
         """What an interrupt leaves when runs wait in the queue: they stay there (None: no run does)."""
@@ -352,6 +363,24 @@ def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: di
                                            ev.severity.value, detail))
 
 
+def runs_covering(instance, keys: list[str], ordered: list[str], job_name: str) -> dict[str, Any]:
+    """key → the run already queued or in progress that does `job_name`'s per-file work for it
+    (`files_in_flight`: the sensor's, a schedule's, an earlier `rag materialize`'s, one from the UI)."""
+    if not keys:
+        return {}
+    busy = files_in_flight(instance, JOB_STAGES[job_name], ordered, JOB_STAGES)
+    return {k: busy[k] for k in keys if k in busy}
+
+
+def in_flight_line(waiting: dict[str, Any]) -> str:
+    """What `rag materialize` says of the files it leaves to runs in flight: how many, which runs, that it waits."""
+    files, runs = len(waiting), len({run.run_id for run in waiting.values()})
+    one = runs == 1
+    return (f"{plural(files, 'file')} needing a run {'is' if files == 1 else 'are'} in runs already queued or in "
+            f"progress: {in_flight_text(waiting)}; no second run for {'it' if files == 1 else 'them'}, waiting for "
+            f"{'that run' if one else 'those runs'} too (Ctrl-C stops waiting; {'it goes' if one else 'they go'} on)")
+
+
 def materialize_corpus(
     instance,
     roots: list[CorpusRoot],
@@ -369,13 +398,16 @@ def materialize_corpus(
     """Materialize the files under `roots` (all registered roots when empty) that need it (all
     with `force`) through the code location's job: one run per partition range, `parallel`
     (default: settings.pipeline.parallel_runs) ranges at once, recorded on `instance`, visible
-    in the UI; `watch` says what the runs wait on."""
+    in the UI; files a run already queued or in progress covers are left to it, and it is waited
+    for and summarized too. `watch` says what the runs wait on."""
     started = time.perf_counter()
     overrides: dict[str, Any] = {k: v for k, v in {"database_url": database_url, "home": Path(home) if home else None
                                                    }.items() if v is not None}
     own_kb = kb is None
     kb = kb or KnowledgeBase(Settings(**overrides))
     summary = PipelineRunSummary()
+    watch = watch or QueueWatch()
+    waiting: dict[str, Any] = {}
     try:
         if not roots:  # every registered root whose folder is there (a missing one is left alone)
             roots = [r for r in kb.roots() if r.path.is_dir()]
@@ -391,30 +423,51 @@ def materialize_corpus(
         if not force and job_name == INGEST_JOB and not embed_version:
             keys = keys_needing_runs(instance, kb, targets)
             summary.current = summary.partitions - len(keys)
+            # A run still queued or in progress over some of them (the sensor's, an earlier `rag
+            # materialize`'s left in the queue by Ctrl-C) does their work: a second beside it would do
+            # it again. --force does not defer: such a run redoes only what is not current.
+            waiting = runs_covering(instance, keys, ordered, job_name)
+            keys = [k for k in keys if k not in waiting]
         parallel = parallel or kb.settings.pipeline.parallel_runs
         _code_server_env(kb.settings)
     finally:
         if own_kb:
             kb.close()
-    if not keys:
-        summary.seconds = time.perf_counter() - started
-        return summary
-    config = {k: v for k, v in {"database_url": database_url, "home": home, "force": force,
-                                 "embed_version": embed_version}.items() if v not in (None, False)}
+    if waiting:
+        summary.in_flight = len(waiting)
+        summary.waited_for = list(dict.fromkeys(run.run_id for run in waiting.values()))
+        watch.waits_for(summary.waited_for)
+        watch.say(in_flight_line(waiting))
+    stages: dict[str, Counter] = defaultdict(Counter)
+    if keys:
+        summary.run_ids = run_ranges(instance, job_name, plan_ranges(keys, ordered, parallel), parallel, summary,
+                                     stages, watch, {"database_url": database_url, "home": home, "force": force,
+                                                     "embed_version": embed_version}, log_level)
+    else:  # a validation process `rag materialize` started ahead would serve no run of this process
+        quality.discard_unused_validator()
+    # The user expects the files materialized when the command returns: the runs holding some wait too
+    for run_id in summary.waited_for:
+        wait_for_run(instance, run_id, watch)
+        summarize_run(instance, run_id, summary, stages)
+    summary.stages = {k: dict(v) for k, v in stages.items()}
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def run_ranges(instance, job_name: str, ranges: list[tuple[str, str]], parallel: int, summary: PipelineRunSummary,
+               stages: dict[str, Counter], watch: QueueWatch, resource_config: dict[str, Any],
+               log_level: str) -> list[str]:
+    """Launch one run per range (`launch_runs`), wait for each and add it to `summary`; returns the run ids."""
+    config = {k: v for k, v in resource_config.items() if v not in (None, False)}
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if config:
         run_config["resources"] = {"rag": {"config": config}}
-    stages: dict[str, Counter] = defaultdict(Counter)
-    watch = watch or QueueWatch()
     here = runs_in_process(instance, parallel, watch.stale_after)
     if not here:  # a validation process `rag materialize` started ahead would serve no run of this process
         quality.discard_unused_validator()
     with (location_in_process(instance) if here else location_workspace(instance, log_level)) as workspace:
-        summary.run_ids = launch_runs(instance, workspace, job_name, run_config, plan_ranges(keys, ordered, parallel),
-                                      parallel, watch=watch)
-        for run_id in summary.run_ids:
+        run_ids = launch_runs(instance, workspace, job_name, run_config, ranges, parallel, watch=watch)
+        for run_id in run_ids:
             wait_for_run(instance, run_id, watch)
             summarize_run(instance, run_id, summary, stages)
-    summary.stages = {k: dict(v) for k, v in stages.items()}
-    summary.seconds = time.perf_counter() - started
-    return summary
+    return run_ids

@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DagsterRunStatus, RunsFilter, instance_for_test
+from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus, RunsFilter, instance_for_test
 from dagster._daemon.types import DaemonHeartbeat  # what the daemon writes (test-only private name)
 
-from pipelines.launch import (QUEUE_DAEMON, QueueWatch, daemon_running, launch_runs, location_workspace,
-                              materialize_corpus, queue_takes_runs, runs_in_process, wait_for_run)
-from pipelines.partitions import CORPUS_FILES, RANGE_START_TAG
+from pipelines import dagster_private
+from pipelines.cli import _print_summary
+from pipelines.launch import (LOCATION, QUEUE_DAEMON, QueueWatch, daemon_running, launch_runs, location_in_process,
+                              location_workspace, materialize_corpus, queue_takes_runs, runs_in_process, wait_for_run)
+from pipelines.partitions import CORPUS_FILES, RANGE_END_TAG, RANGE_START_TAG, range_tags
 from pipelines.resources import preload_provider
 from rag_lib.cli.app import STATE, interrupted_line, leave_on_interrupt
 from rag_lib.config import Settings
@@ -135,3 +137,72 @@ def test_ctrl_c_of_rag_materialize_waiting_on_the_queue_says_its_runs_stay_queue
            f"runs: `rag dev`): {run.run_id}; to cancel it, terminate it in the Dagster UI (Runs)" in err, err
     assert "run the same command again" not in err
     assert pg_instance.get_run_by_id(run.run_id).status == DagsterRunStatus.QUEUED
+
+
+def plant_run(instance, key: str, event: DagsterEventType, run_config: dict):
+    """The corpus sensor's ingest_files run over `key`, as the daemon's queue holds it (RUN_ENQUEUED)
+    or once it started (RUN_START)."""
+    with location_in_process(instance) as location:
+        run = dagster_private.create_location_run(instance, location, LOCATION, "ingest_files", run_config,
+                                                  {**range_tags(key, key), "rag/trigger": "corpus_sensor"})
+    instance.report_dagster_event(DagsterEvent(event.value, "ingest_files"), run.run_id)
+    return instance.get_run_by_id(run.run_id)
+
+
+@pytest.mark.slow
+@pytest.mark.warm_cache
+def test_a_file_a_queued_run_covers_is_left_to_it_and_that_run_is_waited_for(pg_instance, corpus_copy, database_url,
+                                                                              provider, tmp_path, capsys):
+    """`rag materialize` run again while the sensor's run (or its own, left queued by a Ctrl-C)
+    waits in the queue over a file used to launch the same work beside it. It launches nothing for
+    that file, says which run holds it, and returns once that run ended, its outcome in the summary.
+    A file every run is done with is current (nothing waits); --force still runs every file."""
+    rels = ["tradegent/fixtures/sample_research.yaml", "tradegent/fixtures/sample_trade.yaml"]
+    root = corpus_copy(*rels)
+    home = tmp_path / ".rag"
+    preload_provider(Settings(database_url=database_url, home=home), provider)
+    keys = [f"corpus/{rel}" for rel in rels]
+    pg_instance.add_dynamic_partitions(CORPUS_FILES, keys)
+    config = {"resources": {"rag": {"config": {"database_url": database_url, "home": str(home)}}}}
+    queued = plant_run(pg_instance, keys[0], DagsterEventType.RUN_ENQUEUED, config)
+    assert queued.status == DagsterRunStatus.QUEUED
+    lines: list[str] = []
+
+    def the_daemon_starts_it(line: str) -> None:  # told the command waits on it, the daemon runs it
+        lines.append(line)
+        if line.startswith(f"run {queued.run_id} has waited"):
+            pg_instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_STARTING.value, "ingest_files"),
+                                             queued.run_id)
+            dagster_private.execute_location_run(pg_instance, pg_instance.get_run_by_id(queued.run_id))
+
+    def materialize(**kwargs):
+        return materialize_corpus(pg_instance, [CorpusRoot(root, "default")], database_url=database_url,
+                                  home=str(home), watch=QueueWatch(say=the_daemon_starts_it, notice_after=0.0), **kwargs)
+
+    summary = materialize()
+    assert lines[0] == (f"1 file needing a run is in runs already queued or in progress: {queued.run_id} "
+                        "(ingest_files, queued, corpus_sensor); no second run for it, waiting for that run too "
+                        "(Ctrl-C stops waiting; it goes on)")
+    assert lines[1].startswith(f"run {queued.run_id} has waited ") and len(lines) == 2
+    (own,) = summary.run_ids  # the other file only
+    tags = pg_instance.get_run_by_id(own).tags
+    assert tags[RANGE_START_TAG] == tags[RANGE_END_TAG] == keys[1]
+    assert pg_instance.get_run_by_id(queued.run_id).status == DagsterRunStatus.SUCCESS
+    assert summary.waited_for == [queued.run_id] and summary.in_flight == 1 and summary.current == 0
+    assert summary.success and summary.stages["vector_table"] == {"ok": 2}  # both runs' files
+    _print_summary(summary, False)
+    out = capsys.readouterr().out
+    assert "2 files (0 current, 1 in runs in flight), 1 run(s) + 1 waited for" in out
+    assert f"runs: {own}; waited for: {queued.run_id}" in out
+
+    # Both current now: a run started over one of them holds nothing that needs a run, so nothing waits.
+    started = plant_run(pg_instance, keys[0], DagsterEventType.RUN_START, config)
+    assert started.status == DagsterRunStatus.STARTED
+    again = materialize()
+    assert not again.run_ids and not again.waited_for and again.current == 2 and len(lines) == 2
+    # --force redoes every stage of every file: a run in flight redoes only what is not current, so it holds none.
+    forced = materialize(force=True)
+    (run,) = forced.run_ids
+    tags = pg_instance.get_run_by_id(run).tags
+    assert (tags[RANGE_START_TAG], tags[RANGE_END_TAG]) == tuple(keys) and not forced.waited_for and len(lines) == 2
+    assert forced.success and forced.stages["vector_table"] == {"ok": 2}
