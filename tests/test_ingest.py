@@ -167,12 +167,21 @@ def _loads(monkeypatch) -> list[str]:
     return read
 
 
+def _ingest_under_limits(settings, provider, root: Path, **limits):
+    """Ingest `root` with these `limits.*` (a knowledge base of its own, closed after)."""
+    from rag_lib.api import KnowledgeBase
+
+    kb = KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(**limits)}), provider=provider)
+    try:
+        return kb.ingest([root])
+    finally:
+        kb.close()
+
+
 def test_raising_the_chunk_limit_brings_back_what_was_skipped_over_it(kb, settings, provider, tmp_path, monkeypatch):
     """The skip says "split it or raise the setting": raised, a plain ingest publishes the documents
     skipped over it (a whole file, one JSONL record) from their stored sections, reading no file
     again; a file skipped for another reason is not read again either."""
-    from rag_lib.api import KnowledgeBase
-
     root = tmp_path / "notes"
     root.mkdir()
     (root / "note.md").write_text("# Note\n\n## One\n\nCopper.\n\n## Two\n\nTin.\n\n## Three\n\nZinc cathode premiums.\n")
@@ -180,12 +189,7 @@ def test_raising_the_chunk_limit_brings_back_what_was_skipped_over_it(kb, settin
     (root / "recs.jsonl").write_text(json.dumps({"_id": "long", "text": long}) + "\n"
                                      + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
     (root / "broken.yaml").write_text("pattern: [unclosed\n  bad: : yaml")
-    strict = KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(max_chunks_per_document=1)}),
-                           provider=provider)
-    try:
-        first = strict.ingest([root])
-    finally:
-        strict.close()
+    first = _ingest_under_limits(settings, provider, root, max_chunks_per_document=1)
     assert {o.path: o.reason for o in first.outcomes if o.status == "skipped"} == {
         "note.md": "too_many_chunks", "recs.jsonl#long": "too_many_chunks", "broken.yaml": "malformed_yaml"}
 
@@ -205,8 +209,6 @@ def test_raising_a_parse_limit_reads_again_only_what_was_skipped_over_it(kb, set
     """A file or JSONL record skipped over a parse limit is read again once that limit is raised
     (a record's file used to fail with a KeyError: its later stages took the old reading as
     current); a file over another limit, or skipped for another reason, is not read again."""
-    from rag_lib.api import KnowledgeBase
-
     root = tmp_path / "docs"
     root.mkdir()
     (root / "deep.yaml").write_text("outer:\n  middle:\n    inner:\n      leaf: Tungsten supply notes.\n")
@@ -214,23 +216,12 @@ def test_raising_a_parse_limit_reads_again_only_what_was_skipped_over_it(kb, set
                                   + "\n" + json.dumps({"_id": "short", "text": "Tin."}) + "\n")
     (root / "broken.yaml").write_text("pattern: [unclosed\n  bad: : yaml")
 
-    def kb_with(**limits):
-        return KnowledgeBase(settings.model_copy(update={"limits": type(settings.limits)(**limits)}), provider=provider)
-
-    strict = kb_with(max_depth=2, max_value_chars=20)
-    try:
-        first = strict.ingest([root])
-    finally:
-        strict.close()
+    first = _ingest_under_limits(settings, provider, root, max_depth=2, max_value_chars=20)
     assert {o.path: o.reason for o in first.outcomes if o.status == "skipped"} == {
         "deep.yaml": "too_deep", "r.jsonl:1": "value_too_long", "broken.yaml": "malformed_yaml"}
 
     loads = _loads(monkeypatch)
-    raised = kb_with(max_depth=2)  # max_value_chars back to its default
-    try:
-        report = raised.ingest([root])
-    finally:
-        raised.close()
+    report = _ingest_under_limits(settings, provider, root, max_depth=2)  # max_value_chars back to its default
     assert {o.path: o.status for o in report.outcomes} == {
         "deep.yaml": "skipped", "r.jsonl#long": "new", "r.jsonl#short": "unchanged", "broken.yaml": "skipped"}
     assert loads == ["r.jsonl"]
