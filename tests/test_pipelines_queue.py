@@ -152,11 +152,12 @@ def plant_run(instance, key: str, event: DagsterEventType, run_config: dict):
 @pytest.mark.slow
 @pytest.mark.warm_cache
 def test_a_file_a_queued_run_covers_is_left_to_it_and_that_run_is_waited_for(pg_instance, corpus_copy, database_url,
-                                                                              provider, tmp_path, capsys):
+                                                                              provider, tmp_path, capsys, monkeypatch):
     """`rag materialize` run again while the sensor's run (or its own, left queued by a Ctrl-C)
     waits in the queue over a file used to launch the same work beside it. It launches nothing for
     that file, says which run holds it, and returns once that run ended, its outcome in the summary.
     A file every run is done with is current (nothing waits); --force still runs every file."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # captured like a pipe: a pytest-xdist worker inherits 80
     rels = ["tradegent/fixtures/sample_research.yaml", "tradegent/fixtures/sample_trade.yaml"]
     root = corpus_copy(*rels)
     home = tmp_path / ".rag"
