@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import os
 import shlex
 import threading
@@ -533,8 +534,10 @@ class StageRunner:
         try:
             self._encode_ahead(targets)
         except Exception as exc:  # noqa: BLE001 - `embeddings` does the work and reports per file
-            log.warning("could not start embedding %d files ahead (%s); the embeddings stage embeds them",
-                        len(targets), error_text(exc))
+            # a database gone is the run's one error line (the stage meets it next), not a warning here too
+            log.log(logging.INFO if database_gone(exc) else logging.WARNING,
+                    "could not start embedding %d files ahead (%s); the embeddings stage embeds them",
+                    len(targets), error_text(exc))
 
     def _encode_ahead(self, targets: list[FileTarget]) -> None:
         idents = [_ident(t) for t in targets]
