@@ -2,11 +2,12 @@
 pipelines/definitions.py): the stages share the loaded model and one connection pool, and a
 many-file run stays one process, not one per file."""
 
-from dagster import AssetSelection, OpExecutionContext, define_asset_job, job, op
+from dagster import AssetSelection, DagsterRun, OpExecutionContext, define_asset_job, job, op
 
 from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, STAGES, VECTORS
 
 from pipelines.assets import hnsw_index
+from pipelines.partitions import files_in_flight
 from pipelines.resources import RagResource
 
 INGEST_JOB = "ingest_files"
@@ -30,6 +31,16 @@ reembed_job = define_asset_job(
 
 # The per-file stages a run of each job materializes (without an asset selection of its own).
 JOB_STAGES = {INGEST_JOB: STAGES, REEMBED_JOB: REEMBED_STAGES}
+
+
+def runs_covering(instance, keys: list[str], ordered: list[str], job_name: str) -> dict[str, DagsterRun]:
+    """key → the run already queued or in progress that does `job_name`'s per-file work for it
+    (`files_in_flight`: the sensor's, a schedule's, a `rag materialize`'s, one from the UI), for the
+    keys among `keys` that have one: the sensor, the schedules and `rag materialize` leave those to it."""
+    if not keys:
+        return {}
+    busy = files_in_flight(instance, JOB_STAGES[job_name], ordered, JOB_STAGES)
+    return {k: busy[k] for k in keys if k in busy}
 
 
 @op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")

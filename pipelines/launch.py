@@ -27,8 +27,8 @@ from rag_lib.search.notes import plural
 from rag_lib.corpus_scan import FileTarget
 
 from pipelines import dagster_private
-from pipelines.jobs import INGEST_JOB, JOB_STAGES
-from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, files_in_flight, in_flight_text,
+from pipelines.jobs import INGEST_JOB, runs_covering
+from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, in_flight_text,
                                   keys_needing_runs, plan_ranges, range_tags, record_refused, sync_partitions)
 from pipelines.gc_policy import collections_paused
 from pipelines.resources import stage_runner
@@ -361,15 +361,6 @@ def summarize_run(instance, run_id: str, summary: PipelineRunSummary, stages: di
         detail = ev.description or (str(ev.metadata["summary"].value) if "summary" in ev.metadata else "")
         summary.checks.append(CheckSummary(ev.check_name, ev.asset_key.to_user_string(), ev.passed,
                                            ev.severity.value, detail))
-
-
-def runs_covering(instance, keys: list[str], ordered: list[str], job_name: str) -> dict[str, Any]:
-    """key → the run already queued or in progress that does `job_name`'s per-file work for it
-    (`files_in_flight`: the sensor's, a schedule's, an earlier `rag materialize`'s, one from the UI)."""
-    if not keys:
-        return {}
-    busy = files_in_flight(instance, JOB_STAGES[job_name], ordered, JOB_STAGES)
-    return {k: busy[k] for k in keys if k in busy}
 
 
 def in_flight_line(waiting: dict[str, Any]) -> str:

@@ -6,8 +6,8 @@ from dagster import DefaultScheduleStatus, RunRequest, ScheduleEvaluationContext
 from rag_lib.config import get_settings
 from rag_lib.errors import first_of
 
-from pipelines.jobs import JOB_STAGES, MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job
-from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, files_in_flight, in_flight_text, plan_ranges, plan_runs,
+from pipelines.jobs import MAINTENANCE_JOB, index_maintenance_job, ingest_job, reembed_job, runs_covering
+from pipelines.partitions import (CORPUS_FILES, NO_ROOTS, in_flight_text, plan_ranges, plan_runs,
                                   range_tags, record_refused, run_key, sync_partitions)
 from pipelines.resources import RagResource
 from rag_lib.ingest.state import plan_reconcile
@@ -52,8 +52,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     # backfill's, an operator's "Materialize" in the UI) does their work when it materializes the
     # job's per-file stages: a second one beside it would do it twice. ingest_files materializes
     # every corpus asset, so it covers a re-embed's work too.
-    busy = files_in_flight(context.instance, JOB_STAGES[job_name], sync.ordered, JOB_STAGES)
-    waiting = {k: busy[k] for k in wanted if k in busy}
+    waiting = runs_covering(context.instance, wanted, sync.ordered, job_name)
     if waiting:
         wanted = [k for k in wanted if k not in waiting]
         if not wanted:

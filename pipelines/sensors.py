@@ -23,12 +23,11 @@ from rag_lib.errors import RagError
 
 from pipelines.checks import CHECKS
 from pipelines.graph_checks import GRAPH_CHECKS
-from pipelines.jobs import INGEST_JOB, JOB_STAGES, ingest_job
+from pipelines.jobs import INGEST_JOB, ingest_job, runs_covering
 from pipelines.partitions import (
     CORPUS_FILES,
     NO_ROOTS,
     PartitionSync,
-    files_in_flight,
     in_flight_text,
     keys_needing_runs,
     plan_ranges,
@@ -92,8 +91,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     # a run of every per-file stage, as ingest_files (an operator's "Materialize" of them all in the UI,
     # an asset backfill's run; a re-embed re-chunks what it has). The file stays unseen in the cursor:
     # the run may have read it before this change, so a tick after it ends looks again.
-    busy = files_in_flight(context.instance, JOB_STAGES[INGEST_JOB], sync.ordered, JOB_STAGES) if wanted else {}
-    waiting = {k: busy[k] for k in wanted if k in busy}
+    waiting = runs_covering(context.instance, wanted, sync.ordered, INGEST_JOB)
     wanted = [k for k in wanted if k not in waiting]
     state = unseen(result.state, previous, waiting)
     # The tick is in the run key: Dagster never launches a run key twice, and a file deleted and put
