@@ -325,6 +325,9 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         ("date", body.get("date")),
         ("trade_date", body.get("trade_date")),
         ("_meta.date", meta.get("date")),
+        # a document rewritten in place (a ticker profile, a strategy: `version: 5`) says what it says as
+        # of its last update, so a date filter or boost for that month should find it, not its first draft's
+        ("_meta.updated", meta.get("updated")),
         ("_meta.created", meta.get("created")),
     ):
         if date := _as_date(value):

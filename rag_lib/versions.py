@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rag_lib.config import Settings
 
-LOADER_VERSION = "4"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
-# 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood
+LOADER_VERSION = "5"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
+# 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood;
+# 5: a document without a date of its own is dated by `_meta.updated` before `_meta.created`
 FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its own ("Desk note (2)"); a file
 # that failed on it under 1 kept its stored sections, current, and failed again on every run
 PUBLISH_VERSION = "1"

@@ -87,6 +87,22 @@ def test_metadata_that_cannot_be_used_is_a_warning_not_a_silent_loss(tmp_path: P
     assert real and not [d.warnings for d in real if d.warnings]
 
 
+def test_a_document_rewritten_in_place_is_dated_by_its_last_update(tmp_path: Path):
+    """A ticker profile first written in March 2024 and rewritten in January 2025 says what it says as of
+    January 2025: a date filter or boost for that month finds it (it was dated by `created`)."""
+    profile = load_one(SHARED_CORPUS / "tradegent/knowledge/analysis/ticker-profiles/2025/01/NVDA_20250110T1000.yaml",
+                       SHARED_CORPUS)
+    assert profile.doc_date == dt.date(2025, 1, 25)  # _meta.updated; created 2024-03-01
+    strategy = load_one(SHARED_CORPUS / "tradegent/knowledge/strategies/earnings-momentum.yaml", SHARED_CORPUS)
+    assert strategy.doc_date == dt.date(2025, 1, 28)  # created 2024-06-15
+    # a date of its own still comes first, and `created` dates a document never updated
+    (tmp_path / "a.yaml").write_text("_meta:\n  created: '2025-03-04'\n  updated: '2025-04-01'\n"
+                                     "analysis_date: '2025-03-03'\nthesis: up\n")
+    (tmp_path / "b.yaml").write_text("_meta:\n  created: '2025-03-04T10:00:00Z'\nthesis: up\n")
+    assert load_one(tmp_path / "a.yaml", tmp_path).doc_date == dt.date(2025, 3, 3)
+    assert load_one(tmp_path / "b.yaml", tmp_path).doc_date == dt.date(2025, 3, 4)
+
+
 def test_a_key_given_twice_is_a_warning_not_a_silent_loss(tmp_path: Path):
     """YAML keeps the last of two equal keys without a word: the first value's text was lost."""
     (tmp_path / "dup.yaml").write_text("_meta:\n  type: stock-analysis\nticker: NVDA\nthesis:\n"
