@@ -197,7 +197,7 @@ def _ticker(value: Any, warnings: list[str]) -> str | None:
 
 def date_in_file_name(rel_path: str) -> dt.date | None:
     """The date a file's name carries (`NVDA_20250115T1000.yaml`, `2026-02-03-daily.md`), if any: the
-    document's date when its fields give none."""
+    document's date unless an explicit date field (`analysis_date`, `date`, ...) gives one."""
     name = Path(rel_path).name
     match = FILE_DATE.search(name) or ISO_FILE_DATE.search(name)
     return _as_date(f"{match.group(1)}-{match.group(2)}-{match.group(3)}") if match else None
@@ -325,6 +325,9 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         ("date", body.get("date")),
         ("trade_date", body.get("trade_date")),
         ("_meta.date", meta.get("date")),
+        # a file named for a moment (`NVDA_20250115T1000.yaml`) records that event: a trade is dated by its
+        # entry, not by the exit that last updated it
+        ("its file name", date_in_file_name(rel_path)),
         # a document rewritten in place (a ticker profile, a strategy: `version: 5`) says what it says as
         # of its last update, so a date filter or boost for that month should find it, not its first draft's
         ("_meta.updated", meta.get("updated")),
@@ -335,8 +338,6 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         if value is not None and value != "":
             unread.append((name, value))
     instead = f"the document's date is {name}'s, {date.isoformat()}" if date else ""
-    if date is None and (date := date_in_file_name(rel_path)):
-        instead = f"the document's date is its file name's, {date.isoformat()}"
     warnings += [_not_a_date(n, v, instead) for n, v in unread]
     warnings += graph_statements(body.get("_graph")).problems
     title = body.get("title") or meta.get("title")

@@ -88,13 +88,16 @@ def test_metadata_that_cannot_be_used_is_a_warning_not_a_silent_loss(tmp_path: P
 
 
 def test_a_document_rewritten_in_place_is_dated_by_its_last_update(tmp_path: Path):
-    """A ticker profile first written in March 2024 and rewritten in January 2025 says what it says as of
-    January 2025: a date filter or boost for that month finds it (it was dated by `created`)."""
+    """A strategy first written in June 2024 and rewritten in January 2025 says what it says as of January
+    2025: a date filter or boost for that month finds it (it was dated by `created`). A file named for a
+    moment records that moment: a trade is dated by its entry, not by the exit that last updated it."""
+    strategy = load_one(SHARED_CORPUS / "tradegent/knowledge/strategies/earnings-momentum.yaml", SHARED_CORPUS)
+    assert strategy.doc_date == dt.date(2025, 1, 28)  # _meta.updated; created 2024-06-15
     profile = load_one(SHARED_CORPUS / "tradegent/knowledge/analysis/ticker-profiles/2025/01/NVDA_20250110T1000.yaml",
                        SHARED_CORPUS)
-    assert profile.doc_date == dt.date(2025, 1, 25)  # _meta.updated; created 2024-03-01
-    strategy = load_one(SHARED_CORPUS / "tradegent/knowledge/strategies/earnings-momentum.yaml", SHARED_CORPUS)
-    assert strategy.doc_date == dt.date(2025, 1, 28)  # created 2024-06-15
+    assert profile.doc_date == dt.date(2025, 1, 10)  # its file name's; created 2024-03-01, updated 2025-01-25
+    trade = load_one(SHARED_CORPUS / "tradegent/knowledge/trades/2025/01/NVDA_20250115T1000.yaml", SHARED_CORPUS)
+    assert trade.doc_date == dt.date(2025, 1, 15)  # entry; updated 2025-01-28 at the exit
     # a date of its own still comes first, and `created` dates a document never updated
     (tmp_path / "a.yaml").write_text("_meta:\n  created: '2025-03-04'\n  updated: '2025-04-01'\n"
                                      "analysis_date: '2025-03-03'\nthesis: up\n")

@@ -370,7 +370,7 @@ def test_a_search_that_finds_nothing_says_which_filter_matched_no_document(corpu
     assert note(ticker="NVDX") == "in collection 'default': no document with ticker NVDX (did you mean NVDA?)"
     assert note(ticker="ZZZZ") == "in collection 'default': no document with ticker ZZZZ"
     assert note(date_from=dt.date(2031, 1, 1)) == ("in collection 'default': no document dated on or after "
-                                                   "2031-01-01 (its documents are dated 2025-01-15 to 2026-02-21)")
+                                                   "2031-01-01 (its documents are dated 2025-01-10 to 2026-02-21)")
     assert "did you mean tradegent/knowledge/" in note(path="tradegent/knowlege/")
     assert note(section_contains="zzqq") == "in collection 'default': no section path contains 'zzqq'"
     both = note(ticker="NVDX", date_to=dt.date(2001, 1, 1))  # every filter that matches nothing is named
