@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from rag_lib.models import SearchHit
-from rag_lib.search.classify import classify
+from rag_lib.search.classify import classify, without_date
 from rag_lib.search.context import assemble, quote_in_text
 from rag_lib.search.fusion import Candidates, boost, date_boost, rrf, weigh_stubs
 from rag_lib.search.lexical import exact_tokens, is_websearch
@@ -196,6 +196,21 @@ def test_a_month_or_day_the_query_names_is_a_soft_boost():
     ranked = date_boost([feb, undated, jan], ["2025-01-01", "2025-01-31"], 0.15)
     assert [h.chunk_id for h in ranked] == ["jan", "feb", "undated"]  # raised, nothing dropped
     assert jan.score == pytest.approx(0.575) and feb.score == 0.55 and undated.score == 0.52
+
+
+def test_a_month_named_without_a_year_is_the_latest_one_the_documents_fall_in():
+    """"The January NVDA trade", "the december dump": the last such month (or day) some document is dated
+    in, not every year's, nor one the knowledge base holds nothing from; "it may" is not a month."""
+    held = {dt.date(2024, 1, 9), dt.date(2025, 1, 15), dt.date(2025, 12, 17), dt.date(2026, 2, 21)}
+    assert classify("did the January NVDA trade follow the plan", KNOWN, known_dates=held).dates == \
+        ["2025-01-01", "2025-01-31"]
+    assert classify("the database giant's december dump", KNOWN, known_dates=held).dates == ["2025-12-01", "2025-12-31"]
+    assert classify("weights in the Feb 21 MSFT analyses", KNOWN, known_dates=held).dates == ["2026-02-21", "2026-02-21"]
+    assert classify("the December 11 volume spike", KNOWN, known_dates=held).dates == []  # no document that day
+    assert classify("what happened in June", KNOWN, known_dates=held).dates == []  # nothing dated in any June
+    assert classify("it may fall further in march", KNOWN, known_dates={dt.date(2025, 5, 2), dt.date(2025, 3, 2)}).dates == []
+    assert classify("did the January NVDA trade follow the plan", KNOWN).dates == []  # no dates known: no guess
+    assert without_date("the database giant's december dump") == "the database giant's   dump"
 
 
 def test_trend_order_reads_a_day_by_time_of_day():

@@ -43,6 +43,12 @@ _PLURAL_DOCUMENTS = re.compile(r"\b(documents|files|analyses|trades|scanners|con
 _MONTHS = {name.lower(): n for names in (calendar.month_name, calendar.month_abbr) for n, name in enumerate(names) if name}
 # "February 2026", "Feb 20 2026", "January 20th, 2025": a month (and day) the question dates itself by
 _DATE = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?(?:\s+(\d{1,2})(?:st|nd|rd|th)?)?,?\s+((?:19|20)\d\d)\b", re.I)
+# "in January", "January's analyses", "the Feb 21 analyses", "december dump": a month (and day) without a year
+_YEARLESS = re.compile(r"\b(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\b\.?(?:\s+(\d{1,2})(?:st|nd|rd|th)?\b)?"
+                       r"(?!,?\s+\d)", re.I)
+# Month names that are also everyday words ("it may", "march on") or abbreviations a sentence uses ("mar",
+# "sep"): in lower case only followed by a day ("may 5"); capitalised always.
+_AMBIGUOUS_MONTHS = {"may", "march", "mar", "jun", "sep", "oct", "nov", "jan", "aug", "apr", "jul", "dec", "feb"}
 
 # Words that point at a document type (soft boost only).
 DOC_TYPE_HINTS: dict[str, tuple[str, ...]] = {
@@ -125,11 +131,14 @@ def find_tickers(query: str, known: set[str]) -> list[str]:
     return found
 
 
-def find_dates(query: str) -> list[str]:
-    """The first month or day the query names, as [first, last] ISO dates (empty when none)."""
+def find_dates(query: str, held: set[dt.date] | None = None) -> list[str]:
+    """The first month or day the query names, as [first, last] ISO dates (empty when none). One named
+    without a year ("in January", "the Feb 21 analyses") is the latest such month or day some document
+    of `held` (the collection's document dates) falls in: a reader means the last January they wrote
+    about, not every January, nor one the knowledge base holds nothing from."""
     m = _DATE.search(query)
     if not m:
-        return []
+        return _yearless_dates(query, held or set())
     month, year = _MONTHS[m.group(1).lower()], int(m.group(3))
     last = calendar.monthrange(year, month)[1]
     if m.group(2) and 1 <= int(m.group(2)) <= last:
@@ -138,9 +147,36 @@ def find_dates(query: str) -> list[str]:
     return [dt.date(year, month, 1).isoformat(), dt.date(year, month, last).isoformat()]
 
 
+def _yearless(query: str) -> re.Match[str] | None:
+    """The first month (and day) named without a year that reads as a date, not as a word ("it may")."""
+    for m in _YEARLESS.finditer(query):
+        word = m.group(1)
+        if m.group(2) or not word.islower() or word.lower() not in _AMBIGUOUS_MONTHS:
+            return m
+    return None
+
+
+def _yearless_dates(query: str, held: set[dt.date]) -> list[str]:
+    m = _yearless(query)
+    if not m or not held:
+        return []
+    month = _MONTHS[m.group(1).lower()]
+    day = int(m.group(2)) if m.group(2) else None
+    years = sorted({d.year for d in held if d.month == month and (day is None or d.day == day)})
+    if not years:
+        return []
+    year = years[-1]
+    if day is not None:
+        return [dt.date(year, month, day).isoformat()] * 2
+    return [dt.date(year, month, 1).isoformat(), dt.date(year, month, calendar.monthrange(year, month)[1]).isoformat()]
+
+
 def without_date(query: str) -> str:
     """The query without the month or day `find_dates` reads in it."""
-    return _DATE.sub(" ", query, count=1)
+    if _DATE.search(query):
+        return _DATE.sub(" ", query, count=1)
+    m = _yearless(query)
+    return query[:m.start()] + " " + query[m.end():] if m else query
 
 
 def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
@@ -154,7 +190,8 @@ def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
     return found
 
 
-def classify(query: str, known_tickers: set[str] | None = None, known_types: set[str] | None = None) -> QueryPlan:
+def classify(query: str, known_tickers: set[str] | None = None, known_types: set[str] | None = None,
+             known_dates: set[dt.date] | None = None) -> QueryPlan:
     """Classify a query; comparison needs two subjects, so it wins over the other kinds."""
     tickers = find_tickers(query, known_tickers or set())
     doc_types = find_doc_types(query, known_types)
@@ -168,5 +205,5 @@ def classify(query: str, known_tickers: set[str] | None = None, known_types: set
         kind = "global"
     else:
         kind = "retrieval"
-    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query),
+    return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query, known_dates),
                      excluded=excluded_tickers(query, known_tickers or set()))

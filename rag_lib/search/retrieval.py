@@ -123,6 +123,7 @@ class SearchCaches:
     def __init__(self) -> None:
         self.terms = lexical.TermStatistics()
         self._tickers: dict[str | None, tuple[float, set[str]]] = {}
+        self._dates: dict[str | None, tuple[float, set[dt.date]]] = {}
         self._profiles: dict[tuple[str | None, str], tuple[float, profiles.Profiles]] = {}
         self._queries: QueryVectors | None = None  # kept by clear(): a query's vector does not depend on the data
 
@@ -142,6 +143,15 @@ class SearchCaches:
             self._tickers[collection] = entry
         return entry[1]
 
+    def document_dates(self, store, collection: str | None) -> set[dt.date]:
+        """The dates `collection`'s documents carry (a month named without a year resolves among them)."""
+        now = time.monotonic()
+        entry = self._dates.get(collection)
+        if entry is None or now - entry[0] > lexical.GENERATION_TTL:
+            entry = (now, store.document_dates(collection))
+            self._dates[collection] = entry
+        return entry[1]
+
     def ticker_profiles(self, store, collection: str | None, space: str) -> profiles.Profiles:
         now = time.monotonic()
         entry = self._profiles.get((collection, space))
@@ -153,12 +163,14 @@ class SearchCaches:
     def clear(self) -> None:
         self.terms.clear()
         self._tickers = {}
+        self._dates = {}
         self._profiles = {}
 
 
 def plan_query(store, query: str, collection: str | None, caches: SearchCaches | None = None) -> QueryPlan:
     """The query's `QueryPlan`, with the tickers `collection` knows (from `caches` when given)."""
-    return classify(query, (caches or SearchCaches()).known_tickers(store, collection))
+    caches = caches or SearchCaches()
+    return classify(query, caches.known_tickers(store, collection), known_dates=caches.document_dates(store, collection))
 
 
 def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions,

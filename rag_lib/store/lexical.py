@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,6 +165,16 @@ class LexicalStore:
         with self.db.reading() as conn:
             rows = conn.execute(
                 sql.SQL("SELECT DISTINCT ticker FROM rag_documents WHERE ticker IS NOT NULL {}").format(where),
+                [collection] if collection else [],
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def document_dates(self, collection: str | None) -> set[dt.date]:
+        """The distinct dates of the collection's documents (of every collection when None)."""
+        where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
+        with self.db.reading() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT DISTINCT doc_date FROM rag_documents WHERE doc_date IS NOT NULL {}").format(where),
                 [collection] if collection else [],
             ).fetchall()
         return {r[0] for r in rows}
