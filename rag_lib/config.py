@@ -287,6 +287,13 @@ class SearchSettings(BaseModel):
     # dev 0.756 -> 0.757, dev2 0.660 -> 0.667, CV's held-out folds 0.692 -> 0.697 (README, Retrieval:
     # "Named tickers and document types covered"); 0 turns it off
     aspect_window: int = Field(5, ge=0, le=1000)
+    # hybrid: a question about several things that names a document by its name and type ("does the
+    # earnings-momentum scanner look in the window the pre-earnings momentum strategy enters", "did
+    # the NVDA setup satisfy the earnings-momentum strategy's entry rules") gets that document's
+    # sections as one more semantic list, its hint boost and its best unit among the first
+    # aspect_window results; names are file names and ids of two words or more (README, Retrieval:
+    # "Documents named by name and type"). Probe cross_doc 0.438 -> 0.544; no dev or dev2 question names one
+    named_documents: bool = True
     # hnsw.ef_search of feedback's second query (0: as the first's, `ef_search`). Its vector lies among the first
     # units' own, where a shorter walk finds the same: on 18k chunks of the search benchmark its
     # top 50 against an exact ranking 0.999 at 200, 0.993 at 100, final top 10 as at 200 to 0.9995;

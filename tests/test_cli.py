@@ -105,6 +105,9 @@ def test_a_search_says_what_it_preferred_and_why(rag, corpus_copy):
     assert _plan_hints({"tickers": ["AMD", "NVDA"], "linked": {}, "doc_types": ["stock-analysis"],
                         "dates": ["2025-01-01", "2025-01-31"]}) == \
         "preferred: named AMD, NVDA; document types stock-analysis; dated 2025-01-01 to 2025-01-31"
+    assert _plan_hints({"tickers": ["NVDA"], "linked": {}, "doc_types": ["strategy"],
+                        "documents": ["strategies/earnings-momentum.yaml"]}) == \
+        "preferred: named NVDA; document types strategy; documents strategies/earnings-momentum.yaml"
     assert _plan_hints({"tickers": [], "linked": {}}) == ""
     root = corpus_copy(LEARNING)
     assert rag("ingest", str(root))[0] == 0

@@ -241,13 +241,15 @@ def _excerpt_cell(hit) -> str:
 
 def _plan_hints(plan: dict) -> str:
     """What the question was read as, where it changed the ranking: tickers named or linked (a
-    description matched to a ticker's profile), document types and dates named (soft boosts)."""
+    description matched to a ticker's profile), document types, documents and dates named (soft boosts)."""
     linked = plan.get("linked") or {}
     named = [t for t in plan.get("tickers") or [] if t not in linked]
     parts = [f"named {', '.join(named)}"] if named else []
     parts += [f"linked {t} (profile similarity {s:.2f})" for t, s in linked.items()]
     if plan.get("doc_types"):
         parts.append(f"document types {', '.join(plan['doc_types'])}")
+    if plan.get("documents"):
+        parts.append(f"documents {', '.join(plan['documents'])}")
     if plan.get("dates"):
         parts.append(f"dated {' to '.join(dict.fromkeys(plan['dates']))}")
     return "preferred: " + "; ".join(parts) if parts else ""

@@ -76,6 +76,9 @@ class QueryPlan:
     linked: dict[str, float] = field(default_factory=dict)  # tickers entity linking added, with similarity
     dates: list[str] = field(default_factory=list)  # [first, last] ISO day of a month or day the query names
     excluded: list[str] = field(default_factory=list)  # tickers the query excludes ("-NFLX"): their documents are left out
+    # paths of the documents a question about several things names by name and type ("the
+    # earnings-momentum strategy"): `find_named_documents`, set by hybrid search (`search.named_documents`)
+    documents: list[str] = field(default_factory=list)
     # hybrid: how close full text's first chunks are to the question, relative to the semantic list's
     # (`rag_lib.search.fusion.lexical_closeness`); below `search.lexical_far_ratio` the semantic
     # lists weigh `search.convex_alpha_far`
@@ -188,6 +191,51 @@ def find_doc_types(query: str, known: set[str] | None = None) -> list[str]:
         if any(re.search(r"\b" + re.escape(p) + r"\b", text) for p in phrases):
             found.append(doc_type)
     return found
+
+
+def name_words(text: str) -> tuple[str, ...]:
+    """A name's or a query's words as names are matched: lower case, split at anything but a letter or
+    a digit, words holding a digit left out (dates, serial numbers: `NVDA_20250115T1000`, `-001`)."""
+    return tuple(w for w in re.split(r"[^a-z0-9]+", text.lower()) if w and not any(c.isdigit() for c in w))
+
+
+class DocumentNames:
+    """The names a question can call documents by: each document's file name (without extensions)
+    and id, as `name_words` reads them, when two words or more (one word is a ticker's or a type's
+    business), indexed by their first word."""
+
+    def __init__(self, documents: list[tuple[str, str, str]]):
+        self._by_first: dict[str, list[tuple[tuple[str, ...], str, str]]] = {}
+        for path, doc_id, doc_type in documents:
+            stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+            for name in {name_words(stem), name_words(doc_id)}:
+                if len(name) >= 2:
+                    self._by_first.setdefault(name[0], []).append((name, path, doc_type))
+
+    def named_in(self, query: str) -> list[tuple[str, str]]:
+        """(path, doc_type) of the documents whose name occurs in `query` as consecutive words, in order."""
+        words = name_words(query)
+        found: list[tuple[str, str]] = []
+        for i, word in enumerate(words):
+            for name, path, doc_type in self._by_first.get(word, ()):
+                if words[i:i + len(name)] == name and (path, doc_type) not in found:
+                    found.append((path, doc_type))
+        return found
+
+
+def find_named_documents(plan: QueryPlan, names: DocumentNames, limit: int = 3) -> list[str]:
+    """Paths of the documents a question about several things names by name and by type: "does the
+    earnings-momentum scanner look in the window the pre-earnings momentum strategy enters",
+    "did the NVDA setup satisfy the earnings-momentum strategy's entry rules". A name without its
+    type ("AI capex concerns") is a topic, not a document; a question about one document finds it
+    anyway (its sections would crowd the other answers out), and one selecting documents ("documents
+    that link to the earnings momentum strategy") is not about the one it names. At most `limit`."""
+    if not plan.doc_types or plan.selects_documents:
+        return []
+    found = [(p, t) for p, t in names.named_in(plan.query) if t in plan.doc_types][:limit]
+    named_types = {t for _, t in found}
+    others = len(plan.named_tickers) + len([t for t in plan.doc_types if t not in named_types])
+    return [p for p, _ in found] if found and len(found) + others >= 2 else []
 
 
 def classify(query: str, known_tickers: set[str] | None = None, known_types: set[str] | None = None,

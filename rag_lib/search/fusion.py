@@ -153,6 +153,17 @@ def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[S
     return sorted(hits, key=lambda h: -h.score)
 
 
+def document_boost(hits: list[SearchHit], paths: list[str], factor: float) -> list[SearchHit]:
+    """Raise hits from the documents the query names (`QueryPlan.documents`), like a named ticker's."""
+    if factor <= 0 or not paths:
+        return hits
+    named = set(paths)
+    for hit in hits:
+        if hit.path in named:
+            hit.score = hit.score * (1.0 + factor)  # not capped either (see `boost`)
+    return sorted(hits, key=lambda h: -h.score)
+
+
 def graph_candidates(store, filters: SearchFilters, ranked: list[SearchHit], opts) -> Candidates | None:
     """The graph's ranked list: the first pass's hits from documents linked to, or sharing graph nodes
     (entities, tickers) with, its top `opts.graph_seeds` documents, in first-pass order. It reorders

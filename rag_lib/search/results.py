@@ -75,17 +75,24 @@ def group_by_unit(hits: Iterable[SearchHit]) -> list[SearchHit]:
     return first_by(hits, lambda h: h.unit_id)
 
 
-def cover_named(units: list[SearchHit], tickers: list[str], doc_types: list[str], window: int) -> list[SearchHit]:
+def cover_named(units: list[SearchHit], tickers: list[str], doc_types: list[str], window: int,
+                documents: list[str] = ()) -> list[SearchHit]:
     """A question naming two or more tickers or document types asks about each ("how do the ticker
     profile, the earnings analysis and the strategy use that"): every ticker and document type it
     names gets its best-ranked unit among the first `window` units; one with none there has that
     unit moved to second place (the next missing one to third, ...) with the score of the unit
     whose place it takes, the first result keeping its place. Otherwise one document's many
     matching sections can fill the first places while the other named document's best section
-    ranks 20th. `units`: one hit per unit, in rank order; `window` 0: as given."""
-    if window <= 0 or (len(tickers) < 2 and len(doc_types) < 2):
+    ranks 20th. A document the question names (`documents`, "the earnings-momentum strategy") is
+    covered itself, in place of its type. `units`: one hit per unit, in rank order; `window` 0: as given."""
+    named_types = {h.doc_type for h in units if h.path in documents}
+    types = [t for t in doc_types if t not in named_types]
+    several = len(tickers) + len(documents) + len(types) >= 2 if documents else \
+        len(tickers) >= 2 or len(doc_types) >= 2  # one ticker and one type: one document, left as fused
+    if window <= 0 or not several:
         return units
-    wanted = [lambda h, t=t: h.doc_type == t for t in doc_types] + \
+    wanted = [lambda h, d=d: h.path == d for d in documents] + \
+        [lambda h, t=t: h.doc_type == t for t in types] + \
         [lambda h, t=t: (h.ticker or "").upper() == t for t in tickers]
     place = 1
     for named in wanted:

@@ -24,9 +24,11 @@ from rag_lib.errors import ValidationError, text_problem
 from rag_lib.models import SearchFilters, SearchHit, SearchResult, is_number, is_text_or_texts
 from rag_lib.search import lexical
 from rag_lib.graph import profiles
-from rag_lib.search.classify import QueryPlan, classify, without_date
-from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_evidence, graph_candidates,
-                                   lexical_closeness, rescale_to_one, rrf, weigh_descriptors, weigh_stubs)
+from rag_lib.search.classify import (DOC_TYPE_HINTS, DocumentNames, QueryPlan, classify, find_named_documents,
+                                     without_date)
+from rag_lib.search.fusion import (Candidates, boost, convex, date_boost, document_boost, document_evidence,
+                                   graph_candidates, lexical_closeness, rescale_to_one, rrf, weigh_descriptors,
+                                   weigh_stubs)
 from rag_lib.search.rerank import QueryExpander, Reranker
 from rag_lib.search.results import by_date, cover_named, excerpt, group_by_unit
 
@@ -75,6 +77,7 @@ class SearchOptions:
     lexical_named_ticker_weight: float = 0.1
     lexical_drop_dates: bool = True
     aspect_window: int = 5
+    named_documents: bool = True
     top_k: int = 10  # the page a reader sees: a trend question's read in date order
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
@@ -124,6 +127,7 @@ class SearchCaches:
         self.terms = lexical.TermStatistics()
         self._tickers: dict[str | None, tuple[float, set[str]]] = {}
         self._dates: dict[str | None, tuple[float, set[dt.date]]] = {}
+        self._names: dict[str | None, tuple[float, DocumentNames]] = {}
         self._profiles: dict[tuple[str | None, str], tuple[float, profiles.Profiles]] = {}
         self._queries: QueryVectors | None = None  # kept by clear(): a query's vector does not depend on the data
 
@@ -152,6 +156,16 @@ class SearchCaches:
             self._dates[collection] = entry
         return entry[1]
 
+    def document_names(self, store, collection: str | None) -> DocumentNames:
+        """The names of `collection`'s documents of the types a question can name (re-read every
+        `profiles.CACHE_SECONDS`: documents are renamed rarely, and `clear()` follows our own writes)."""
+        now = time.monotonic()
+        entry = self._names.get(collection)
+        if entry is None or now - entry[0] > profiles.CACHE_SECONDS:
+            entry = (now, DocumentNames(store.document_names(collection, list(DOC_TYPE_HINTS))))
+            self._names[collection] = entry
+        return entry[1]
+
     def ticker_profiles(self, store, collection: str | None, space: str) -> profiles.Profiles:
         now = time.monotonic()
         entry = self._profiles.get((collection, space))
@@ -164,6 +178,7 @@ class SearchCaches:
         self.terms.clear()
         self._tickers = {}
         self._dates = {}
+        self._names = {}
         self._profiles = {}
 
 
@@ -189,9 +204,11 @@ def link_query(store, plan: QueryPlan, vector, space: str, collection: str | Non
 
 
 def _hints(hits: list[SearchHit], plan: QueryPlan, opts: SearchOptions) -> list[SearchHit]:
-    """Soft boosts: named tickers, document types and dates by `hint_boost`, linked tickers by `link_boost`."""
+    """Soft boosts: named tickers, document types, documents and dates by `hint_boost`, linked tickers
+    by `link_boost`."""
     named = plan.named_tickers
     hits = date_boost(boost(hits, named, plan.doc_types, opts.hint_boost), plan.dates, opts.hint_boost)
+    hits = document_boost(hits, plan.documents, opts.hint_boost)
     return boost(hits, list(plan.linked), [], opts.link_boost) if plan.linked else hits
 
 
@@ -392,6 +409,8 @@ def search(
         return SearchResult(query, mode, [], timings)
     with _timed(timings, "plan"):
         plan = plan_query(store, query, filters.collection, caches) if opts.routing else QueryPlan(query)
+        if mode == "hybrid" and opts.routing and opts.named_documents and plan.doc_types:
+            plan.documents = find_named_documents(plan, caches.document_names(store, filters.collection))
     # Grouping collapses chunks into units, so fetch deeper when many units are wanted.
     depth = max(opts.candidate_depth, top_k * (2 if group else 1))
 
@@ -450,6 +469,19 @@ def search(
                     lists.append(Candidates("lexical", [h for h, _ in scored], opts.lexical_weight * qw * fw))
         return lists
 
+    def named_documents_list(depth: int) -> list[Candidates]:
+        # The sections of the documents the question names, ranked by their cosine with it, as one
+        # more semantic list: their embedded text does not carry the name (a ticker's does), so their
+        # answering sections ("entry rules", cosine 0.32) were not among the candidates at all. Kept
+        # through feedback, which moves towards the other named things' documents.
+        hits: list[SearchHit] = []
+        with _timed(timings, "named"):
+            for path in plan.documents:
+                hits += store.semantic_search(vectors[0], space["space"], space["dimensions"],
+                                              dataclasses.replace(filters, path=path), depth, min_similarity)
+        hits.sort(key=lambda h: -h.score)
+        return [Candidates("semantic", hits, opts.semantic_weight)] if hits else []
+
     def gather(depth: int) -> list[Candidates]:
         if mode == "semantic":
             return semantic_lists(depth)
@@ -461,7 +493,7 @@ def search(
         if vectors is None:
             vectors = embed([q for q, _ in queries])
         sem = semantic_lists(depth)
-        return sem + future.result()
+        return sem + future.result() + (named_documents_list(opts.candidate_depth) if plan.documents else [])
 
     lists = gather(depth)
     # Grouping can leave fewer units than asked for: go deeper while some list was cut off at `depth`.
@@ -533,7 +565,7 @@ def search(
         if group:
             ranked = group_by_unit(ranked)
             if mode == "hybrid" and reranker is None:  # a reranker's order stands (not measured with one)
-                ranked = cover_named(ranked, plan.named_tickers, plan.doc_types, opts.aspect_window)
+                ranked = cover_named(ranked, plan.named_tickers, plan.doc_types, opts.aspect_window, plan.documents)
         # Global questions ("across", "each", "all") keep the fused order: moving a document's third and
         # later units behind every other document's first two (as they once did) buried the sections
         # such questions ask for (dev2 cross_doc 0.486 -> 0.515, dev unchanged; README, Retrieval).

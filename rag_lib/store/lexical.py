@@ -179,6 +179,17 @@ class LexicalStore:
             ).fetchall()
         return {r[0] for r in rows}
 
+    def document_names(self, collection: str | None, doc_types: Sequence[str]) -> list[tuple[str, str, str]]:
+        """(path, doc_id, doc_type) of the documents of `doc_types` in `collection` (all collections
+        when None): the documents a question can name by name and type ("the earnings-momentum strategy")."""
+        where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
+        with self.db.reading() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT path, doc_id, doc_type FROM rag_documents WHERE doc_type = ANY(%s) {}").format(where),
+                [list(doc_types), *([collection] if collection else [])],
+            ).fetchall()
+        return [(r[0], r[1], r[2]) for r in rows]
+
     def lexical_search(
         self,
         terms: dict[str, Sequence[tuple[str, float]]],
