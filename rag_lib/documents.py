@@ -22,7 +22,7 @@ from rag_lib.flatten import key_lines
 from rag_lib.limits import LimitExceeded, check_json, check_lines, check_yaml
 from rag_lib.log import get_logger
 from rag_lib.errors import unstorable_char
-from rag_lib.models import Document, Skipped, is_text_or_texts
+from rag_lib.models import UNDECLARED_TYPES, Document, Skipped, is_text_or_texts
 
 log = get_logger(__name__)
 
@@ -311,13 +311,13 @@ def _yaml_metadata(body: dict[str, Any], rel_path: str) -> dict[str, Any]:
         normalise_type(meta.get("type") or meta.get("doc_type"))
         or _type_from_path(rel_path)
         or _type_from_shape(body)
-        or "unknown"
+        or UNDECLARED_TYPES["yaml"]
     )
     warnings: list[str] = []
     ticker = _ticker(body.get("ticker") or meta.get("ticker") or body.get("symbol"), warnings)
     if ticker is None:
         match = re.match(r"^([A-Z]{1,5})_\d{8}T\d{4}", Path(rel_path).name)
-        if match and doc_type not in ("research-analysis", "unknown"):
+        if match and doc_type not in ("research-analysis", UNDECLARED_TYPES["yaml"]):
             ticker = match.group(1)
     date, unread = None, []  # unread: (field, value) given but not a date, before the one used
     for name, value in (
@@ -394,7 +394,7 @@ def _markdown_metadata(text: str, rel_path: str, front_text: str | None = None) 
     date = date or named
     return {
         "doc_id": str(front.get("id") or rel_path),
-        "doc_type": normalise_type(front.get("type")) or "note",
+        "doc_type": normalise_type(front.get("type")) or UNDECLARED_TYPES["markdown"],
         "ticker": ticker,
         "doc_date": date,
         "version": str(front["version"]) if front.get("version") is not None else None,
@@ -697,7 +697,7 @@ def _load_jsonl(
         yield Document(
             path=f"{rel}#{doc_id}",
             doc_id=doc_id,
-            doc_type=str(record.get("type") or "record"),
+            doc_type=str(record.get("type") or UNDECLARED_TYPES["jsonl"]),
             format="jsonl",
             content_hash=record_hash,
             body=body_text,

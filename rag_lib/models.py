@@ -12,6 +12,10 @@ from typing import Any
 # One rule for collection names everywhere (library, CLI, HTTP, MCP): a name is a folder of uploads
 # and a partition-key prefix, so no '/', '..' or spaces.
 COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# The type a document gets when it declares none, by format: markdown without `type:` in its front
+# matter, YAML without `_meta.type` (nor a folder or shape that tells), a JSONL record without "type".
+# A question naming one ("a note", "an unknown risk", "a record quarter") picks no kind of document.
+UNDECLARED_TYPES = {"markdown": "note", "yaml": "unknown", "jsonl": "record"}
 
 
 def is_text_or_texts(value: Any) -> bool:
