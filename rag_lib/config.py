@@ -294,6 +294,13 @@ class SearchSettings(BaseModel):
     # aspect_window results; names are file names and ids of two words or more (README, Retrieval:
     # "Documents named by name and type"). Probe cross_doc 0.438 -> 0.544; no dev or dev2 question names one
     named_documents: bool = True
+    # hybrid: a question naming no ticker that selects documents by their type's own name ("which
+    # fields does a trade journal record", "the stock analyses that ...") also retrieves among that
+    # type's documents alone (semantic and full text, fused at this weight), so the type's own sections
+    # compete with the documents that only describe it. Probe 0.567 -> 0.587 (structural 0.230 ->
+    # 0.367); dev 0.767 and dev2 0.688 unchanged: they hold few such questions (README, Retrieval:
+    # "Type lists"); 0 turns it off
+    type_list_weight: float = Field(0.5, ge=0.0, le=10.0)
     # hnsw.ef_search of feedback's second query (0: as the first's, `ef_search`). Its vector lies among the first
     # units' own, where a shorter walk finds the same: on 18k chunks of the search benchmark its
     # top 50 against an exact ranking 0.999 at 200, 0.993 at 100, final top 10 as at 200 to 0.9995;

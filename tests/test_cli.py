@@ -108,6 +108,9 @@ def test_a_search_says_what_it_preferred_and_why(rag, corpus_copy):
     assert _plan_hints({"tickers": ["NVDA"], "linked": {}, "doc_types": ["strategy"],
                         "documents": ["strategies/earnings-momentum.yaml"]}) == \
         "preferred: named NVDA; document types strategy; documents strategies/earnings-momentum.yaml"
+    assert _plan_hints({"tickers": [], "linked": {}, "doc_types": ["trade-journal"],
+                        "type_lists": ["trade-journal"]}) == \
+        "preferred: document types trade-journal; trade-journal also searched alone"
     assert _plan_hints({"tickers": [], "linked": {}}) == ""
     root = corpus_copy(LEARNING)
     assert rag("ingest", str(root))[0] == 0

@@ -679,7 +679,7 @@ def test_search_response_carries_the_plan(client: TestClient, api_settings: Sett
     assert body["plan"]["kind"] == "comparison" and set(body["plan"]["tickers"]) == {"NVDA", "AMD"}
     assert body["results"] and body["count"] == len(body["results"])  # the other fields are unchanged
     spec = client.get("/openapi.json").json()["components"]["schemas"]
-    assert {"kind", "tickers", "doc_types"} <= set(spec["SearchPlan"]["properties"])
+    assert {"kind", "tickers", "doc_types", "type_lists"} <= set(spec["SearchPlan"]["properties"])
 
     kb = KnowledgeBase(api_settings, provider=provider)
 

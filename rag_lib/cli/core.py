@@ -241,7 +241,8 @@ def _excerpt_cell(hit) -> str:
 
 def _plan_hints(plan: dict) -> str:
     """What the question was read as, where it changed the ranking: tickers named or linked (a
-    description matched to a ticker's profile), document types, documents and dates named (soft boosts)."""
+    description matched to a ticker's profile), document types, documents and dates named (soft boosts),
+    and the types whose documents were also searched alone (`plan.type_lists`)."""
     linked = plan.get("linked") or {}
     named = [t for t in plan.get("tickers") or [] if t not in linked]
     parts = [f"named {', '.join(named)}"] if named else []
@@ -252,6 +253,8 @@ def _plan_hints(plan: dict) -> str:
         parts.append(f"documents {', '.join(plan['documents'])}")
     if plan.get("dates"):
         parts.append(f"dated {' to '.join(dict.fromkeys(plan['dates']))}")
+    if plan.get("type_lists"):
+        parts.append(f"{', '.join(plan['type_lists'])} also searched alone")
     return "preferred: " + "; ".join(parts) if parts else ""
 
 

@@ -9,6 +9,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rag_lib.models import UNDECLARED_TYPES
+
 KINDS = ("retrieval", "relationship", "trend", "comparison", "global")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9.\-]*[A-Za-z0-9]|[A-Za-z]")
@@ -79,6 +81,10 @@ class QueryPlan:
     # paths of the documents a question about several things names by name and type ("the
     # earnings-momentum strategy"): `find_named_documents`, set by hybrid search (`search.named_documents`)
     documents: list[str] = field(default_factory=list)
+    # the collection's document types the query selects by their own name ("a trade journal", "the
+    # stock analyses"; `find_type_lists`): hybrid search also retrieves among each one's documents
+    # alone (`search.type_list_weight`) and keeps here only the types it did
+    type_lists: list[str] = field(default_factory=list)
     # hybrid: how close full text's first chunks are to the question, relative to the semantic list's
     # (`rag_lib.search.fusion.lexical_closeness`); below `search.lexical_far_ratio` the semantic
     # lists weigh `search.convex_alpha_far`
@@ -238,9 +244,44 @@ def find_named_documents(plan: QueryPlan, names: DocumentNames, limit: int = 3) 
     return [p for p, _ in found] if found and len(found) + others >= 2 else []
 
 
+def _plural(word: str) -> str:
+    """`word`'s regular English plural: analysis -> analyses, strategy -> strategies, config -> configs."""
+    if word.endswith("is"):
+        return word[:-2] + "es"
+    if word.endswith("y") and len(word) > 1 and word[-2] not in "aeiou":
+        return word[:-1] + "ies"
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    return word + "s"
+
+
+def find_type_lists(query: str, types: set[str]) -> list[str]:
+    """The document types among `types` (the collection's own) the query selects by their name: one
+    of its kind, after "a"/"an" and at most two other words ("a trade journal", "a bias learning
+    file"), or all of them, in the plural ("the stock analyses"). A name inside a longer one the query
+    names does not count ("a meeting note": `meeting-note`, not `note`), nor does the type of the
+    documents that declare none (`UNDECLARED_TYPES`: "a research note" is not one of those). None in
+    a collection of one type, where it selects nothing."""
+    if len(types) < 2:
+        return []
+    text = " " + " ".join(re.findall(r"[a-z0-9]+", query.lower())) + " "
+    spans: dict[str, tuple[int, int]] = {}
+    for doc_type in sorted(types - set(UNDECLARED_TYPES.values())):
+        words = re.findall(r"[a-z0-9]+", doc_type.lower())
+        if not words:
+            continue
+        one = re.search(r" an? (?:[a-z0-9]+ ){0,2}(" + re.escape(" ".join(words)) + ") ", text)
+        every = re.search(r" (" + re.escape(" ".join(words[:-1] + [_plural(words[-1])])) + ") ", text)
+        if one or every:
+            spans[doc_type] = (one or every).span(1)
+    return [t for t, (a, b) in spans.items()
+            if not any(oa <= a and b <= ob and ob - oa > b - a for oa, ob in spans.values())]
+
+
 def classify(query: str, known_tickers: set[str] | None = None, known_types: set[str] | None = None,
-             known_dates: set[dt.date] | None = None) -> QueryPlan:
-    """Classify a query; comparison needs two subjects, so it wins over the other kinds."""
+             known_dates: set[dt.date] | None = None, collection_types: set[str] | None = None) -> QueryPlan:
+    """Classify a query; comparison needs two subjects, so it wins over the other kinds.
+    `collection_types`: the collection's document types, which the query may select by name."""
     tickers = find_tickers(query, known_tickers or set())
     doc_types = find_doc_types(query, known_types)
     if _COMPARISON.search(query) and (len(tickers) >= 2 or re.search(r"\b(compare|versus|vs\.?)\b", query, re.I)):
@@ -254,4 +295,5 @@ def classify(query: str, known_tickers: set[str] | None = None, known_types: set
     else:
         kind = "retrieval"
     return QueryPlan(query=query, kind=kind, tickers=tickers, doc_types=doc_types, dates=find_dates(query, known_dates),
-                     excluded=excluded_tickers(query, known_tickers or set()))
+                     excluded=excluded_tickers(query, known_tickers or set()),
+                     type_lists=find_type_lists(query, collection_types or set()))

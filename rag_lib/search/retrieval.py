@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_lib.embedding import EmbeddingProvider
+from rag_lib.documents import normalise_type
 from rag_lib.flatten import load_mapping
 from rag_lib.errors import ValidationError, text_problem
 from rag_lib.models import SearchFilters, SearchHit, SearchResult, is_number, is_text_or_texts
@@ -78,6 +79,7 @@ class SearchOptions:
     lexical_drop_dates: bool = True
     aspect_window: int = 5
     named_documents: bool = True
+    type_list_weight: float = 0.5
     top_k: int = 10  # the page a reader sees: a trend question's read in date order
     descriptors: frozenset[str] = frozenset()  # descriptor section names (the sections file's)
 
@@ -118,7 +120,7 @@ class QueryVectors:
 
 class SearchCaches:
     """What searches on one database reuse between queries: the term statistics (BM25 document
-    frequencies), the tickers each collection knows (query routing), both re-checked every
+    frequencies), the tickers, dates and document types each collection holds (query routing), re-checked every
     `lexical.GENERATION_TTL` seconds, and the ticker profiles (entity linking), re-read every
     `profiles.CACHE_SECONDS`; so another process's writes show within those delays. The owner
     (`KnowledgeBase`) calls `clear()` after its own writes so they show at once."""
@@ -128,6 +130,7 @@ class SearchCaches:
         self._tickers: dict[str | None, tuple[float, set[str]]] = {}
         self._dates: dict[str | None, tuple[float, set[dt.date]]] = {}
         self._names: dict[str | None, tuple[float, DocumentNames]] = {}
+        self._types: dict[str | None, tuple[float, set[str]]] = {}
         self._profiles: dict[tuple[str | None, str], tuple[float, profiles.Profiles]] = {}
         self._queries: QueryVectors | None = None  # kept by clear(): a query's vector does not depend on the data
 
@@ -140,21 +143,25 @@ class SearchCaches:
         return self._queries.embed(provider, texts)
 
     def known_tickers(self, store, collection: str | None) -> set[str]:
+        return self._known(self._tickers, collection, store.known_tickers)
+
+    def known_doc_types(self, store, collection: str | None) -> set[str]:
+        """The document types `collection` (None: every collection) holds: a query may name them."""
+        return self._known(self._types, collection, store.known_doc_types)
+
+    @staticmethod
+    def _known(cache: dict[str | None, tuple[float, set]], collection: str | None, read) -> set:
+        """`read(collection)`, read again when older than `lexical.GENERATION_TTL`."""
         now = time.monotonic()
-        entry = self._tickers.get(collection)
+        entry = cache.get(collection)
         if entry is None or now - entry[0] > lexical.GENERATION_TTL:
-            entry = (now, store.known_tickers(collection))
-            self._tickers[collection] = entry
+            entry = (now, read(collection))
+            cache[collection] = entry
         return entry[1]
 
     def document_dates(self, store, collection: str | None) -> set[dt.date]:
         """The dates `collection`'s documents carry (a month named without a year resolves among them)."""
-        now = time.monotonic()
-        entry = self._dates.get(collection)
-        if entry is None or now - entry[0] > lexical.GENERATION_TTL:
-            entry = (now, store.document_dates(collection))
-            self._dates[collection] = entry
-        return entry[1]
+        return self._known(self._dates, collection, store.document_dates)
 
     def document_names(self, store, collection: str | None) -> DocumentNames:
         """The names of `collection`'s documents of the types a question can name (re-read every
@@ -179,13 +186,16 @@ class SearchCaches:
         self._tickers = {}
         self._dates = {}
         self._names = {}
+        self._types = {}
         self._profiles = {}
 
 
 def plan_query(store, query: str, collection: str | None, caches: SearchCaches | None = None) -> QueryPlan:
-    """The query's `QueryPlan`, with the tickers `collection` knows (from `caches` when given)."""
+    """The query's `QueryPlan`, with the tickers, dates and document types `collection` knows (from
+    `caches` when given)."""
     caches = caches or SearchCaches()
-    return classify(query, caches.known_tickers(store, collection), known_dates=caches.document_dates(store, collection))
+    return classify(query, caches.known_tickers(store, collection), known_dates=caches.document_dates(store, collection),
+                    collection_types=caches.known_doc_types(store, collection))
 
 
 def link_query(store, plan: QueryPlan, vector, space: str, collection: str | None, opts: SearchOptions,
@@ -263,6 +273,20 @@ def _ticker_variants(plan: QueryPlan, filters: SearchFilters) -> list[SearchFilt
     allowed = filters.ticker
     allowed = None if not allowed else {t.upper() for t in ([allowed] if isinstance(allowed, str) else allowed)}
     return [dataclasses.replace(filters, ticker=t) for t in plan.tickers if allowed is None or t in allowed]
+
+
+def _type_variants(plan: QueryPlan, filters: SearchFilters, opts: SearchOptions) -> list[SearchFilters]:
+    """A question naming no ticker that selects documents by their type's name ("which fields does a
+    trade journal record", "the stock analyses that ...", `plan.type_lists`) retrieves among each such
+    type's documents alone as well: its own sections then compete with the many documents that only
+    describe the type. Within the caller's `doc_type` filter; none when that filter is the type alone
+    (the list would repeat the query's own)."""
+    if opts.type_list_weight <= 0 or plan.tickers:
+        return []
+    given = filters.doc_type
+    allowed = None if not given else {normalise_type(t) for t in ([given] if isinstance(given, str) else given)}
+    return [dataclasses.replace(filters, doc_type=t) for t in plan.type_lists
+            if allowed is None or (normalise_type(t) in allowed and allowed != {normalise_type(t)})]
 
 
 def _without_excluded(hits: list[SearchHit], plan: QueryPlan) -> list[SearchHit]:
@@ -420,7 +444,11 @@ def search(
         with _timed(timings, "expand"):
             expansions = list(expander.expand(query))
         queries += [(q, 0.5) for q in expansions]
-    variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)]
+    # hybrid only: convex fusion divides each list by its own best hit, so a type's best section counts fully there
+    by_type = _type_variants(plan, filters, opts) if mode == "hybrid" else []
+    plan.type_lists = [f.doc_type for f in by_type]
+    variants = [(filters, 1.0)] + [(f, 0.5) for f in _ticker_variants(plan, filters)] \
+        + [(f, opts.type_list_weight) for f in by_type]
 
     def embed(texts: list[str]) -> np.ndarray:
         with _timed(timings, "embed"):

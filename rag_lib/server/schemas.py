@@ -234,6 +234,9 @@ SearchPlan = model_of(QueryPlan, "SearchPlan", "How the query was read: its kind
                           "tickers": "Tickers the query names, or that entity linking found (see `linked`).",
                           "doc_types": "Document types the query names.",
                           "linked": "Tickers entity linking added, with their similarity to the query.",
+                          "type_lists": "Hybrid: document types the query selects by name (\"a trade journal\", "
+                                        "\"the stock analyses\") whose documents were also searched alone "
+                                        "(`search.type_list_weight`).",
                           "lexical_closeness": "Hybrid: full text's first chunks' mean cosine with the query over "
                                                "the semantic list's first chunks'; below `search.lexical_far_ratio` "
                                                "full text weighs less."})

@@ -189,6 +189,13 @@ class LexicalStore:
                 [list(doc_types), *([collection] if collection else [])],
             ).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
+    def known_doc_types(self, collection: str | None) -> set[str]:
+        """The document types `collection` (None: every collection) holds."""
+        where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
+        with self.db.reading() as conn:
+            rows = conn.execute(sql.SQL("SELECT DISTINCT doc_type FROM rag_documents {}").format(where),
+                                [collection] if collection else []).fetchall()
+        return {r[0] for r in rows if r[0]}
 
     def lexical_search(
         self,
