@@ -5,6 +5,7 @@ resources (RagResource: settings, database, stage runner, partition map), gc_pol
 collection around Dagster's objects), assets (raw_documents → flattened_sections → chunks → embeddings →
 vector_table → hnsw_index), checks, jobs, sensors (corpus watcher, run failures), schedules
 (nightly reconcile, re-embed, index maintenance), instance (Postgres-backed DAGSTER_HOME), launch
-(`rag materialize`: runs of the code location's job), cli (`rag materialize`/`rag dev`, plugged into
+(`rag materialize`: runs of the code location's job), workers (the run launcher dagster.yaml names: is a
+run's process still there), cli (`rag materialize`/`rag dev`, plugged into
 `rag` through the `rag.commands` entry point), definitions (`defs`, loaded by workspace.yaml).
 """

@@ -27,7 +27,8 @@ from dagster import (
 
 from rag_lib.config import get_settings
 from rag_lib.corpus_scan import FileTarget
-from rag_lib.errors import RagError
+from rag_lib.errors import ConfigError, RagError
+from rag_lib.log import get_logger
 from rag_lib import quality
 from rag_lib.quality import markdown_table, token_histogram
 from rag_lib.versions import stage_versions
@@ -44,15 +45,26 @@ from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, RAW, STAGES, VECTORS, Stage
 warnings.filterwarnings("ignore", message=r".*backfill_policy.*", category=Warning)
 
 GROUP = "corpus"
+UNKNOWN_VERSION = "unknown"  # what a version the embedding settings cannot give reads (`code_versions`)
+log = get_logger(__name__)
 
 
 def code_versions() -> dict[str, str]:
     """The assets' code versions: the library's per-stage versions (the same function its
     fingerprint comes from), plus the HNSW build parameters. A change marks the asset and
-    everything downstream out of date in the UI."""
+    everything downstream out of date in the UI. Embedding settings that name an unreadable file
+    (embedding.tokenizer_path, embedding.model_path) make the chunks' and vectors' versions
+    UNKNOWN_VERSION: the location still loads, and the error is said where it stops something (a
+    run's step, a sensor or schedule tick, a `rag` command), where it used to fail to load and
+    take the whole UI with it."""
     settings = get_settings()
-    return {**stage_versions(settings),
-            "hnsw_index": f"hnsw-m{settings.search.hnsw_m}-efc{settings.search.hnsw_ef_construction}"}
+    try:
+        versions = stage_versions(settings)
+    except ConfigError as exc:  # logged at INFO: each use says it (`rag materialize` would say it twice)
+        log.info("%s; the chunks' and vectors' code versions are unknown until it is fixed, and runs "
+                    "that chunk or embed fail with this error", exc)
+        versions = stage_versions(settings, chunker=UNKNOWN_VERSION, model=UNKNOWN_VERSION)
+    return {**versions, "hnsw_index": f"hnsw-m{settings.search.hnsw_m}-efc{settings.search.hnsw_ef_construction}"}
 
 
 # Decorators need the versions when the code location loads (its settings are the process's settings).

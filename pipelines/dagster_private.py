@@ -32,6 +32,9 @@ the difference would be paid by every `rag materialize`. So, one function per pr
   status was final its process was still there in one of two `rag materialize` runs, for 0.42 s;
   without the wait the code server outlives the command by as long, reading a database that a test
   or benchmark may be stopping.
+- `worker_health`: `CheckRunHealthResult` and `WorkerStatus`, what a run launcher answers Dagster's
+  run monitoring (`pipelines.workers.LocalRunLauncher`); `execute_location_run` reports its process
+  with `EngineEventData.in_process`, as Dagster's run worker does, so that check finds it.
 
 `check_names()` resolves each of them; `tests/test_dagster_private.py` runs it and each function
 against the installed Dagster, so an upgrade that renames one fails there, by name."""
@@ -56,6 +59,8 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "dagster._core.remote_origin": ("InProcessCodeLocationOrigin", "RemoteJobOrigin", "RemoteRepositoryOrigin"),
     "dagster._utils.hosted_user_process": ("recon_job_from_origin",),
     "dagster._grpc.impl": ("core_execute_run",),
+    "dagster._core.launcher.base": ("CheckRunHealthResult", "WorkerStatus"),
+    "dagster._core.events": ("EngineEventData.in_process",),
 }
 # DagsterInstance.create_run's keyword arguments, all required (it changed in 1.8 and 1.10)
 CREATE_RUN_ARGS = frozenset({
@@ -138,12 +143,23 @@ def execute_location_run(instance, run) -> None:
     """Execute a created run in this process, as the run worker the code server would start does
     (`recon_job_from_origin`, `core_execute_run`: the job rebuilt from the run's code origin, the
     run's events and status written, a failure recorded on the run, not raised)."""
+    from dagster._core.events import EngineEventData
     from dagster._grpc.impl import core_execute_run
     from dagster._utils.hosted_user_process import recon_job_from_origin
 
-    instance.report_engine_event(f"Started in process for run (pid: {os.getpid()}).", run)
+    instance.report_engine_event(f"Started in process for run (pid: {os.getpid()}).", run,
+                                 EngineEventData.in_process(os.getpid()))
     for _ in core_execute_run(recon_job_from_origin(run.job_code_origin), run, instance, inject_env_vars=True):
         pass
+
+
+def worker_health(gone: str | None):
+    """What a run launcher answers Dagster's run monitoring about a run's process: running, or
+    failed for the reason `gone` (`CheckRunHealthResult`, `WorkerStatus`). Run monitoring marks a
+    run failed on any answer but running or success."""
+    from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
+
+    return CheckRunHealthResult(WorkerStatus.RUNNING) if gone is None else CheckRunHealthResult(WorkerStatus.FAILED, gone)
 
 
 def create_location_run(instance, workspace, location_name: str, job_name: str, run_config: Mapping[str, Any],

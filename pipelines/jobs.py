@@ -2,17 +2,23 @@
 pipelines/definitions.py): the stages share the loaded model and one connection pool, and a
 many-file run stays one process, not one per file."""
 
+from collections.abc import Callable
+
 from dagster import AssetSelection, DagsterRun, OpExecutionContext, define_asset_job, job, op
 
 from rag_lib.ingest.state import CHUNKS, EMBEDDINGS, STAGES, VECTORS
+from rag_lib.log import get_logger
 
 from pipelines.assets import hnsw_index
 from pipelines.partitions import files_in_flight
 from pipelines.resources import RagResource
+from pipelines.workers import fail_if_gone
 
 INGEST_JOB = "ingest_files"
 REEMBED_JOB = "reembed"
 MAINTENANCE_JOB = "index_maintenance"
+
+log = get_logger(__name__)
 
 ingest_job = define_asset_job(
     INGEST_JOB,
@@ -33,14 +39,20 @@ reembed_job = define_asset_job(
 JOB_STAGES = {INGEST_JOB: STAGES, REEMBED_JOB: REEMBED_STAGES}
 
 
-def runs_covering(instance, keys: list[str], ordered: list[str], job_name: str) -> dict[str, DagsterRun]:
+def runs_covering(instance, keys: list[str], ordered: list[str], job_name: str,
+                  say: Callable[[str], None] | None = None) -> dict[str, DagsterRun]:
     """key → the run already queued or in progress that does `job_name`'s per-file work for it
     (`files_in_flight`: the sensor's, a schedule's, a `rag materialize`'s, one from the UI), for the
-    keys among `keys` that have one: the sensor, the schedules and `rag materialize` leave those to it."""
+    keys among `keys` that have one: the sensor, the schedules and `rag materialize` leave those to it.
+    A STARTED run whose process is gone would never end: it is marked failed (said through `say`) and
+    its files are not left to it."""
     if not keys:
         return {}
     busy = files_in_flight(instance, JOB_STAGES[job_name], ordered, JOB_STAGES)
-    return {k: busy[k] for k in keys if k in busy}
+    covering = {k: busy[k] for k in keys if k in busy}
+    runs = {run.run_id: run for run in covering.values()}.values()
+    gone = {run.run_id for run in runs if fail_if_gone(instance, run, say or log.warning, "its files get a run now")}
+    return {k: run for k, run in covering.items() if run.run_id not in gone}
 
 
 @op(description="REINDEX the active space's HNSW index concurrently and ANALYZE the serving tables.")

@@ -32,6 +32,7 @@ from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, in_fli
                                   keys_needing_runs, plan_ranges, range_tags, record_refused, sync_partitions)
 from pipelines.gc_policy import collections_paused
 from pipelines.resources import stage_runner
+from pipelines.workers import fail_if_gone, worker_tags
 
 LOCATION = "rag_pipeline"
 QUEUE_DAEMON = "QUEUED_RUN_COORDINATOR"
@@ -49,6 +50,9 @@ QUEUED_NOTICE_SECONDS = 30.0
 # second. A read costs ~2.6 ms of CPU here and about as much in Postgres: at a steady 5 reads a
 # second, waiting on a cold 3-minute run took ~2.3 s of CPU from an embedding using both cores.
 POLL_FIRST_SECONDS, POLL_MAX_SECONDS = 0.1, 1.0
+# Between looks at whether a started run's process is still there (`workers.worker_gone`: its engine
+# events read, then the process looked up); a process killed mid-run is noticed within this.
+WORKER_CHECK_SECONDS = 5.0
 
 log = get_logger(__name__)
 
@@ -298,32 +302,42 @@ def launch_runs(instance, workspace, job_name: str, run_config: dict[str, Any], 
     queued = watch.takes_runs(instance, len(ranges))
     run_ids: list[str] = []
     in_flight: list[str] = []
+    here = isinstance(workspace, dagster_private.InProcessLocation)  # one run after the other, here
     for start, end in ranges:
-        run = dagster_private.create_location_run(instance, workspace, LOCATION, job_name, run_config,
-                                                  {**range_tags(start, end), "rag/trigger": trigger})
-        run_ids.append(run.run_id)
-        if isinstance(workspace, dagster_private.InProcessLocation):  # one run after the other, here
-            dagster_private.execute_location_run(instance, run)
-            continue
-        if queued:
-            instance.submit_run(run.run_id, workspace)
-            watch.submitted(run.run_id)
-            continue
+        # Wait for a free slot before creating the run: a run created and left NOT_STARTED by a Ctrl-C
+        # or a kill here would hold its files for every later `rag materialize` and sensor tick.
         delays = poll_delays()
-        while len(in_flight) >= parallel:
+        while not (queued or here) and len(in_flight) >= parallel:
             time.sleep(next(delays))
             in_flight = [r for r in in_flight if not run_finished(instance, r)]
-        instance.launch_run(run.run_id, workspace)
-        in_flight.append(run.run_id)
+        run = dagster_private.create_location_run(instance, workspace, LOCATION, job_name, run_config,
+                                                  {**range_tags(start, end), "rag/trigger": trigger,
+                                                   **(worker_tags() if here else {})})
+        run_ids.append(run.run_id)
+        if here:
+            dagster_private.execute_location_run(instance, run)
+        elif queued:
+            instance.submit_run(run.run_id, workspace)
+            watch.submitted(run.run_id)
+        else:
+            instance.launch_run(run.run_id, workspace)
+            in_flight.append(run.run_id)
     return run_ids
 
 
 def wait_for_run(instance, run_id: str, watch: QueueWatch | None = None):
-    """The run once its status is final (read at `poll_delays`); `watch` hears of each read."""
+    """The run once its status is final (read at `poll_delays`); `watch` hears of each read. A
+    STARTED run whose process is gone (looked at every WORKER_CHECK_SECONDS) is marked failed."""
     delays = poll_delays()
+    checked = time.monotonic()
     while (run := instance.get_run_by_id(run_id)).status.value not in FINISHED:
         if watch is not None:
             watch.still_waiting(instance, run)
+        if time.monotonic() - checked >= WORKER_CHECK_SECONDS:
+            checked = time.monotonic()
+            if fail_if_gone(instance, run, watch.say if watch is not None else log.warning,
+                            "run `rag materialize` again for its files"):
+                continue
         time.sleep(next(delays))
     if watch is not None:
         watch.finished(run_id)
@@ -417,7 +431,7 @@ def materialize_corpus(
             # A run still queued or in progress over some of them (the sensor's, an earlier `rag
             # materialize`'s left in the queue by Ctrl-C) does their work: a second beside it would do
             # it again. --force does not defer: such a run redoes only what is not current.
-            waiting = runs_covering(instance, keys, ordered, job_name)
+            waiting = runs_covering(instance, keys, ordered, job_name, watch.say)
             keys = [k for k in keys if k not in waiting]
         parallel = parallel or kb.settings.pipeline.parallel_runs
         _code_server_env(kb.settings)

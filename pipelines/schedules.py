@@ -52,7 +52,7 @@ def reconcile_requests(context: ScheduleEvaluationContext, rag: RagResource, job
     # backfill's, an operator's "Materialize" in the UI) does their work when it materializes the
     # job's per-file stages: a second one beside it would do it twice. ingest_files materializes
     # every corpus asset, so it covers a re-embed's work too.
-    waiting = runs_covering(context.instance, wanted, sync.ordered, job_name)
+    waiting = runs_covering(context.instance, wanted, sync.ordered, job_name, context.log.warning)
     if waiting:
         wanted = [k for k in wanted if k not in waiting]
         if not wanted:

@@ -91,7 +91,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
     # a run of every per-file stage, as ingest_files (an operator's "Materialize" of them all in the UI,
     # an asset backfill's run; a re-embed re-chunks what it has). The file stays unseen in the cursor:
     # the run may have read it before this change, so a tick after it ends looks again.
-    waiting = runs_covering(context.instance, wanted, sync.ordered, INGEST_JOB)
+    waiting = runs_covering(context.instance, wanted, sync.ordered, INGEST_JOB, context.log.warning)
     wanted = [k for k in wanted if k not in waiting]
     state = unseen(result.state, previous, waiting)
     # The tick is in the run key: Dagster never launches a run key twice, and a file deleted and put

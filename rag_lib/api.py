@@ -733,7 +733,9 @@ class KnowledgeBase:
             "current_version": self.settings.embedding.embed_version, "documents": len(rows),
             "reembedded": sum(r.count("new") + r.count("changed") + r.count("unchanged") for r in reports),
             "failed": sum(r.count("failed") for r in reports), "missing_sources": missing,
-            "chunks": sum(r.chunks for r in reports), "embedded": sum(r.embedded for r in reports),
+            # as `rag reembed --to` counts them (`ReembedReport`): chunks, and the distinct texts embedded
+            "chunks": sum(r.chunks for r in reports), "chunks_from_cache": sum(r.cache_hits for r in reports),
+            "texts_embedded": sum(r.embedded for r in reports),
         }
 
     def init(self) -> dict[str, Any]:

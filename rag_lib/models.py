@@ -287,8 +287,8 @@ class IngestReport:
     stale: list[str] = field(default_factory=list)
     # files skipped by this run whose last good version's documents are still served
     held: list[str] = field(default_factory=list)
-    embedded: int = 0  # chunks sent to the provider
-    cache_hits: int = 0
+    embedded: int = 0  # distinct chunk texts sent to the provider (chunks with the same text share one)
+    cache_hits: int = 0  # chunks whose text's vector was in the embedding cache
     seconds: float = 0.0
     profiles: dict[str, Any] = field(default_factory=dict)  # the ticker-profile rebuild, when one ran
 

@@ -53,9 +53,11 @@ class ReembedReport:
     space: str
     previous: str | None
     run_id: str
-    filled: int = 0
-    from_cache: int = 0
-    embedded: int = 0
+    # Chunks and texts are counted apart: chunks with the same text (a file copied, a repeated
+    # disclaimer) share one vector, embedded once.
+    chunks: int = 0  # live chunks given a vector in the space
+    chunks_from_cache: int = 0  # of those, the ones whose text's vector was in the embedding cache
+    texts_embedded: int = 0  # distinct chunk texts the provider embedded for the others (what it bills)
     gates: list[Gate] = field(default_factory=list)
     switched: bool = False
     index: dict[str, Any] = field(default_factory=dict)
@@ -152,9 +154,10 @@ class Reembedder:
             got = embedder.vectors({h: text for _, h, text in rows})
             written = self.store.write_space_vectors(self.space, self.target.dimensions,
                                                      [(cid, got.vectors[h]) for cid, h, _ in rows])
-            report.filled += written
-            report.from_cache += len(got.vectors) - len(got.fresh)
-            report.embedded += len(got.fresh)
+            fresh = set(got.fresh)
+            report.chunks += written
+            report.chunks_from_cache += sum(1 for _, h, _ in rows if h not in fresh)
+            report.texts_embedded += len(fresh)
             if self.progress:
                 info = self.store.get_space(self.space)
                 self.progress(info["vectors"], info["chunks"])
@@ -369,7 +372,7 @@ class _Stub(EmbeddingProvider):
 
     def embed(self, texts: list[str]) -> np.ndarray:
         raise EmbeddingError(
-            f"{len(texts)} chunks changed since {self.model}:{self.dimensions} was retired and are not in the "
+            f"{len(texts)} chunk texts changed since {self.model}:{self.dimensions} was retired and are not in the "
             "cache; add its provider to embedding.providers to roll back"
         )
 

@@ -23,13 +23,13 @@ class Tokenizer:
         path = Path(model_path)
         try:
             self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
-        except Exception as exc:  # tokenizers raises plain Exception subclasses
+            config = _sentence_config(path)
+            self.model_max_length = _max_seq_length(path, config)
+        except Exception as exc:  # tokenizers raises plain Exception subclasses; an unreadable config OSError or ValueError
             raise ConfigError(f"cannot load tokenizer from {path}: {exc}") from exc
         self._tok.no_truncation()
         self._tok.no_padding()
         self._path = path
-        config = _sentence_config(path)
-        self.model_max_length = _max_seq_length(path, config)
         self._lower = bool(config.get("do_lower_case", False))
 
     @cached_property

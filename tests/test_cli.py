@@ -738,3 +738,22 @@ def test_status_names_files_served_from_an_older_version_and_what_to_do(rag, tmp
     code, out, _ = rag("status", "--json")
     assert code == 0 and json.loads(out)["held"] == []
     assert "served from an older version" not in rag("status")[1]
+
+
+def test_a_tokenizer_path_without_a_readable_tokenizer_is_one_line_naming_the_setting(rag, tmp_path, monkeypatch):
+    """embedding.tokenizer_path naming a missing folder, or one whose tokenizer.json is not one: a
+    command that needs the chunker's version says which setting, which path and what to do, in one
+    line (it said "cannot load tokenizer from PATH", naming no setting)."""
+    broken = tmp_path / "tokenizer"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{not json")
+    monkeypatch.setenv("RAG_EMBEDDING__PROVIDER", "openai_compatible")
+    monkeypatch.setenv("RAG_EMBEDDING__BASE_URL", "http://127.0.0.1:9/v1")
+    for path in (tmp_path / "missing", broken):
+        monkeypatch.setenv("RAG_EMBEDDING__TOKENIZER_PATH", str(path))
+        code, out, err = rag("status")
+        assert code == 1 and not out and err.count("\n") == 1, err
+        assert err.startswith(f"error: embedding.tokenizer_path of openai_compatible/all-MiniLM-L6-v2:384 ({path}): "
+                              "no tokenizer.json readable there ("), err
+        assert err.rstrip().endswith("point it at the folder of the remote model's Hugging Face tokenizer, or "
+                                     "remove it to count tokens with the local model's tokenizer (an estimate)")

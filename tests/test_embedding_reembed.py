@@ -5,6 +5,7 @@ local model's space while searches run; the switch is atomic, gated on coverage 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 
@@ -111,7 +112,7 @@ def test_switch_is_atomic_while_searches_run(rkb, stub, provider):
 
     assert not errors, errors
     assert report.switched and all(g.passed for g in report.gates), report.gates
-    assert report.index["created"] and report.embedded == report.filled > 0
+    assert report.index["created"] and report.chunks_from_cache == 0 and report.texts_embedded == report.chunks > 0
     queries = {OLD: provider.embed([PLAIN_QUERY])[0], NEW: stub_vector(MODEL, PLAIN_QUERY, DIMS)}
     vectors = {OLD: space_vectors(rkb, OLD), NEW: space_vectors(rkb, NEW)}
     spaces = [classify(hits, queries, vectors) for hits in seen]
@@ -127,8 +128,8 @@ def test_switch_is_atomic_while_searches_run(rkb, stub, provider):
     assert status["active"] == NEW and by_space[OLD]["status"] == "retired" and status["rollback_to"] == OLD
     assert by_space[NEW]["coverage"] == 1.0 and by_space[NEW]["hnsw_index"]
     usage = rkb.store.run_usage(report.run_id)
-    assert usage["cache_misses"] == report.embedded == usage["providers"][0]["inputs"]
-    assert usage["requests"] >= report.embedded / 8 and usage["tokens"] > 0  # batches of 8 texts
+    assert usage["cache_misses"] == report.texts_embedded == usage["providers"][0]["inputs"]
+    assert usage["requests"] >= report.texts_embedded / 8 and usage["tokens"] > 0  # batches of 8 texts
 
 
 def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub, provider):
@@ -136,7 +137,7 @@ def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub,
     rm.reembed(rkb.settings, rkb.store, NEW)
     assert rkb.store.active_space()["space"] == NEW
     report = rm.rollback(rkb.settings, rkb.store)
-    assert report.switched and report.space == OLD and report.filled == 0
+    assert report.switched and report.space == OLD and report.chunks == 0
     assert report.seconds > 0  # what `rag reembed --rollback` reports it took
     assert rkb.store.active_space()["space"] == OLD
     assert [h.chunk_id for h in rkb.search(QUERY, top_k=5).hits] == before
@@ -146,7 +147,7 @@ def test_rollback_restores_the_old_space_and_a_second_reembed_is_free(rkb, stub,
     assert NEW not in {s["space"] for s in rkb.store.list_spaces()}
     requests = stub.requests
     again = rm.reembed(rkb.settings, rkb.store, NEW)  # the cache still holds every vector
-    assert again.switched and again.embedded == 0 and again.from_cache == again.filled > 0
+    assert again.switched and again.texts_embedded == 0 and again.chunks_from_cache == again.chunks > 0
     assert stub.requests == requests
 
 
@@ -171,7 +172,7 @@ def test_documents_published_during_a_build_are_caught_up(rkb, stub):
     with pytest.raises(ValidationError, match=r"cannot switch to stub-embed:32: \d+ chunks lack a vector"):
         rkb.store.switch_active(NEW)
     report = rm.reembed(rkb.settings, rkb.store, NEW)
-    assert report.switched and report.filled == info["chunks"] - info["vectors"]
+    assert report.switched and report.chunks == info["chunks"] - info["vectors"]
     assert rkb.store.get_space(NEW)["coverage"] == 1.0
     # a long-running process that started before the switch cannot publish into the retired space
     prepared = rkb.engine.preparer.prepare(rkb.engine.preparer.load(SourceFile("default", rkb.root, EXTRA)).documents[0])
@@ -297,7 +298,7 @@ def test_a_failed_fill_never_switches_and_writes_nothing_bad(rkb, stub):
     assert rm.abort(rkb.store) == NEW
     assert NEW not in {s["space"] for s in rkb.store.list_spaces()}
     report = rm.reembed(rkb.settings, rkb.store, NEW)  # resumes from the cache, pays only for the rest
-    assert report.switched and report.from_cache == info["vectors"]
+    assert report.switched and report.chunks_from_cache == info["vectors"]
 
 
 def test_quality_gate_is_pluggable(rkb, stub, tmp_path):
@@ -333,7 +334,7 @@ def test_a_reembed_into_the_rollback_space_that_does_not_switch_leaves_the_rollb
         rm.reembed(settings, rkb.store, NEW, scorer=broken)
     assert rkb.store.get_space(NEW)["status"] == "retired" and rkb.store.previous_space() == NEW
     back = rm.rollback(rkb.settings, rkb.store)
-    assert back.switched and back.filled == 0 and rkb.store.active_space()["space"] == NEW
+    assert back.switched and back.chunks == 0 and rkb.store.active_space()["space"] == NEW
 
 
 def test_settings_naming_the_new_model_before_the_reembed_still_search_and_reembed(rkb, stub, tmp_path):
@@ -403,6 +404,35 @@ def test_cli_reembed_status_rollback_and_cache(rkb, stub, monkeypatch):
         assert out.exit_code == 2
     finally:
         STATE["kb"] = None
+
+
+def test_the_report_counts_chunks_and_texts_apart(rkb, stub):
+    """Chunks with the same text (a copied file's) share one vector, embedded once. The report said
+    "N vectors written (0 from cache, M embedded)", N chunks and M distinct texts, so its parts did not
+    add up; each count now says what it counts (the --all/--version payload counts the same way)."""
+    from typer.testing import CliRunner
+
+    from rag_lib.cli import app
+    from rag_lib.cli.app import STATE
+
+    (rkb.root / "copy").mkdir()
+    shutil.copy(rkb.root / FILES[0], rkb.root / "copy" / "trade.yaml")
+    rkb.ingest([rkb.root / "copy" / "trade.yaml"], root=rkb.root)
+    texts = chunk_texts(rkb)
+    chunks, distinct = len(texts), len(set(texts.values()))
+    assert distinct < chunks
+    rkb.settings.embedding.reembed.batch_size = chunks  # one fill round (a later round's copies hit the cache)
+    STATE["kb"] = rkb
+    try:
+        said = " ".join(CliRunner().invoke(app, ["reembed", "--to", NEW, "--no-switch"]).output.split())
+        assert f"{NEW}: {chunks} chunks given a vector (0 from the embedding cache; {distinct} distinct texts " \
+               f"embedded for the other {chunks}) in " in said, said
+        rm.abort(rkb.store)  # the cache keeps every vector: the next fill pays for none
+        out = CliRunner().invoke(app, ["reembed", "--to", NEW, "--no-switch", "--json"]).output
+    finally:
+        STATE["kb"] = None
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["chunks"], report["chunks_from_cache"], report["texts_embedded"]) == (chunks, chunks, 0)
 
 
 def test_after_a_switch_rag_names_the_settings_to_set_or_that_they_name_it_already(rkb, stub):
@@ -544,7 +574,7 @@ def test_settings_naming_the_new_space_republish_nothing_and_a_rollback_needs_no
         assert switched.carried["documents"] == documents
 
         back = rm.rollback(new_kb.settings, new_kb.store)
-        assert back.switched and back.filled == 0 and back.carried["documents"] == documents
+        assert back.switched and back.chunks == 0 and back.carried["documents"] == documents
         assert old_kb.ingest([root], root=root).count("unchanged") == documents
         assert [h.chunk_id for h in old_kb.search(QUERY, top_k=5).hits] == before
     finally:
@@ -684,7 +714,7 @@ def test_another_local_model_under_the_same_name_makes_its_own_space_never_serve
         assert tuned.search(QUERY).hits
 
         report = rm.reembed(changed, tuned.store, space, target=target)
-        assert report.switched and report.from_cache == 0 and report.embedded == report.filled > 0
+        assert report.switched and report.chunks_from_cache == 0 and report.texts_embedded == report.chunks > 0
         again = tuned.ingest([root], root=root)
         assert again.count("unchanged") == documents and again.embedded == again.cache_hits == 0
         hit = tuned.search(QUERY, top_k=1).hits[0]

@@ -33,6 +33,17 @@ def test_definitions_validate(tmp_path):
     assert "rag_pipeline" in proc.stdout + proc.stderr
 
 
+def test_the_location_loads_with_an_unreadable_tokenizer_path(tmp_path):
+    """A bad embedding.tokenizer_path stopped the code location loading (the whole UI showed a load
+    error): it loads, and the runs, ticks and commands that need the tokenizer say the setting."""
+    config = tmp_path / "rag.yaml"
+    config.write_text(f"embedding:\n  provider: openai_compatible\n  base_url: http://127.0.0.1:9/v1\n"
+                      f"  tokenizer_path: {tmp_path / 'missing'}\n")
+    proc = subprocess.run([str(BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"], cwd=REPO,
+                          env={**_env(tmp_path), "RAG_CONFIG": str(config)}, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

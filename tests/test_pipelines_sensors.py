@@ -24,7 +24,7 @@ from dagster import (
 
 warnings.filterwarnings("ignore", category=Warning, module="dagster")
 
-from testkit import RotatedProvider, sensor_tick  # noqa: E402
+from testkit import RotatedProvider, exited_pid, sensor_tick, started_run  # noqa: E402
 
 from pipelines import dagster_private  # noqa: E402
 from pipelines.definitions import defs  # noqa: E402
@@ -505,6 +505,29 @@ def test_a_schedule_leaves_files_to_the_run_already_queued_for_them(env):
     instance.create_run_for_job(job, tags={"dagster/partition": order[0]}, status=DagsterRunStatus.STARTED)
     (rest,) = evaluate(reembed_schedule, ticks[2], bumped)  # the files the ingest run does not hold
     assert (rest.tags[RANGE_START_TAG], rest.tags[RANGE_END_TAG]) == (order[1], order[2])
+
+
+def test_the_sensor_and_the_schedules_run_the_files_of_a_started_run_whose_process_is_gone(env):
+    """A run killed mid-way (SIGKILL, a machine restart) stays STARTED: the sensor and the schedules
+    left its files to it on every tick, for ever. They mark it failed, say so, and request the run."""
+    root, rag, kb, instance = env
+    (request,) = sensor_tick(instance, rag, None).run_requests  # the partitions, and a run over both files
+    both = (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG])
+    assert set(both) == set(FILES)
+    dead = started_run(instance, "ingest_files", request.tags, exited_pid())
+    (again,) = sensor_tick(instance, rag, None).run_requests
+    assert (again.tags[RANGE_START_TAG], again.tags[RANGE_END_TAG]) == both
+    assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.FAILURE
+    tick = dt.datetime(2026, 1, 1, 2, 0, tzinfo=dt.timezone.utc)
+    dead = started_run(instance, "ingest_files", request.tags, exited_pid())
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=tick) as ctx:
+        (run,) = nightly_reconcile(ctx)
+    assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == both
+    assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.FAILURE
+    # A run whose process runs keeps its files
+    alive = started_run(instance, "ingest_files", request.tags, os.getpid())
+    with build_schedule_context(instance=instance, resources={"rag": rag}, scheduled_execution_time=tick) as ctx:
+        assert alive.run_id in nightly_reconcile(ctx).skip_message
 
 
 def test_the_sensor_leaves_changed_files_to_the_run_already_queued_for_them(env):

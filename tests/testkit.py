@@ -123,6 +123,28 @@ def sensor_tick(instance, rag, cursor):
     return result
 
 
+def exited_pid() -> int:
+    """The pid of a process that ran and exited."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def started_run(instance, job_name: str, tags: dict[str, str], pid: int, host: str | None = None):
+    """A run of `job_name`, STARTED, whose process `pid` on `host` (this machine) reported itself as
+    a run worker does (a run whose process is gone: `exited_pid()`)."""
+    from dagster import DagsterRunStatus
+    from dagster._core.events import EngineEventData  # test-only private name: what a run worker reports
+
+    from pipelines.definitions import defs
+    from pipelines.workers import WORKER_HOST_TAG
+
+    run = instance.create_run_for_job(defs.resolve_job_def(job_name), status=DagsterRunStatus.STARTED,
+                                      tags={**tags, WORKER_HOST_TAG: host or socket.gethostname()})
+    instance.report_engine_event(f"Started process for run (pid: {pid}).", run, EngineEventData.in_process(pid))
+    return instance.get_run_by_id(run.run_id)
+
+
 def payload(result) -> dict:
     """An MCP tool call's result as a dict (its structured content, else its JSON text)."""
     assert not result.is_error, result.content

@@ -18,7 +18,7 @@ from rag_lib.embedding.spaces import settings_naming
 
 def _print_status(data: dict) -> None:
     table = Table(title=f"embedding spaces (rollback → {data['rollback_to'] or 'none'})")
-    for col in ("space", "status", "provider", "vectors", "coverage", "HNSW", "activated", "retired"):
+    for col in ("space", "status", "provider", "vectors/chunks", "coverage", "HNSW", "activated", "retired"):
         # folded, never cut with "…": a space's name is what `--to` takes; the name and status stay whole
         table.add_column(col, overflow="fold", no_wrap=col in ("space", "status"))
     for s in data["spaces"]:
@@ -31,12 +31,19 @@ def _print_report(report, as_json: bool) -> None:
     if as_json:
         print_json(report.to_dict())
         return
-    console.print(
-        f"{report.space}: {report.filled} vectors written ({report.from_cache} from cache, {report.embedded} embedded) "
-        f"in {report.seconds:.1f}s"
-    )
+    console.print(f"{report.space}: {counts_text(report.chunks, report.chunks_from_cache, report.texts_embedded)} "
+                  f"in {report.seconds:.1f}s")
     for gate in report.gates:
         console.print(f"  {'[green]pass[/]' if gate.passed else '[red]FAIL[/]'} {gate.name}: {gate.detail}")
+
+
+def counts_text(chunks: int, from_cache: int, texts_embedded: int) -> str:
+    """`120 chunks given a vector (30 from the embedding cache; 85 distinct texts embedded for the
+    other 90)`: chunks and texts apart, as chunks with the same text share one vector."""
+    rest = chunks - from_cache
+    embedded = f"; {texts_embedded} distinct {'text' if texts_embedded == 1 else 'texts'} embedded for the other {rest}" \
+        if rest or texts_embedded else ""
+    return f"{chunks} {'chunk' if chunks == 1 else 'chunks'} given a vector ({from_cache} from the embedding cache{embedded})"
 
 
 def _settings_step(base, space: str) -> str:
@@ -74,8 +81,9 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
     elif "current_version" in data:
         which = (f"{data['documents']} documents embedded with version {data['version']}" if data["version"] is not None
                  else f"all {data['documents']} documents")
-        console.print(f"{which}: {data['reembedded']} re-embedded under version {data['current_version']} "
-                      f"({data['chunks']} chunks, {data['embedded']} embedded), {data['failed']} failed")
+        console.print(f"{which}: {data['reembedded']} re-embedded under version {data['current_version']}, "
+                      f"{data['failed']} failed; "
+                      f"{counts_text(data['chunks'], data['chunks_from_cache'], data['texts_embedded'])}")
         if data["version"] is not None and not data["documents"]:
             console.print(f"no document is embedded under embed_version {data['version']} with today's model and "
                           f"chunking; today's version is {data['current_version']} (embedding.embed_version)",
@@ -83,7 +91,8 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
         for path in data["missing_sources"]:
             console.print(f"source file gone, not re-embedded: {path}", style="yellow", markup=False)
     else:
-        console.print(f"{data['chunks']} chunks re-published, {data['embedded']} embedded")
+        console.print(f"{data['new'] + data['changed'] + data['unchanged']} documents re-published, "
+                      f"{data['failed']} failed; {counts_text(data['chunks'], data['cache_hits'], data['embedded'])}")
     if data.get("failed") or data.get("missing_sources"):
         raise typer.Exit(1)
 

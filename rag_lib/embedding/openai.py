@@ -66,7 +66,13 @@ class OpenAIProvider(EmbeddingProvider):
         """The remote model's tokenizer when given, else the local model's (the chunker's, so chunks
         are the same in every space and a re-embed never re-chunks)."""
         if self.cfg.tokenizer_path:
-            tok = get_tokenizer(self.cfg.tokenizer_path)
+            try:
+                tok = get_tokenizer(self.cfg.tokenizer_path)
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"embedding.tokenizer_path of {self.label} ({self.cfg.tokenizer_path}): no tokenizer.json readable "
+                    f"there ({exc.__cause__ or exc}); point it at the folder of the remote model's Hugging Face "
+                    "tokenizer, or remove it to count tokens with the local model's tokenizer (an estimate)") from exc
         else:
             from rag_lib.embedding.local import default_model_path
 
