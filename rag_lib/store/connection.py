@@ -131,18 +131,17 @@ def library_url(settings: Settings) -> str:
 
 
 def ensure_database(admin_url: str, name: str, event_log: bool = False) -> None:
-    """Create database `name` if missing (a concurrent creator is fine); a role that may not create
-    databases gets `AdminRequiredError` naming the statement an administrator must run.
+    """Create database `name` if missing; safe when several processes do it at once (`rag dev` and
+    `rag materialize` on a fresh home). A role that may not create databases gets
+    `AdminRequiredError` naming the statement an administrator must run.
     `event_log`: the database holds an event log (Dagster's), whose commits need not wait for the
     disk: `synchronous_commit = off` there (a crash can lose the last fraction of a second of events,
     never corrupt them), which makes a many-partition run's thousands of event writes several
     times cheaper. The library's own database keeps synchronous commits."""
     with psycopg.connect(admin_url, autocommit=True, prepare_threshold=None) as conn:
-        if event_log:
-            _create_database(conn, name)
-            _relax_commits(conn, name)
-            return
         _create_database(conn, name)
+        if event_log:
+            _relax_commits(conn, name)
 
 
 def _create_database(conn: psycopg.Connection, name: str) -> None:
@@ -151,7 +150,9 @@ def _create_database(conn: psycopg.Connection, name: str) -> None:
         try:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
         except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
-            pass
+            # CREATE DATABASE cannot run in a transaction (so under no transaction-level lock):
+            # a concurrent creator committed it first, and it exists as wanted
+            log.debug("database %s was created by a concurrent process", name)
         except psycopg.errors.InsufficientPrivilege as exc:
             user = conn.execute("SELECT current_user").fetchone()[0]
             raise AdminRequiredError(
@@ -161,16 +162,19 @@ def _create_database(conn: psycopg.Connection, name: str) -> None:
 
 
 def _relax_commits(conn: psycopg.Connection, name: str) -> None:
-    """`synchronous_commit = off` as database `name`'s default, unless already set (needs ownership)."""
-    already = conn.execute(
-        "SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
-        " WHERE d.datname = %s AND s.setrole = 0 AND 'synchronous_commit=off' = ANY(s.setconfig)", (name,)
-    ).fetchone()
-    if already:
-        return
+    """`synchronous_commit = off` as database `name`'s default, unless already set (needs ownership).
+    Checked and set under a transaction-level advisory lock: two processes that both saw it unset
+    both inserted its pg_db_role_setting row, and the second failed with a UniqueViolation."""
     try:
-        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off").format(
-            psycopg.sql.Identifier(name)))
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"database settings\x1f{name}",))
+            already = conn.execute(
+                "SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
+                " WHERE d.datname = %s AND s.setrole = 0 AND 'synchronous_commit=off' = ANY(s.setconfig)", (name,)
+            ).fetchone()
+            if not already:
+                conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = off").format(
+                    psycopg.sql.Identifier(name)))
     except psycopg.errors.InsufficientPrivilege:
         log.warning("database %s keeps synchronous commits (this role does not own it); Dagster runs with many "
                     "partitions write their events more slowly. An owner may run "
