@@ -57,7 +57,11 @@ def prepare_dagster_home(settings: Settings, home: Path | None = None) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if not target.exists() or target.read_bytes() != DAGSTER_YAML.read_bytes():
-        shutil.copyfile(DAGSTER_YAML, target)
+        # written beside and renamed: a process starting at the same moment reads the old file or the
+        # new one, never half of it
+        partial = target.with_name(f".dagster.yaml.{os.getpid()}.tmp")
+        shutil.copyfile(DAGSTER_YAML, partial)
+        os.replace(partial, target)
     os.environ["DAGSTER_PG_URL"] = dagster_pg_url(settings)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
