@@ -61,8 +61,8 @@ class Prepared:
 @dataclass
 class EmbedResult:
     vectors: np.ndarray
-    cache_hits: int = 0
-    embedded: int = 0
+    cache_hits: int = 0  # chunks whose text's vector came from the cache (or another call's)
+    embedded: int = 0  # distinct texts the provider embedded for the other chunks
     problems: list[str] = field(default_factory=list)
     usage: list = field(default_factory=list)  # rag_lib.embedding.usage.Usage per provider used
 
@@ -73,8 +73,8 @@ class FileVectors:
 
     vectors: dict[Hashable, np.ndarray] = field(default_factory=dict)
     errors: dict[Hashable, Exception] = field(default_factory=dict)
-    cache_hits: int = 0
-    embedded: int = 0
+    cache_hits: int = 0  # chunks, as `EmbedResult.cache_hits`
+    embedded: int = 0  # distinct texts, as `EmbedResult.embedded`
 
 
 def file_hash(path: Path, root: Path, settings: Settings) -> str:
