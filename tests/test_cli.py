@@ -785,13 +785,25 @@ def test_a_tokenizer_path_without_a_readable_tokenizer_is_one_line_naming_the_se
     """embedding.tokenizer_path naming a missing folder, or one whose tokenizer.json is not one: a
     command that needs the chunker's version says which setting, which path and what to do, in one
     line (it said "cannot load tokenizer from PATH", naming no setting)."""
+    import rag_lib.api
+    import rag_lib.embedding
+
     broken = tmp_path / "tokenizer"
     broken.mkdir()
     (broken / "tokenizer.json").write_text("{not json")
     monkeypatch.setenv("RAG_EMBEDDING__PROVIDER", "openai_compatible")
     monkeypatch.setenv("RAG_EMBEDDING__BASE_URL", "http://127.0.0.1:9/v1")
+    note = tmp_path / "corpus" / "note.md"
+    note.parent.mkdir()
+    note.write_text("# Desk\n\n## Copper\n\nThe desk is long copper.\n")
     for path in (tmp_path / "missing", broken):
         monkeypatch.setenv("RAG_EMBEDDING__TOKENIZER_PATH", str(path))
+        # `rag validate PATH` chunks as ingest does, so it stops as ingest does (it chunked with the
+        # local model's tokenizer and passed)
+        with monkeypatch.context() as configured:  # the provider the settings name, not the fixture's local one
+            configured.setattr(rag_lib.api, "get_provider", rag_lib.embedding.get_provider)
+            ingested = rag("ingest", str(note.parent))
+        assert rag("validate", str(note.parent)) == ingested
         code, out, err = rag("status")
         assert code == 1 and not out and err.count("\n") == 1, err
         assert err.startswith(f"error: embedding.tokenizer_path of openai_compatible/all-MiniLM-L6-v2:384 ({path}): "

@@ -11,6 +11,8 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import EmbeddingSettings, Settings
 from rag_lib.embedding import get_provider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError
+from rag_lib.ingest.stages import Preparer
+from rag_lib.validate import validate_paths
 
 MODEL, DIMS, PRICE = "stub-embed", 32, 0.5
 FILES = ("tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml",
@@ -164,6 +166,20 @@ def test_a_lower_input_limit_re_chunks_every_document_to_fit_it(settings, stub, 
         assert max(kb.engine.provider.tokenizer().count_many(stored_embed_texts(kb))) <= limit
         assert again.chunks_from_cache > 0 and stub.inputs - inputs == again.texts_embedded < again.chunks
         assert kb.validate_database()["problems"] == 0
+
+
+def test_validate_cuts_the_chunks_ingest_cuts_for_a_remote_provider(settings, stub, corpus_copy):
+    """`rag validate PATH` chunked with the local model's tokenizer and limit whatever the provider, so
+    under a remote provider's lower max_input_tokens it counted fewer, longer chunks than ingest cuts."""
+    root = corpus_copy(*FILES)
+    remote = remote_settings(settings, stub, max_input_tokens=120)
+    checked = {f["path"]: f for f in validate_paths(remote, [root])["files"]}
+    with open_kb(remote) as kb:
+        kb.ingest([root])
+        stored = {d["path"]: d["chunk_count"] for d in kb.list_documents()}
+        limit = kb.engine.preparer.token_limit
+    assert {p: f["chunks"] for p, f in checked.items()} == stored
+    assert max(f["max_tokens"] for f in checked.values()) <= limit < Preparer.offline(settings).token_limit
 
 
 def test_input_settings_the_local_model_does_not_read_leave_the_fingerprint_alone(settings):
