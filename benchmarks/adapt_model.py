@@ -206,7 +206,7 @@ def evaluate_model(label: str, model_path: str | None, model_name: str, spec, mo
         report = kb.ingest([corpus], collection)
         space = kb.store.active_space()
         kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
-        out = {"ingest_seconds": round(time.perf_counter() - started, 1), "embedded_now": report.embedded,
+        out = {"ingest_seconds": round(time.perf_counter() - started, 1), "embedded_now": report.texts_embedded,
                "space": space["space"]}
         for name, queries_path, qrels_path in sets:
             queries, qrels, types = load_queries(queries_path), load_qrels(qrels_path), load_query_types(queries_path)

@@ -68,7 +68,7 @@ def run_ingest(admin: str, db: str, home: Path, corpus: Path, stub: StubProcess,
     return {
         "seconds": round(seconds, 2),
         "chunks": report.chunks,
-        "embedded": report.embedded,
+        "embedded": report.texts_embedded,
         "chunks_per_s": round(report.chunks / seconds, 1),
         "requests": stub.requests - requests_before,  # counted by the server
         "retries": usage["retries"] if usage else 0,

@@ -48,7 +48,7 @@ def main() -> None:
     space = kb.store.active_space()
     kb.store.ensure_hnsw_index(space["space"], space["dimensions"])
     counts = kb.store.status_counts("scifact")
-    ingest = {"documents": counts["documents"], "chunks": counts["chunks"], "embedded_now": report.embedded,
+    ingest = {"documents": counts["documents"], "chunks": counts["chunks"], "embedded_now": report.texts_embedded,
               "seconds": round(time.perf_counter() - started, 1)}
     queries = load_queries(data / "queries.jsonl")
     qrels = load_qrels(data / "qrels" / f"{args.split}.tsv")

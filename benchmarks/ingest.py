@@ -170,7 +170,7 @@ def main() -> None:
             db_cpu += server_cpu(work / "pgdata") - db0
             documents += report.count("new")
             chunks += report.chunks
-            embedded += report.embedded
+            embedded += report.texts_embedded
             # Raw encoder: the same texts (this copy's unique chunks), same model and batch size, right
             # after the copy's ingest, so a change of the machine's load meets both sides of the ratio.
             texts = unique_texts(url)
@@ -180,7 +180,7 @@ def main() -> None:
             raw_seconds += copy_raw
             raw_cpu += time.process_time() - cpu0
             raw_texts += len(texts)
-            per_copy.append(round((report.embedded / copy_seconds) / (len(texts) / copy_raw), 3))
+            per_copy.append(round((report.texts_embedded / copy_seconds) / (len(texts) / copy_raw), 3))
             if args.dagster and n % 2 == 0:
                 dagster.append(dagster_copy(admin, work, n, root, provider))
         raw_rate = raw_texts / raw_seconds
@@ -188,7 +188,7 @@ def main() -> None:
         started = time.perf_counter()
         for base, root in bases:
             rerun = base.ingest([root])
-            assert rerun.count("unchanged") == rerun.count("new") + rerun.count("unchanged") and rerun.embedded == 0
+            assert rerun.count("unchanged") == rerun.count("new") + rerun.count("unchanged") and rerun.texts_embedded == 0
         rerun_seconds = time.perf_counter() - started
         for base, _ in bases:
             base.close()

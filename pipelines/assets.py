@@ -239,8 +239,8 @@ def run_stage(context: AssetExecutionContext, rag: RagResource, stage: str) -> M
 def _run_totals(rag: RagResource, stage: str, outcomes: list[StageOutcome], runner: StageRunner) -> dict[str, Any]:
     if stage == "embeddings":
         settings = rag.kb().settings
-        return {"run_cache_hits": runner.embed_totals.get("cache_hits", 0),
-                "run_embedded": runner.embed_totals.get("embedded", 0),
+        # counted as `rag ingest` and `rag reembed` count them: chunks and the distinct texts embedded apart
+        return {**{f"run_{name}": count for name, count in runner.embed_totals.items()},
                 "model": settings.embedding.model, "dimensions": settings.embedding.dimensions}
     if stage == "chunks":
         counts = [c for o in outcomes for c in o.metadata.get("token_counts", [])]

@@ -729,13 +729,26 @@ class KnowledgeBase:
             by_root.setdefault((r["collection"], root), {})[src] = None
         for (coll, root), files in by_root.items():
             reports.append(self.ingest(list(files), coll, force=True, root=root, progress=progress))
+        return self._reembedded(reports, len(rows), missing)
+
+    def reembed_paths(self, paths: Iterable[str | Path], collection: str | None = None,
+                      progress: ProgressFn | None = None) -> dict[str, Any]:
+        """`reembed_all` for the documents of `paths` alone (files or corpus folders, as `ingest` takes
+        them), in the same shape, with `paths`."""
+        paths = [str(p) for p in paths]
+        report = self.ingest(paths, collection, force=True, progress=progress)
+        documents = sum(report.count(s) for s in ("new", "changed", "unchanged", "failed"))
+        return {"version": None, "paths": paths, **self._reembedded([report], documents, [])}
+
+    def _reembedded(self, reports: list[IngestReport], documents: int, missing: list[str]) -> dict[str, Any]:
+        """What `reembed_all`/`reembed_version`/`reembed_paths` report of their forced ingests."""
         return {
-            "current_version": self.settings.embedding.embed_version, "documents": len(rows),
+            "current_version": self.settings.embedding.embed_version, "documents": documents,
             "reembedded": sum(r.count("new") + r.count("changed") + r.count("unchanged") for r in reports),
             "failed": sum(r.count("failed") for r in reports), "missing_sources": missing,
             # as `rag reembed --to` counts them (`ReembedReport`): chunks, and the distinct texts embedded
-            "chunks": sum(r.chunks for r in reports), "chunks_from_cache": sum(r.cache_hits for r in reports),
-            "texts_embedded": sum(r.embedded for r in reports),
+            "chunks": sum(r.chunks for r in reports), "chunks_from_cache": sum(r.chunks_from_cache for r in reports),
+            "texts_embedded": sum(r.texts_embedded for r in reports),
         }
 
     def init(self) -> dict[str, Any]:

@@ -287,8 +287,10 @@ class IngestReport:
     stale: list[str] = field(default_factory=list)
     # files skipped by this run whose last good version's documents are still served
     held: list[str] = field(default_factory=list)
-    embedded: int = 0  # distinct chunk texts sent to the provider (chunks with the same text share one)
-    cache_hits: int = 0  # chunks whose text's vector was in the embedding cache
+    # Chunks and texts are counted apart, as `rag reembed` counts them (`ReembedReport`): chunks with
+    # the same text (a copied file, a repeated disclaimer) share one vector, embedded once.
+    chunks_from_cache: int = 0  # of the chunks published, the ones whose text's vector was in the embedding cache
+    texts_embedded: int = 0  # distinct chunk texts the provider embedded for the others (what it bills)
     seconds: float = 0.0
     profiles: dict[str, Any] = field(default_factory=dict)  # the ticker-profile rebuild, when one ran
 
@@ -311,8 +313,8 @@ class IngestReport:
             "stale": self.stale,
             "held": self.held,
             "chunks": self.chunks,
-            "embedded": self.embedded,
-            "cache_hits": self.cache_hits,
+            "chunks_from_cache": self.chunks_from_cache,
+            "texts_embedded": self.texts_embedded,
             "seconds": round(self.seconds, 3),
             "profiles": self.profiles,
             "files": [asdict(o) for o in self.outcomes],

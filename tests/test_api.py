@@ -42,7 +42,7 @@ def test_module_level_api_round_trip(default_kb, corpus_copy):
     assert rag_lib.delete_document("TRD-2025-001") == [TRADE]
     assert rag_lib.status()["documents"] == 0
     again = rag_lib.ingest([root])
-    assert again.count("new") == 1 and again.embedded == 0  # vectors come from the cache
+    assert again.count("new") == 1 and again.texts_embedded == 0  # vectors come from the cache
 
 
 def test_api_errors_are_typed(default_kb, tmp_path):

@@ -50,6 +50,47 @@ def test_ingest_search_show_delete_round_trip(rag, corpus_copy):
     assert json.loads(out)["documents"] == 0
 
 
+def _fresh_note(root: Path, name: str, topic: str) -> None:
+    """A note whose text no cache holds, and a copy of it: two chunks for each of its texts."""
+    text = "\n\n".join(f"## {topic} {n}\n\nThe desk's {topic} observation {n}: spreads widened {n * 7} bp "
+                       f"while the {topic} basis held." for n in range(3))
+    for place in (root / name, root / "copy" / name):
+        place.parent.mkdir(exist_ok=True)
+        place.write_text(f"# {topic}\n\n{text}\n")
+
+
+def test_ingest_counts_chunks_and_texts_apart(rag, corpus_copy):
+    """Chunks with the same text (a copied file's) share one vector, embedded once. The ingest report
+    counted distinct texts in `embedded` and chunks in `cache_hits`, so its parts did not add up to
+    its chunks; it now counts as `rag reembed` does: chunks, chunks_from_cache, texts_embedded."""
+    root = corpus_copy(LEARNING)  # its texts are in the (warm) embedding cache
+    _fresh_note(root, "basis.md", "zinc")
+    code, out, _ = rag("ingest", str(root), "--json")
+    report = json.loads(out)
+    chunks = {f["path"]: f["chunks"] for f in report["files"]}
+    cached, fresh = chunks[LEARNING], chunks["basis.md"]
+    assert code == 0 and chunks["copy/basis.md"] == fresh > 1
+    assert (report["chunks"], report["chunks_from_cache"], report["texts_embedded"]) == (cached + 2 * fresh, cached, fresh)
+
+    _fresh_note(root, "carry.md", "nickel")
+    code, out, _ = rag("ingest", str(root))
+    said = " ".join(out.replace("│", " ").split())
+    published = int(said.split("chunks published ")[1].split()[0])
+    # the copy's chunks take the vectors embedded for the note's (from the cache when in a later call)
+    from_cache = int(said.split("chunks from the embedding cache ")[1].split()[0])
+    assert code == 0 and published % 2 == 0 and from_cache in (0, published // 2)
+    assert f"distinct texts embedded for the other {published - from_cache} {published // 2} " in said, said
+
+    # `--all PATHS` reports as `--all` does (it printed the ingest report), every vector from the cache
+    code, out, _ = rag("reembed", "--all", str(root), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["paths"] == [str(root)] and data["documents"] == data["reembedded"] == 5
+    total = cached + 2 * fresh + published
+    assert (data["chunks"], data["chunks_from_cache"], data["texts_embedded"]) == (total, total, 0)
+    code, out, _ = rag("reembed", "--all", str(root))
+    assert code == 0 and f"the 5 documents of {root}: 5 re-embedded under version " in " ".join(out.split())
+
+
 def test_search_without_top_k_returns_search_top_k(rag, corpus_copy, monkeypatch):
     rag("ingest", str(corpus_copy(LEARNING, TRADE)))
     monkeypatch.setenv("RAG_SEARCH__TOP_K", "2")
@@ -744,13 +785,25 @@ def test_a_tokenizer_path_without_a_readable_tokenizer_is_one_line_naming_the_se
     """embedding.tokenizer_path naming a missing folder, or one whose tokenizer.json is not one: a
     command that needs the chunker's version says which setting, which path and what to do, in one
     line (it said "cannot load tokenizer from PATH", naming no setting)."""
+    import rag_lib.api
+    import rag_lib.embedding
+
     broken = tmp_path / "tokenizer"
     broken.mkdir()
     (broken / "tokenizer.json").write_text("{not json")
     monkeypatch.setenv("RAG_EMBEDDING__PROVIDER", "openai_compatible")
     monkeypatch.setenv("RAG_EMBEDDING__BASE_URL", "http://127.0.0.1:9/v1")
+    note = tmp_path / "corpus" / "note.md"
+    note.parent.mkdir()
+    note.write_text("# Desk\n\n## Copper\n\nThe desk is long copper.\n")
     for path in (tmp_path / "missing", broken):
         monkeypatch.setenv("RAG_EMBEDDING__TOKENIZER_PATH", str(path))
+        # `rag validate PATH` chunks as ingest does, so it stops as ingest does (it chunked with the
+        # local model's tokenizer and passed)
+        with monkeypatch.context() as configured:  # the provider the settings name, not the fixture's local one
+            configured.setattr(rag_lib.api, "get_provider", rag_lib.embedding.get_provider)
+            ingested = rag("ingest", str(note.parent))
+        assert rag("validate", str(note.parent)) == ingested
         code, out, err = rag("status")
         assert code == 1 and not out and err.count("\n") == 1, err
         assert err.startswith(f"error: embedding.tokenizer_path of openai_compatible/all-MiniLM-L6-v2:384 ({path}): "

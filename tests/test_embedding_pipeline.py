@@ -11,6 +11,8 @@ from rag_lib.api import KnowledgeBase
 from rag_lib.config import EmbeddingSettings, Settings
 from rag_lib.embedding import get_provider
 from rag_lib.errors import DimensionMismatchError, EmbeddingError
+from rag_lib.ingest.stages import Preparer
+from rag_lib.validate import validate_paths
 
 MODEL, DIMS, PRICE = "stub-embed", 32, 0.5
 FILES = ("tradegent/fixtures/sample_trade.yaml", "tradegent/fixtures/sample_earnings.yaml",
@@ -42,10 +44,10 @@ def test_cache_hits_make_no_requests_and_usage_is_recorded(settings, stub, corpu
     s = remote_settings(settings, stub)
     with open_kb(s) as kb:
         report = kb.ingest([root])
-        assert report.count("failed") == 0 and report.embedded > 0
+        assert report.count("failed") == 0 and report.texts_embedded > 0
         first = kb.store.run_usage(kb.engine.embedder.run_id)
     assert stub.requests == first["requests"] > 0
-    assert first["cache_misses"] == stub.inputs == report.embedded
+    assert first["cache_misses"] == stub.inputs == report.texts_embedded
     (row,) = first["providers"]
     assert (row["provider"], row["model"], row["dimensions"]) == ("openai_compatible", MODEL, DIMS)
     assert row["tokens"] > 0 and not row["tokens_estimated"]
@@ -57,7 +59,7 @@ def test_cache_hits_make_no_requests_and_usage_is_recorded(settings, stub, corpu
         second = kb.store.run_usage(kb.engine.embedder.run_id)
         status = kb.status()
     assert stub.requests == requests_before  # counted server-side: no request at all
-    assert report.cache_hits == report.chunks > 0 and report.embedded == 0
+    assert report.chunks_from_cache == report.chunks > 0 and report.texts_embedded == 0
     assert second["cache_hit_rate"] == 1.0 and second["requests"] == 0 and second["cost_usd"] == 0
     usage = status["embedding_usage"]
     assert usage["by_provider"][0]["tokens"] == row["tokens"]
@@ -102,7 +104,7 @@ def test_fallback_within_the_space_during_ingest(settings, stub, corpus_copy):
         stub.script(["500"] * 100)
         with open_kb(s) as kb:
             report = kb.ingest([root])
-            assert report.count("new") == 1 and backup.inputs == report.embedded
+            assert report.count("new") == 1 and backup.inputs == report.texts_embedded
             run = kb.store.run_usage(kb.engine.embedder.run_id)
     assert run["requests"] == stub.requests + backup.requests
     assert sum(p["failures"] for p in run["providers"]) >= 1
@@ -125,16 +127,16 @@ def test_a_new_embed_version_misses_the_cache_and_re_embeds(settings, stub, corp
     root = corpus_copy(FILES[0])
     with open_kb(remote_settings(settings, stub)) as kb:
         first = kb.ingest([root])
-    assert first.embedded > 0
+    assert first.texts_embedded > 0
     inputs = stub.inputs
     bumped = remote_settings(settings, stub, embed_version="2")
     with open_kb(bumped) as kb:  # the fingerprint changed: the file is re-embedded, not served from cache
         report = kb.ingest([root])
-    assert report.count("changed") == 1 and report.embedded == report.chunks == first.chunks
+    assert report.count("changed") == 1 and report.texts_embedded == report.chunks == first.chunks
     assert stub.inputs == inputs + first.chunks
     with open_kb(bumped) as kb:
         again = kb.ingest([root], force=True)
-    assert again.cache_hits == again.chunks and stub.inputs == inputs + first.chunks  # v2 is cached now
+    assert again.chunks_from_cache == again.chunks and stub.inputs == inputs + first.chunks  # v2 is cached now
 
 
 def stored_embed_texts(kb: KnowledgeBase) -> list[str]:
@@ -162,8 +164,22 @@ def test_a_lower_input_limit_re_chunks_every_document_to_fit_it(settings, stub, 
         again = kb.ingest([root])
         assert again.count("changed") == len(FILES) and again.count("failed") == 0
         assert max(kb.engine.provider.tokenizer().count_many(stored_embed_texts(kb))) <= limit
-        assert again.cache_hits > 0 and stub.inputs - inputs == again.embedded < again.chunks
+        assert again.chunks_from_cache > 0 and stub.inputs - inputs == again.texts_embedded < again.chunks
         assert kb.validate_database()["problems"] == 0
+
+
+def test_validate_cuts_the_chunks_ingest_cuts_for_a_remote_provider(settings, stub, corpus_copy):
+    """`rag validate PATH` chunked with the local model's tokenizer and limit whatever the provider, so
+    under a remote provider's lower max_input_tokens it counted fewer, longer chunks than ingest cuts."""
+    root = corpus_copy(*FILES)
+    remote = remote_settings(settings, stub, max_input_tokens=120)
+    checked = {f["path"]: f for f in validate_paths(remote, [root])["files"]}
+    with open_kb(remote) as kb:
+        kb.ingest([root])
+        stored = {d["path"]: d["chunk_count"] for d in kb.list_documents()}
+        limit = kb.engine.preparer.token_limit
+    assert {p: f["chunks"] for p, f in checked.items()} == stored
+    assert max(f["max_tokens"] for f in checked.values()) <= limit < Preparer.offline(settings).token_limit
 
 
 def test_input_settings_the_local_model_does_not_read_leave_the_fingerprint_alone(settings):

@@ -567,7 +567,7 @@ def test_settings_naming_the_new_space_republish_nothing_and_a_rollback_needs_no
 
         again = new_kb.ingest([root], root=root)
         assert again.count("unchanged") == documents > 0 and again.chunks == 0
-        assert again.embedded == again.cache_hits == 0  # nor was any file staged again
+        assert again.texts_embedded == again.chunks_from_cache == 0  # nor was any file staged again
         assert [h.chunk_id for h in new_kb.search(QUERY, top_k=5).hits] == before
         retired = new_kb.store.get_space(OLD)
         assert retired["status"] == "retired" and retired["vectors"] == retired["chunks"]
@@ -716,7 +716,7 @@ def test_another_local_model_under_the_same_name_makes_its_own_space_never_serve
         report = rm.reembed(changed, tuned.store, space, target=target)
         assert report.switched and report.chunks_from_cache == 0 and report.texts_embedded == report.chunks > 0
         again = tuned.ingest([root], root=root)
-        assert again.count("unchanged") == documents and again.embedded == again.cache_hits == 0
+        assert again.count("unchanged") == documents and again.texts_embedded == again.chunks_from_cache == 0
         hit = tuned.search(QUERY, top_k=1).hits[0]
         with tuned.store.db.connection() as conn:
             served, text = conn.execute("SELECT v.embedding::text, c.embed_text FROM rag_chunk_vectors v JOIN rag_chunks c"

@@ -35,7 +35,7 @@ def test_round_trip_publishes_documents_sections_chunks_and_vectors(kb, corpus_c
     root = corpus_copy(PFE, TRADE, NOTE)
     report = kb.ingest([root])
     assert report.count("new") == 3 and report.count("failed") == 0
-    assert report.embedded == report.chunks > 0
+    assert report.texts_embedded == report.chunks > 0
     (docs,) = rows(kb, "SELECT count(*) FROM rag_documents")[0:1]
     assert docs[0] == 3
     chunks, vectors = rows(kb, "SELECT (SELECT count(*) FROM rag_chunks), (SELECT count(*) FROM rag_chunk_vectors)")[0]
@@ -269,11 +269,11 @@ def test_unchanged_files_are_not_re_embedded(kb, corpus_copy, provider):
     kb.ingest([root])
     calls = provider.calls
     report = kb.ingest([root])
-    assert report.count("unchanged") == 2 and report.embedded == 0
+    assert report.count("unchanged") == 2 and report.texts_embedded == 0
     assert provider.calls == calls, "re-ingest of unchanged files called the model"
     forced = kb.ingest([root], force=True)
     assert forced.count("changed") == 2
-    assert forced.embedded == 0 and forced.cache_hits == forced.chunks  # --force re-publishes from the cache
+    assert forced.texts_embedded == 0 and forced.chunks_from_cache == forced.chunks  # --force re-publishes from the cache
     assert provider.calls == calls
 
 
@@ -749,7 +749,7 @@ def test_a_loader_that_reads_more_metadata_republishes_unchanged_files(settings,
     monkeypatch.setattr(versions, "LOADER_VERSION", "4")
     with KnowledgeBase(settings, provider=provider) as kb:
         report = kb.ingest([tmp_path])
-        assert report.count("changed") == 1 and report.embedded == 0  # vectors from the cache
+        assert report.count("changed") == 1 and report.texts_embedded == 0  # vectors from the cache
         assert {h.path for h in kb.search("export bans", ticker="NVDA").hits} == {"semis.md"}
         assert kb.ingest([tmp_path]).count("unchanged") == 1
 

@@ -36,7 +36,7 @@ def test_an_unchanged_rerun_reads_no_section_or_chunk_texts(kb, corpus_copy, mon
 
     monkeypatch.setattr(kb.store, "load_stage_outputs", recorded)
     report = kb.ingest([root])
-    assert report.count("unchanged") == 2 and report.embedded == 0
+    assert report.count("unchanged") == 2 and report.texts_embedded == 0
     assert {stage for (_, _, stage), _ in read} >= set(BULKY)  # the stored outputs were read and decided
     assert [key for key, payload in read if key[2] in BULKY and "documents" in payload] == []
 
@@ -218,7 +218,7 @@ def test_the_next_round_is_queued_for_the_encoder_while_the_current_one_encodes(
     texts = [t for call in sent for t in call]
     stored = rows(kb, "SELECT count(DISTINCT content_hash), count(*), (SELECT count(*) FROM rag_chunk_vectors)"
                       " FROM rag_chunks")[0]
-    assert len(texts) == len(set(texts)) == report.embedded == stored[0]
+    assert len(texts) == len(set(texts)) == report.texts_embedded == stored[0]
     assert stored[1] == stored[2] == report.chunks > stored[0]  # the twin's chunks are the learning's
     assert report.count("new") == 6 and report.count("failed") == 0
 

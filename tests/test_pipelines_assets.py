@@ -104,7 +104,9 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         emb = mats[("embeddings", FILES[1])]
         assert emb["model"].value == "all-MiniLM-L6-v2" and emb["dimensions"].value == 384
         total_chunks = sum(mats[("chunks", f)]["chunks"].value for f in [*FILES[:2], "corpus/undated.md"])
-        assert 0 < emb["run_embedded"].value <= total_chunks  # fresh cache: the model was called
+        # chunks and distinct texts counted apart, as `rag ingest` counts them: the model was called
+        assert emb["run_chunks"].value == total_chunks
+        assert 0 < emb["run_texts_embedded"].value <= total_chunks - emb["run_chunks_from_cache"].value
         assert mats[("hnsw_index", None)]["valid"].value is True
         assert "rag_chunks" in mats[("hnsw_index", None)]["tables_analyzed"].value  # a first load: statistics
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
@@ -143,7 +145,8 @@ def test_full_graph_materializes_all_files_in_one_run(corpus_copy, rag_factory, 
         forced_emb = {(e.asset_key.to_user_string(), e.partition): e.step_materialization_data.materialization.metadata
                       for e in forced.get_asset_materialization_events()}[("embeddings", FILES[1])]
         assert forced_emb["status"].value == "ok"
-        assert forced_emb["run_embedded"].value == 0 and forced_emb["run_cache_hits"].value == total_chunks
+        assert forced_emb["run_texts_embedded"].value == 0
+        assert forced_emb["run_chunks_from_cache"].value == forced_emb["run_chunks"].value == total_chunks
         assert quality._validator is None
     with _kb(database_url, tmp_path, provider) as kb:
         doc = kb.show(RELS[1])

@@ -198,7 +198,7 @@ def test_embed_file_by_path_then_show_and_delete_all_rows(client: TestClient, ro
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["new"] == 1 and body["failed"] == 0 and body["chunks"] > 3
-    assert body["embedded"] == 0 and body["cache_hits"] == body["chunks"]  # same text: the cache pays
+    assert body["texts_embedded"] == 0 and body["chunks_from_cache"] == body["chunks"]  # same text: the cache pays
     again = client.post("/api/rag/embed", json={"path": str(roots["corpus"] / "api" / "nvda.yaml")}).json()
     assert again["unchanged"] == 1
     doc = client.get("/api/rag/sources/api/nvda.yaml").json()

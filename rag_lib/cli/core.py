@@ -48,8 +48,10 @@ def print_ingest_report(report: IngestReport) -> None:
         table.add_row(f"{status} files", str(report.count(status)))
     table.add_row("pruned documents", str(len(report.pruned)))
     table.add_row("chunks published", str(report.chunks))
-    table.add_row("chunks embedded", str(report.embedded))
-    table.add_row("embedding cache hits", str(report.cache_hits))
+    # chunks and texts apart, as `rag reembed` counts them: chunks with the same text share one vector
+    table.add_row("chunks from the embedding cache", str(report.chunks_from_cache))
+    table.add_row(f"distinct texts embedded for the other {report.chunks - report.chunks_from_cache}",
+                  str(report.texts_embedded))
     console.print(table)
     problems = [o for o in report.outcomes if o.status in ("skipped", "failed")]
     if problems:

@@ -73,13 +73,14 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
     if version is not None:
         data = base.reembed_version(version)
     elif paths:
-        data = base.ingest(paths, collection, force=True).to_dict()
+        data = base.reembed_paths(paths, collection)
     else:
         data = base.reembed_all()
     if as_json:
         print_json(data)
-    elif "current_version" in data:
+    else:
         which = (f"{data['documents']} documents embedded with version {data['version']}" if data["version"] is not None
+                 else f"the {data['documents']} documents of {', '.join(data['paths'])}" if "paths" in data
                  else f"all {data['documents']} documents")
         console.print(f"{which}: {data['reembedded']} re-embedded under version {data['current_version']}, "
                       f"{data['failed']} failed; "
@@ -90,9 +91,6 @@ def _reembed_documents(base, version: Optional[str], paths: list[str], collectio
                           style="yellow", markup=False)
         for path in data["missing_sources"]:
             console.print(f"source file gone, not re-embedded: {path}", style="yellow", markup=False)
-    else:
-        console.print(f"{data['new'] + data['changed'] + data['unchanged']} documents re-published, "
-                      f"{data['failed']} failed; {counts_text(data['chunks'], data['cache_hits'], data['embedded'])}")
     if data.get("failed") or data.get("missing_sources"):
         raise typer.Exit(1)
 

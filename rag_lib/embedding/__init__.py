@@ -25,6 +25,7 @@ from rag_lib.config import PROVIDERS, ProviderSettings, Settings
 from rag_lib.embedding.base import EmbeddingProvider
 from rag_lib.errors import ConfigError
 from rag_lib.log import get_logger
+from rag_lib.tokens import Tokenizer
 
 log = get_logger("embedding")
 
@@ -54,6 +55,12 @@ def configured_chunker(settings: Settings) -> str:
     """What decides the chunks an ingest under `settings` cuts: the configured provider's chunker
     key (`EmbeddingProvider.chunker`; a fallback chain cuts with its primary's tokenizer)."""
     return build_provider(_primary(settings)).chunker()
+
+
+def configured_tokenizer(settings: Settings) -> Tokenizer:
+    """The tokenizer an ingest under `settings` cuts chunks with (the configured provider's, as
+    `configured_chunker`), without a model, a key or a request: what `rag validate` chunks with."""
+    return build_provider(_primary(settings)).tokenizer()
 
 
 def _named(settings: Settings, name: str) -> ProviderSettings:
@@ -135,4 +142,4 @@ def provider_for_space(settings: Settings, spec: str) -> EmbeddingProvider:
     return FallbackProvider([build_provider(e) for e in entries])
 
 
-__all__ = ["EmbeddingProvider", "build_provider", "configured_chunker", "get_provider", "parse_spec", "provider_for_space", "resolve_space"]
+__all__ = ["EmbeddingProvider", "build_provider", "configured_chunker", "configured_tokenizer", "get_provider", "parse_spec", "provider_for_space", "resolve_space"]

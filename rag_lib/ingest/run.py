@@ -170,7 +170,8 @@ def ingest(
                     progress(str(t.path), done, len(files))
     finally:
         runner.abandon_started()  # rounds started for the encoder that a stopped run never embeds
-    report.cache_hits, report.embedded = runner.embed_totals["cache_hits"], runner.embed_totals["embedded"]
+    report.chunks_from_cache = runner.embed_totals["chunks_from_cache"]
+    report.texts_embedded = runner.embed_totals["texts_embedded"]
     # Bulk loads build the HNSW index after loading; later ingests find it and insert into it.
     if report.chunks:
         engine.publisher.ensure_index()

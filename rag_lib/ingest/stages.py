@@ -28,7 +28,7 @@ from rag_lib.graph.extract import document_graph
 from rag_lib.log import get_logger
 from rag_lib.models import Chunk, Document, Section, Skipped, SourceFile
 from rag_lib.store import Store
-from rag_lib.tokens import Tokenizer, get_tokenizer
+from rag_lib.tokens import Tokenizer
 from rag_lib.versions import fingerprint, stage_versions
 
 log = get_logger(__name__)
@@ -61,8 +61,8 @@ class Prepared:
 @dataclass
 class EmbedResult:
     vectors: np.ndarray
-    cache_hits: int = 0
-    embedded: int = 0
+    cache_hits: int = 0  # chunks whose text's vector came from the cache (or another call's)
+    embedded: int = 0  # distinct texts the provider embedded for the other chunks
     problems: list[str] = field(default_factory=list)
     usage: list = field(default_factory=list)  # rag_lib.embedding.usage.Usage per provider used
 
@@ -73,8 +73,8 @@ class FileVectors:
 
     vectors: dict[Hashable, np.ndarray] = field(default_factory=dict)
     errors: dict[Hashable, Exception] = field(default_factory=dict)
-    cache_hits: int = 0
-    embedded: int = 0
+    cache_hits: int = 0  # chunks, as `EmbedResult.cache_hits`
+    embedded: int = 0  # distinct texts, as `EmbedResult.embedded`
 
 
 def file_hash(path: Path, root: Path, settings: Settings) -> str:
@@ -113,10 +113,11 @@ class Preparer:
 
     @classmethod
     def offline(cls, settings: Settings) -> Preparer:
-        """A preparer with the local model's tokenizer (no provider, no database: `rag validate`)."""
-        from rag_lib.embedding.local import default_model_path
+        """A preparer cutting the chunks an ingest would, with the configured provider's tokenizer
+        (a remote one's `tokenizer_path` and input limit), without a model, a key or a database: `rag validate`."""
+        from rag_lib.embedding import configured_tokenizer
 
-        return cls(settings, get_tokenizer(settings.embedding.model_path or default_model_path()))
+        return cls(settings, configured_tokenizer(settings))
 
     @property
     def token_limit(self) -> int:

@@ -158,7 +158,9 @@ class StageRunner:
         self.force = force
         # `rag ingest`: a provider failing for every file (an outage, not a bad file) raises
         self.outage_raises = outage_raises
-        self.embed_totals: dict[str, int] = {"cache_hits": 0, "embedded": 0}
+        # chunks given a vector by the embeddings stage, those of them from the embedding cache, and the
+        # distinct texts the provider embedded for the others (chunks with the same text share one)
+        self.embed_totals: dict[str, int] = {"chunks": 0, "chunks_from_cache": 0, "texts_embedded": 0}
         self._rows: dict[tuple[str, str, str], Any] = {}
         self._heads: set[tuple[str, str, str]] = set()  # keys of _rows holding a BULKY output without its documents
         self._loaded: dict[tuple[str, str], Loaded] = {}
@@ -583,8 +585,9 @@ class StageRunner:
             if self.outage_raises or isinstance(exc, StoppedError):
                 raise
             result = FileVectors(errors={key: exc for key in pending})
-        self.embed_totals["cache_hits"] += result.cache_hits
-        self.embed_totals["embedded"] += result.embedded
+        self.embed_totals["chunks"] += sum(len(cs) for key, (_, _, cs) in pending.items() if key not in result.errors)
+        self.embed_totals["chunks_from_cache"] += result.cache_hits
+        self.embed_totals["texts_embedded"] += result.embedded
         meta = {"model": cfg.key, "dimensions": cfg.dimensions, "provider": self.engine.provider.name}
         staged, saves, done = [], [], {}
         for key, (t, digest, cs) in pending.items():

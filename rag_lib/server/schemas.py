@@ -332,9 +332,10 @@ class EmbedResponse(BaseModel):
     unchanged: int
     skipped: int
     failed: int
-    chunks: int
-    embedded: int = Field(description="Chunks sent to the model (the rest came from the cache).")
-    cache_hits: int
+    chunks: int = Field(description="Chunks published (each given a vector).")
+    chunks_from_cache: int = Field(description="Of those chunks, the ones whose text's vector was in the embedding cache.")
+    texts_embedded: int = Field(description="Distinct chunk texts the model embedded for the other chunks (chunks "
+                                "with the same text share one).")
     seconds: float
     files: list[FileOutcomeOut]  # type: ignore[valid-type]
     doc_id: str | None = Field(None, description="Id of the document (one-file requests).")
