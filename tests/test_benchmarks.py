@@ -122,6 +122,10 @@ SMALL = {
                   set()),
     "search_latency.py": (lambda corpus, tmp: [*_built_search_bench(corpus, tmp), "--queries", "3", "--warmup", "1"],
                           {"latency", "stages_p95", "feedback_applied", "load_start", "load_end"}),
+    # the code compared with itself: the run's shape, not a speed-up
+    "search_versions.py": (lambda corpus, tmp: [*_built_search_bench(corpus, tmp), "--base", str(REPO), "--queries", "3",
+                                                "--warmup", "1", "--rounds", "1", "--lever-rounds", "1"],
+                           {"questions", "target_hybrid_p95_le_1.2x"}),
     "stale_plan.py": (lambda corpus, tmp: ["--docs", "2000", "--per-folder", "100", "--rounds", "3"],
                       {"one_file", "folder", "root", "one_file_without_index"}),
     "soak.py": (lambda corpus, tmp: ["--seconds", "3", "--clients", "2", "--files", "3"], set()),
