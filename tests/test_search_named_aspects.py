@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from testkit import ingest_fixture
 
 PROFILE = {
     "earnings_pattern": "ZETA dips before earnings: the stock fell in the week before each of the last "
@@ -38,12 +38,7 @@ def _corpus(kb, root: Path) -> None:
         "notes/macro.yaml": {"_meta": {"id": "macro", "type": "research-analysis", "version": 1},
                              "summary": {"text": "Rates and the dollar moved little this week."}},
     }
-    for rel, doc in docs.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    report = kb.ingest([root], root=root)
-    assert report.count("failed") == 0
+    ingest_fixture(kb, root, docs)
 
 
 def _units(kb, query: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from testkit import ingest_fixture
 
 from rag_lib.search.classify import DocumentNames, classify, find_named_documents
 
@@ -40,12 +40,7 @@ def _corpus(kb, root: Path) -> None:
             "overview": {"text": "Fade opening gaps in liquid names."},
             "entry_rules": {"text": "Enter against a gap of more than 3% after the first 15 minutes; R:R above 2:1."}},
     }
-    for rel, doc in docs.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    report = kb.ingest([root], root=root)
-    assert report.count("failed") == 0
+    ingest_fixture(kb, root, docs)
 
 
 QUESTION = "Did the ZETA earnings setup satisfy the report-drift strategy's entry rules and its reward to risk?"

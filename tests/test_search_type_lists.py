@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from testkit import ingest_fixture
 
 from rag_lib.config import SearchSettings
 from rag_lib.search.classify import find_type_lists
@@ -66,14 +66,7 @@ CLOSED = "which fields does a trade journal record when a position is closed"
 
 
 def _corpus(kb, root: Path) -> None:
-    for rel, doc in DOCS.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    for rel, text in NOTES.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text, encoding="utf-8")
-    report = kb.ingest([root], root=root)
-    assert report.count("failed") == 0
+    ingest_fixture(kb, root, {**DOCS, **NOTES})
 
 
 def _filtered_calls(kb, monkeypatch) -> list:

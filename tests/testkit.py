@@ -198,3 +198,16 @@ class RotatedProvider(EmbeddingProvider):
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return (self.base.embed(texts) @ self.rotation.T).astype(np.float32)
+
+
+def ingest_fixture(kb, root: Path, files: dict[str, object]) -> None:
+    """Write `files` under `root` (a mapping as YAML, a string as it is) and ingest them; none may fail."""
+    import yaml
+
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False),
+                        encoding="utf-8")
+    report = kb.ingest([root], root=root)
+    assert report.count("failed") == 0, report
