@@ -12,6 +12,8 @@ import multiprocessing
 import multiprocessing.util
 import os
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -135,9 +137,28 @@ _validator_used = False  # whether a frame was submitted to it (see `discard_unu
 _validator_idle = False  # whether it runs at idle priority (`preload_great_expectations(idle=True)`)
 
 
+PARENT_CHECK_SECONDS = 1.0
+
+
+def _exit_with_parent() -> None:
+    """End this validation process once its caller is gone. A caller killed outright (SIGKILL, the
+    OOM killer: a Dagster run worker stopped that way) runs no finaliser, and the pool's queue never
+    reads end-of-file (each process holds both of its pipe's ends), so the worker slept on as an
+    orphan holding ~270 MB."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="rag-validator-parent", daemon=True).start()
+
+
 def _import_great_expectations() -> None:
     from rag_lib.shutdown import skip_final_collections
 
+    _exit_with_parent()
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations  # noqa: F401
 

@@ -134,3 +134,49 @@ def test_a_long_cell_is_cut_with_an_ellipsis_and_a_pipe_stays_escaped():
     assert cells[0].endswith("…") and len(cells[0]) == len("| ") + CELL_CHARS
     assert cells[1] == "a\\|b |"
     assert markdown_table([{"w": "|" * 500}], ["w"]).splitlines()[2].count("\\|") == CELL_CHARS - 1
+
+
+# A Dagster run worker that starts the validation process, reports its pid, then waits to be killed.
+KILLED_CALLER = textwrap.dedent("""
+    import sys, time
+    from rag_lib import quality
+
+    if __name__ == "__main__":
+        quality.preload_great_expectations()
+        quality.wait_for_validator()
+        (worker,) = quality._validator._processes.values()
+        print(worker.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+def test_the_validation_process_ends_when_its_caller_is_killed(tmp_path):
+    """A caller killed outright (SIGKILL: a run worker stopped by the OOM killer or by hand) runs no
+    finaliser; its validation process used to sleep on as an orphan holding ~270 MB."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "caller.py"
+    script.write_text(KILLED_CALLER)
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={"GX_ANALYTICS_ENABLED": "false", "PATH": "/usr/bin:/bin",
+                                   "PYTHONPATH": ":".join(sys.path)})
+    try:
+        worker = int(caller.stdout.readline())
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(worker):
+            time.sleep(0.2)
+        assert not _alive(worker), "the validation process outlived its killed caller"
+    finally:
+        caller.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
