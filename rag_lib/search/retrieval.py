@@ -143,42 +143,35 @@ class SearchCaches:
         return self._queries.embed(provider, texts)
 
     def known_tickers(self, store, collection: str | None) -> set[str]:
-        return self._known(self._tickers, collection, store.known_tickers)
+        return self._cached(self._tickers, collection, lambda: store.known_tickers(collection))
 
     def known_doc_types(self, store, collection: str | None) -> set[str]:
         """The document types `collection` (None: every collection) holds: a query may name them."""
-        return self._known(self._types, collection, store.known_doc_types)
-
-    @staticmethod
-    def _known(cache: dict[str | None, tuple[float, set]], collection: str | None, read) -> set:
-        """`read(collection)`, read again when older than `lexical.GENERATION_TTL`."""
-        now = time.monotonic()
-        entry = cache.get(collection)
-        if entry is None or now - entry[0] > lexical.GENERATION_TTL:
-            entry = (now, read(collection))
-            cache[collection] = entry
-        return entry[1]
+        return self._cached(self._types, collection, lambda: store.known_doc_types(collection))
 
     def document_dates(self, store, collection: str | None) -> set[dt.date]:
         """The dates `collection`'s documents carry (a month named without a year resolves among them)."""
-        return self._known(self._dates, collection, store.document_dates)
+        return self._cached(self._dates, collection, lambda: store.document_dates(collection))
 
     def document_names(self, store, collection: str | None) -> DocumentNames:
         """The names of `collection`'s documents of the types a question can name (re-read every
         `profiles.CACHE_SECONDS`: documents are renamed rarely, and `clear()` follows our own writes)."""
-        now = time.monotonic()
-        entry = self._names.get(collection)
-        if entry is None or now - entry[0] > profiles.CACHE_SECONDS:
-            entry = (now, DocumentNames(store.document_names(collection, list(DOC_TYPE_HINTS))))
-            self._names[collection] = entry
-        return entry[1]
+        return self._cached(self._names, collection,
+                            lambda: DocumentNames(store.document_names(collection, list(DOC_TYPE_HINTS))),
+                            profiles.CACHE_SECONDS)
 
     def ticker_profiles(self, store, collection: str | None, space: str) -> profiles.Profiles:
+        return self._cached(self._profiles, (collection, space),
+                            lambda: store.ticker_profile_vectors(collection, space), profiles.CACHE_SECONDS)
+
+    @staticmethod
+    def _cached(cache: dict, key, read, ttl: float = lexical.GENERATION_TTL):
+        """`cache[key]`'s value, or `read()`'s when there is none or it is older than `ttl` seconds."""
         now = time.monotonic()
-        entry = self._profiles.get((collection, space))
-        if entry is None or now - entry[0] > profiles.CACHE_SECONDS:
-            entry = (now, store.ticker_profile_vectors(collection, space))
-            self._profiles[(collection, space)] = entry
+        entry = cache.get(key)
+        if entry is None or now - entry[0] > ttl:
+            entry = (now, read())
+            cache[key] = entry
         return entry[1]
 
     def clear(self) -> None:

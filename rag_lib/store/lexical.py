@@ -160,24 +160,27 @@ class LexicalStore:
             ).fetchone()
         return int(row[0]), int(row[1]), row[2], row[3]
 
-    def known_tickers(self, collection: str | None) -> set[str]:
+    def _distinct(self, column: str, collection: str | None) -> set[Any]:
+        """The distinct non-null values of `rag_documents.column` in `collection` (None: every collection)."""
         where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
         with self.db.reading() as conn:
             rows = conn.execute(
-                sql.SQL("SELECT DISTINCT ticker FROM rag_documents WHERE ticker IS NOT NULL {}").format(where),
+                sql.SQL("SELECT DISTINCT {c} FROM rag_documents WHERE {c} IS NOT NULL {w}").format(
+                    c=sql.Identifier(column), w=where),
                 [collection] if collection else [],
             ).fetchall()
         return {r[0] for r in rows}
 
+    def known_tickers(self, collection: str | None) -> set[str]:
+        return self._distinct("ticker", collection)
+
     def document_dates(self, collection: str | None) -> set[dt.date]:
         """The distinct dates of the collection's documents (of every collection when None)."""
-        where = sql.SQL("AND collection = %s") if collection else sql.SQL("")
-        with self.db.reading() as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT DISTINCT doc_date FROM rag_documents WHERE doc_date IS NOT NULL {}").format(where),
-                [collection] if collection else [],
-            ).fetchall()
-        return {r[0] for r in rows}
+        return self._distinct("doc_date", collection)
+
+    def known_doc_types(self, collection: str | None) -> set[str]:
+        """The document types `collection` (None: every collection) holds."""
+        return {t for t in self._distinct("doc_type", collection) if t}
 
     def document_names(self, collection: str | None, doc_types: Sequence[str]) -> list[tuple[str, str, str]]:
         """(path, doc_id, doc_type) of the documents of `doc_types` in `collection` (all collections
@@ -189,13 +192,6 @@ class LexicalStore:
                 [list(doc_types), *([collection] if collection else [])],
             ).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
-    def known_doc_types(self, collection: str | None) -> set[str]:
-        """The document types `collection` (None: every collection) holds."""
-        where = sql.SQL("WHERE collection = %s") if collection else sql.SQL("")
-        with self.db.reading() as conn:
-            rows = conn.execute(sql.SQL("SELECT DISTINCT doc_type FROM rag_documents {}").format(where),
-                                [collection] if collection else []).fetchall()
-        return {r[0] for r in rows if r[0]}
 
     def lexical_search(
         self,
