@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rag_lib.errors import QueryTimeoutError
@@ -117,16 +118,22 @@ def rescale_to_one(hits: list[SearchHit]) -> list[SearchHit]:
     return hits
 
 
+def _scale(hits: list[SearchHit], matches: Callable[[SearchHit], bool], factor: float) -> list[SearchHit]:
+    """`hits` with the scores of those `matches` accepts multiplied by `factor`, best first. A raise
+    is not capped at 1 either (see `boost`)."""
+    for hit in hits:
+        if matches(hit):
+            hit.score *= factor
+    return sorted(hits, key=lambda h: -h.score)
+
+
 def weigh_descriptors(hits: list[SearchHit], names: frozenset[str], weight: float) -> list[SearchHit]:
     """Multiply the scores of a YAML document's descriptor sections (`names`: its `_meta`, `_graph`,
     `_links`, metadata scalars) by `weight`: short sections that repeat a document's tickers, ids and
     link targets otherwise match any question naming them, ahead of the sections that answer it."""
     if weight >= 1.0 or not names:
         return hits
-    for hit in hits:
-        if hit.section in names and hit.path.lower().endswith((".yaml", ".yml")):
-            hit.score *= weight
-    return sorted(hits, key=lambda h: -h.score)
+    return _scale(hits, lambda h: h.section in names and h.path.lower().endswith((".yaml", ".yml")), weight)
 
 
 def weigh_stubs(hits: list[SearchHit], min_words: int, weight: float) -> list[SearchHit]:
@@ -135,10 +142,7 @@ def weigh_stubs(hits: list[SearchHit], min_words: int, weight: float) -> list[Se
     (`[stock-analysis] [META] [post mortem]`), so they match any question about that document."""
     if weight >= 1.0 or min_words <= 0:
         return hits
-    for hit in hits:
-        if len(hit.text.split()) < min_words:
-            hit.score *= weight
-    return sorted(hits, key=lambda h: -h.score)
+    return _scale(hits, lambda h: len(h.text.split()) < min_words, weight)
 
 
 def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[SearchHit]:
@@ -147,10 +151,7 @@ def date_boost(hits: list[SearchHit], dates: list[str], factor: float) -> list[S
     if factor <= 0 or not dates:
         return hits
     first, last = (dt.date.fromisoformat(d) for d in dates)
-    for hit in hits:
-        if hit.doc_date is not None and first <= hit.doc_date <= last:
-            hit.score = hit.score * (1.0 + factor)  # not capped either (see `boost`)
-    return sorted(hits, key=lambda h: -h.score)
+    return _scale(hits, lambda h: h.doc_date is not None and first <= h.doc_date <= last, 1.0 + factor)
 
 
 def document_boost(hits: list[SearchHit], paths: list[str], factor: float) -> list[SearchHit]:
@@ -158,10 +159,7 @@ def document_boost(hits: list[SearchHit], paths: list[str], factor: float) -> li
     if factor <= 0 or not paths:
         return hits
     named = set(paths)
-    for hit in hits:
-        if hit.path in named:
-            hit.score = hit.score * (1.0 + factor)  # not capped either (see `boost`)
-    return sorted(hits, key=lambda h: -h.score)
+    return _scale(hits, lambda h: h.path in named, 1.0 + factor)
 
 
 def graph_candidates(store, filters: SearchFilters, ranked: list[SearchHit], opts) -> Candidates | None:
