@@ -28,8 +28,9 @@ from rag_lib.corpus_scan import FileTarget
 
 from pipelines import dagster_private
 from pipelines.jobs import INGEST_JOB, runs_covering
-from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key, in_flight_text,
-                                  keys_needing_runs, plan_ranges, range_tags, record_refused, sync_partitions)
+from pipelines.partitions import (CORPUS_FILES, PartitionMap, decode_key,
+                                  keys_needing_runs, plan_ranges, range_tags, record_refused, sync_partitions,
+                                  waiting_text)
 from pipelines.gc_policy import collections_paused
 from pipelines.resources import stage_runner
 from pipelines.workers import fail_if_gone, worker_tags
@@ -381,8 +382,7 @@ def in_flight_line(waiting: dict[str, Any]) -> str:
     """What `rag materialize` says of the files it leaves to runs in flight: how many, which runs, that it waits."""
     files, runs = len(waiting), len({run.run_id for run in waiting.values()})
     one = runs == 1
-    return (f"{plural(files, 'file')} needing a run {'is' if files == 1 else 'are'} in runs already queued or in "
-            f"progress: {in_flight_text(waiting)}; no second run for {'it' if files == 1 else 'them'}, waiting for "
+    return (f"{waiting_text(waiting)}; no second run for {'it' if files == 1 else 'them'}, waiting for "
             f"{'that run' if one else 'those runs'} too (Ctrl-C stops waiting; {'it goes' if one else 'they go'} on)")
 
 

@@ -26,6 +26,7 @@ from rag_lib.errors import RagError, ValidationError, first_of
 from rag_lib.models import CorpusRoot, Skipped
 from rag_lib.corpus_scan import FileTarget, walk_files
 from rag_lib.ingest.state import STAGES
+from rag_lib.search.notes import plural
 
 if TYPE_CHECKING:
     from rag_lib.ingest.state import ReconcilePlan
@@ -292,6 +293,12 @@ def in_flight_text(waiting: dict[str, DagsterRun], limit: int = 3) -> str:
     runs = list({run.run_id: run for run in waiting.values()}.values())
     return first_of([f"{run.run_id} ({run.job_name}, {run.status.value.lower()}, {launched_by(run)})" for run in runs],
                     limit)
+
+
+def waiting_text(waiting: dict[str, DagsterRun]) -> str:
+    """`3 files needing a run are in runs already queued or in progress: <the runs>`."""
+    return (f"{plural(len(waiting), 'file')} needing a run {'is' if len(waiting) == 1 else 'are'} in runs already "
+            f"queued or in progress: {in_flight_text(waiting)}")
 
 
 def launched_by(run: DagsterRun) -> str:

@@ -20,6 +20,7 @@ from rag_lib.config import get_settings
 from rag_lib.corpus_files import ReadLimits
 from rag_lib.corpus_scan import FileState, decode_state, encode_state, scan
 from rag_lib.errors import RagError
+from rag_lib.search.notes import plural
 
 from pipelines.checks import CHECKS
 from pipelines.graph_checks import GRAPH_CHECKS
@@ -35,6 +36,7 @@ from pipelines.partitions import (
     record_refused,
     run_key,
     sync_partitions,
+    waiting_text,
 )
 from pipelines.resources import RagResource
 
@@ -121,7 +123,7 @@ def corpus_sensor(context: SensorEvaluationContext, rag: RagResource):
                             cursor=encode_state(state, tick - 1))  # the tick counts ticks that launch
     cursor = encode_state(state, tick)
     if waiting:
-        context.log.info("%s left to runs in flight: %s", _count(len(waiting), "file"), in_flight_text(waiting))
+        context.log.info("%s left to runs in flight: %s", plural(len(waiting), "file"), in_flight_text(waiting))
     context.log.info("new %d, changed %d (%d current already, %d in runs in flight), deleted %d, unregistered %d "
                      "→ %d run(s)", len(result.new), len(result.changed), len(seen) - len(wanted) - len(waiting),
                      len(waiting), len(sync.removed), len(sync.unrooted), len(runs))
@@ -151,29 +153,24 @@ def skip_text(first: bool, files: int, new: int, changed: int, sync: PartitionSy
         text = NO_ROOTS
     elif waiting:  # the others among the new and changed files are current already
         many, one_run = len(waiting) > 1, len({run.run_id for run in waiting.values()}) == 1
-        text = (f"{_count(len(waiting), 'file')} needing a run {'are' if many else 'is'} in runs already queued or in "
-                f"progress: {in_flight_text(waiting)}; nothing launched, {'they are' if many else 'it is'} looked at "
+        text = (f"{waiting_text(waiting)}; nothing launched, {'they are' if many else 'it is'} looked at "
                 f"again once {'that run ends' if one_run else 'those runs end'}")
         if new + changed > len(waiting):
             text += f"; {new + changed - len(waiting)} other new or changed current already"
-        text = ("first tick: " if first else "") + text + f"; {_count(files, 'file')}"
+        text = ("first tick: " if first else "") + text + f"; {plural(files, 'file')}"
     elif first:  # no cursor: every file is new to the sensor, and each is current already
-        text = f"first tick: {_count(files, 'file')} current, nothing to run"
+        text = f"first tick: {plural(files, 'file')} current, nothing to run"
     elif new or changed:
         what = " and ".join(f"{n} {kind}" for n, kind in ((new, "new"), (changed, "changed")) if n)
         text = (f"{what} {'file' if new + changed == 1 else 'files'} current already (ingested by `rag ingest` or "
-                f"another run), nothing to run; {_count(files, 'file')}")
+                f"another run), nothing to run; {plural(files, 'file')}")
     else:
-        text = f"no changes in {_count(files, 'file')}"
+        text = f"no changes in {plural(files, 'file')}"
     if sync.add:
-        text += f"; {_count(len(sync.add), 'partition')} added"
+        text += f"; {plural(len(sync.add), 'partition')} added"
     if sync.unrooted:
-        text += f"; {_count(len(sync.unrooted), 'partition')} of unregistered roots removed (their documents are kept)"
+        text += f"; {plural(len(sync.unrooted), 'partition')} of unregistered roots removed (their documents are kept)"
     return text
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @run_failure_sensor(name="record_run_failures", default_status=DefaultSensorStatus.RUNNING,

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rag_lib.cli.app import app, console, fail, kb, print_json, progress_bar
 from rag_lib.embedding.spaces import settings_naming
+from rag_lib.search.notes import plural
 
 
 def _print_status(data: dict) -> None:
@@ -43,7 +44,7 @@ def counts_text(chunks: int, from_cache: int, texts_embedded: int) -> str:
     rest = chunks - from_cache
     embedded = f"; {texts_embedded} distinct {'text' if texts_embedded == 1 else 'texts'} embedded for the other {rest}" \
         if rest or texts_embedded else ""
-    return f"{chunks} {'chunk' if chunks == 1 else 'chunks'} given a vector ({from_cache} from the embedding cache{embedded})"
+    return f"{plural(chunks, 'chunk')} given a vector ({from_cache} from the embedding cache{embedded})"
 
 
 def _settings_step(base, space: str) -> str:
