@@ -77,11 +77,8 @@ def test_batches_also_split_by_tokens(stub):
 def test_concurrency_limit_is_used(stub):
     stub.latency = 0.15
     p = remote(stub, batch_size=1, concurrency=4)
-    started = time.perf_counter()
     p.embed(TEXTS[:8])
-    elapsed = time.perf_counter() - started
-    assert stub.max_in_flight == 4
-    assert elapsed < 8 * 0.15 * 0.6
+    assert stub.max_in_flight == 4  # four requests overlapped: the limit is reached, never passed
 
 
 def test_429_with_retry_after_is_retried_and_honoured(stub):

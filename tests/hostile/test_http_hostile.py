@@ -99,9 +99,11 @@ class HealthProbe:
 def assert_responsive(server: dict, probe: HealthProbe) -> None:
     """`/health` answered every probe during the case, none frozen (the old failures were seconds
     to minutes, or a dead process): each within 2 s and, over ten probes or more, 95% within 500 ms;
-    and every probe after the case within 500 ms. Measured at load 8-12 on the shared 2-core machine:
-    p95 12-31 ms, worst single probe 102 ms; under `make test` the other worker shares the two cores
-    (a lone probe during a nesting bomb took 462 ms there, one after a case 124 ms)."""
+    and after the case each of five probes within 2 s, all but one within 500 ms. Measured at load
+    8-12 on the shared 2-core machine: p95 12-31 ms, worst single probe 102 ms; under `make test` the
+    other worker shares the two cores (a lone probe during a nesting bomb took 462 ms there, one after
+    a case 124 ms, and once on CI 1,140 ms between four of 1-3 ms: a stall of the machine, which a
+    server left frozen or slow would not show as a single probe)."""
     assert not probe.failures, probe.failures
     assert server["proc"].poll() is None, "the server process died"
     if probe.latencies:
@@ -117,7 +119,7 @@ def assert_responsive(server: dict, probe: HealthProbe) -> None:
             t0 = time.perf_counter()
             assert c.get("/health").status_code == 200
             after.append((time.perf_counter() - t0) * 1000)
-    assert max(after) < 500, after
+    assert max(after) < 2000 and sorted(after)[-2] < 500, after
 
 
 def good_still_found(c: httpx.Client) -> None:
