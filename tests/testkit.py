@@ -46,6 +46,13 @@ def create_database(admin_url: str, name: str | None = None, template: str | Non
     return admin_url.replace("/postgres?", f"/{name}?", 1)
 
 
+def drop_database(admin_url: str, database_url: str) -> None:
+    """Drop the database `create_database` made at `database_url`, closing whatever still holds it."""
+    name = database_url.split("?", 1)[0].rsplit("/", 1)[1]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def child_env(database_url: str, home: Path, **extra: str) -> dict[str, str]:
     """This process's environment without any `RAG_*` setting, pointed at `database_url` and `home`,
     offline, plus `extra`."""
