@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from testkit import create_database, drop_database  # noqa: E402
+from testkit import create_database, scratch_database  # noqa: E402
 
 from rag_lib.api import KnowledgeBase  # noqa: E402
 from rag_lib.config import Settings  # noqa: E402
@@ -71,22 +71,16 @@ def database_url(request, pg_server: str, migrated_template: str) -> Iterator[st
     calls no model: for tests of anything but embedding, which would otherwise encode the same
     files again in every test."""
     marker = request.node.get_closest_marker("warm_cache")
-    if marker is not None and (marker.args or (True,))[0]:
-        url = create_database(pg_server, template=request.getfixturevalue("cached_template"))
-    else:
-        url = create_database(pg_server, template=migrated_template)
-    yield url
-    # dropped after the test: the session's hundreds of copies (24 MB each with the warm cache, 63 MB
-    # with the shared corpus) took 12 GB of disk by the end of a run
-    drop_database(pg_server, url)
+    warm = marker is not None and (marker.args or (True,))[0]
+    with scratch_database(pg_server, request.getfixturevalue("cached_template") if warm else migrated_template) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_database_url(pg_server: str) -> Iterator[str]:
     """A fresh database without even the schema, for tests of migrating one."""
-    url = create_database(pg_server)
-    yield url
-    drop_database(pg_server, url)
+    with scratch_database(pg_server) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -221,9 +215,8 @@ def cached_template(pg_server: str, migrated_template: str, corpus_template: str
 @pytest.fixture
 def corpus_db_url(pg_server: str, corpus_template: str) -> Iterator[str]:
     """A fresh database that already holds the whole shared corpus (copied from the template)."""
-    url = create_database(pg_server, template=corpus_template)
-    yield url
-    drop_database(pg_server, url)
+    with scratch_database(pg_server, corpus_template) as url:
+        yield url
 
 
 @pytest.fixture

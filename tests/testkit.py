@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -46,11 +47,17 @@ def create_database(admin_url: str, name: str | None = None, template: str | Non
     return admin_url.replace("/postgres?", f"/{name}?", 1)
 
 
-def drop_database(admin_url: str, database_url: str) -> None:
-    """Drop the database `create_database` made at `database_url`, closing whatever still holds it."""
-    name = database_url.split("?", 1)[0].rsplit("/", 1)[1]
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+@contextmanager
+def scratch_database(admin_url: str, template: str | None = None) -> Iterator[str]:
+    """URL of a new database (a copy of `template` when given) that is dropped when the block ends,
+    closing whatever still holds it: a run's hundreds of test databases (24 MB each with the warm
+    cache, 63 MB with the shared corpus) otherwise filled 12 GB of disk by its end."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    try:
+        yield create_database(admin_url, name, template)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def child_env(database_url: str, home: Path, **extra: str) -> dict[str, str]:
