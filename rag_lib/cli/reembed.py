@@ -42,8 +42,7 @@ def counts_text(chunks: int, from_cache: int, texts_embedded: int) -> str:
     """`120 chunks given a vector (30 from the embedding cache; 85 distinct texts embedded for the
     other 90)`: chunks and texts apart, as chunks with the same text share one vector."""
     rest = chunks - from_cache
-    embedded = f"; {texts_embedded} distinct {'text' if texts_embedded == 1 else 'texts'} embedded for the other {rest}" \
-        if rest or texts_embedded else ""
+    embedded = f"; {plural(texts_embedded, 'distinct text')} embedded for the other {rest}" if rest or texts_embedded else ""
     return f"{plural(chunks, 'chunk')} given a vector ({from_cache} from the embedding cache{embedded})"
 
 

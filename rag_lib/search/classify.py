@@ -148,11 +148,14 @@ def find_dates(query: str, held: set[dt.date] | None = None) -> list[str]:
     m = _DATE.search(query)
     if not m:
         return _yearless_dates(query, held or set())
-    month, year = _MONTHS[m.group(1).lower()], int(m.group(3))
+    return _month_or_day(int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)) if m.group(2) else None)
+
+
+def _month_or_day(year: int, month: int, day: int | None) -> list[str]:
+    """[first, last] ISO day of `day` (when that month has it), else of the whole month."""
     last = calendar.monthrange(year, month)[1]
-    if m.group(2) and 1 <= int(m.group(2)) <= last:
-        day = dt.date(year, month, int(m.group(2))).isoformat()
-        return [day, day]
+    if day is not None and 1 <= day <= last:
+        return [dt.date(year, month, day).isoformat()] * 2
     return [dt.date(year, month, 1).isoformat(), dt.date(year, month, last).isoformat()]
 
 
@@ -174,10 +177,7 @@ def _yearless_dates(query: str, held: set[dt.date]) -> list[str]:
     years = sorted({d.year for d in held if d.month == month and (day is None or d.day == day)})
     if not years:
         return []
-    year = years[-1]
-    if day is not None:
-        return [dt.date(year, month, day).isoformat()] * 2
-    return [dt.date(year, month, 1).isoformat(), dt.date(year, month, calendar.monthrange(year, month)[1]).isoformat()]
+    return _month_or_day(years[-1], month, day)
 
 
 def without_date(query: str) -> str:
