@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 LOADER_VERSION = "5"  # 2: documents carry their metadata warnings; 3: and unreadable front matter;
 # 4: a note's front-matter ticker, the date in a file's name (ISO too), _graph statements not understood;
-# 5: a document without a date of its own is dated by `_meta.updated` before `_meta.created`
+# 5: a document without an explicit date field is dated by its file name's date, then `_meta.updated`, then `_meta.created`
 FLATTEN_VERSION = "2"  # 2: a section name met again in a document is made its own ("Desk note (2)"); a file
 # that failed on it under 1 kept its stored sections, current, and failed again on every run
 PUBLISH_VERSION = "1"
